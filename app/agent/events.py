@@ -1,0 +1,43 @@
+"""Events a run reports while it goes, for streaming to clients (SPEC §4 server-sent events)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from .messages import AnyMessage, ToolCallBlock, ToolResultMessage
+from .providers.base import StreamEvent
+from .records import Compaction
+
+
+@dataclass(frozen=True)
+class Delta:
+    """A provider stream event of the attempt in progress (text, thinking, tool call parts)."""
+
+    event: StreamEvent
+
+
+@dataclass(frozen=True)
+class MessageCompleted:
+    """A message became part of the run: an admitted prompt, an attempt, a tool result."""
+
+    message: AnyMessage
+
+
+@dataclass(frozen=True)
+class ToolStarted:
+    call: ToolCallBlock
+
+
+@dataclass(frozen=True)
+class ToolFinished:
+    result: ToolResultMessage
+
+
+@dataclass(frozen=True)
+class CompactionCompleted:
+    compaction: Compaction
+
+
+RunEvent = Delta | MessageCompleted | ToolStarted | ToolFinished | CompactionCompleted
+EventSink = Callable[[RunEvent], Awaitable[None]]

@@ -1,0 +1,188 @@
+"""Messages, content blocks and the Context: the continuation state of a conversation.
+
+Every message and every block carries a ``type`` tag (SPEC §1). The values are immutable
+pydantic models: sequences are tuples, and ``model_config`` freezes every instance, so a
+Context handed to :class:`~app.agent.run.Agent` can never be changed by it. The JSON codec
+lives in :mod:`app.agent.codec`; these classes only describe the shape.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class _Value(BaseModel):
+    """Base of every wire value: immutable and strict about unknown fields.
+
+    Unknown fields are refused rather than dropped: dropping a field would change what the
+    next provider request sees, which is exactly the loss SPEC §1 forbids.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# --- blocks -------------------------------------------------------------------------------
+
+
+class TextBlock(_Value):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class Base64Source(_Value):
+    type: Literal["base64"] = "base64"
+    media_type: str = Field(min_length=1, max_length=255)
+    data: str
+
+    @field_validator("data")
+    @classmethod
+    def _valid_base64(cls, value: str) -> str:
+        try:
+            base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise ValueError(f"data is not valid base64: {exc}") from None
+        return value
+
+    def decoded_size(self) -> int:
+        """Size in bytes of the decoded image, computed without decoding it."""
+        padding = self.data.count("=", max(0, len(self.data) - 2))
+        return (len(self.data) * 3) // 4 - padding
+
+
+class UrlSource(_Value):
+    type: Literal["url"] = "url"
+    url: str = Field(min_length=1)
+
+
+ImageSource = Annotated[Base64Source | UrlSource, Field(discriminator="type")]
+
+
+class ImageBlock(_Value):
+    type: Literal["image"] = "image"
+    source: ImageSource
+
+
+class ThinkingBlock(_Value):
+    """Model reasoning. ``thinking`` may be ``""`` (only the signature was streamed)."""
+
+    type: Literal["thinking"] = "thinking"
+    thinking: str
+    signature: str = ""
+
+
+class RedactedThinkingBlock(_Value):
+    type: Literal["redacted_thinking"] = "redacted_thinking"
+    data: str
+
+
+class ToolCallBlock(_Value):
+    """A tool call. ``arguments`` is the raw string the model produced, never re-serialized."""
+
+    type: Literal["tool_call"] = "tool_call"
+    id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: str
+
+
+UserBlock = Annotated[TextBlock | ImageBlock, Field(discriminator="type")]
+ToolResultBlock = UserBlock
+AssistantBlock = Annotated[
+    TextBlock | ThinkingBlock | RedactedThinkingBlock | ToolCallBlock,
+    Field(discriminator="type"),
+]
+
+
+# --- messages -----------------------------------------------------------------------------
+
+
+class Usage(_Value):
+    input_tokens: int = Field(default=0, ge=0)
+    output_tokens: int = Field(default=0, ge=0)
+    cache_read_tokens: int = Field(default=0, ge=0)
+    cache_write_tokens: int = Field(default=0, ge=0)
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
+            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
+        )
+
+
+ErrorKind = Literal["overflow", "retryable", "fatal", "aborted", "tool_batch", "internal"]
+
+
+class AttemptError(_Value):
+    """Why an assistant attempt (or a run) ended in error."""
+
+    kind: ErrorKind
+    message: str
+    status: int | None = None
+    code: str | None = None
+
+
+StopReason = Literal[
+    "end_turn", "tool_use", "max_tokens", "stop_sequence", "refusal", "pause_turn",
+    "content_filter", "error", "aborted", "other",
+]
+
+
+class UserMessage(_Value):
+    type: Literal["user"] = "user"
+    content: tuple[UserBlock, ...]
+
+    @classmethod
+    def text(cls, text: str) -> UserMessage:
+        """A user message with one text block (what a bare string prompt means)."""
+        return cls(content=(TextBlock(text=text),))
+
+
+class AssistantMessage(_Value):
+    type: Literal["assistant"] = "assistant"
+    content: tuple[AssistantBlock, ...] = ()
+    provider: str = ""
+    model: str = ""
+    response_id: str = ""
+    stop_reason: StopReason = "end_turn"
+    usage: Usage = Usage()
+    provider_data: dict[str, Any] = Field(default_factory=dict)
+    error: AttemptError | None = None
+
+    @property
+    def tool_calls(self) -> tuple[ToolCallBlock, ...]:
+        return tuple(b for b in self.content if isinstance(b, ToolCallBlock))
+
+    @property
+    def replayable(self) -> bool:
+        """An attempt that ended in error or abort is never part of the continuation state."""
+        return self.stop_reason not in ("error", "aborted") and self.error is None
+
+
+class ToolResultMessage(_Value):
+    type: Literal["tool_result"] = "tool_result"
+    tool_call_id: str = Field(min_length=1)
+    tool_name: str = Field(min_length=1)
+    content: tuple[ToolResultBlock, ...]
+    is_error: bool = False
+
+
+Message = Annotated[UserMessage | AssistantMessage | ToolResultMessage, Field(discriminator="type")]
+AnyMessage = UserMessage | AssistantMessage | ToolResultMessage
+
+
+class Context(_Value):
+    """The whole continuation state: nothing else is needed to continue a conversation."""
+
+    system_prompt: str = ""
+    summary: str = ""
+    messages: tuple[Message, ...] = ()
+
+
+def text_of(message: AnyMessage) -> str:
+    """The concatenated text blocks of a message (images and tool calls left out)."""
+    return "".join(b.text for b in message.content if isinstance(b, TextBlock))
