@@ -122,6 +122,11 @@ class AttemptBuilder:
         return tuple(out)
 
     @property
+    def has_content(self) -> bool:
+        """Did any content arrive (a retry would then be a new, visible attempt)?"""
+        return bool(self._blocks)
+
+    @property
     def complete(self) -> bool:
         return self.stop_reason is not None
 

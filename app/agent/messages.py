@@ -100,6 +100,14 @@ AssistantBlock = Annotated[
 
 
 class Usage(_Value):
+    """Token usage of one request, normalized across providers.
+
+    ``input_tokens`` counts every input token of the request, cached ones included (OpenAI's
+    ``prompt_tokens``; for Anthropic the sum of ``input_tokens``, ``cache_read_input_tokens``
+    and ``cache_creation_input_tokens``); the cache fields say how many of them were read from
+    or written to the provider's prompt cache.
+    """
+
     input_tokens: int = Field(default=0, ge=0)
     output_tokens: int = Field(default=0, ge=0)
     cache_read_tokens: int = Field(default=0, ge=0)

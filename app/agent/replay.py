@@ -42,7 +42,9 @@ def open_batch(messages: Sequence[AnyMessage]) -> tuple[int, list[str]] | None:
         if isinstance(message, ToolResultMessage):
             continue
         if isinstance(message, AssistantMessage) and message.tool_calls:
-            answered = {m.tool_call_id for m in messages[i + 1 :] if isinstance(m, ToolResultMessage)}
+            answered = {
+                m.tool_call_id for m in messages[i + 1 :] if isinstance(m, ToolResultMessage)
+            }
             missing = [c.id for c in message.tool_calls if c.id not in answered]
             return (i, missing) if missing else None
         return None

@@ -1,0 +1,375 @@
+"""``Agent.run``: one run of the agent on a context and new prompts (SPEC §2, §3).
+
+The run goes through fixed stages, and where it ends decides what its Result holds:
+
+1. close a tool batch that an earlier failed run left unanswered (``interrupted`` results);
+2. compact before admission when the estimate passes ``compact_at`` of the window;
+3. admit the prompts into the context;
+4. attempts and tool batches until the model answers without calling a tool.
+
+Failures never raise: a failed or cancelled run returns a Result whose ``status`` and
+``error`` say how it ended. Cancelling the task that awaits :meth:`Agent.run` cancels the run at
+whatever it is awaiting (a provider stream, a tool batch, a compaction) and the call returns
+the cancelled Result instead of raising :class:`asyncio.CancelledError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+
+from . import compaction
+from .assembly import AttemptBuilder
+from .events import (
+    CompactionCompleted,
+    Delta,
+    EventSink,
+    MessageCompleted,
+    RunEvent,
+    ToolFinished,
+    ToolStarted,
+)
+from .messages import (
+    AnyMessage,
+    AssistantMessage,
+    AttemptError,
+    Context,
+    RedactedThinkingBlock,
+    ThinkingBlock,
+    ToolCallBlock,
+    ToolResultMessage,
+    Usage,
+    UserMessage,
+    text_of,
+)
+from .providers.base import Provider, ProviderError, ProviderRequest
+from .records import Compaction, CompactionReason, Input, Result, RunStatus
+from .replay import open_batch
+from .retry import RetryPolicy
+from .tokens import estimate
+from .tools import ToolRegistry, interrupted_result, run_batch
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """How an agent runs. One config (and one Agent) serves any number of contexts."""
+
+    provider: Provider
+    model: str = ""
+    tools: ToolRegistry = field(default_factory=ToolRegistry)
+    context_window: int = 128_000
+    compact_at: float = 0.8
+    #: share of the window kept after a threshold compaction
+    keep_after_compaction: float = 0.4
+    max_turns: int = 32
+    max_overflow_retries: int = 2
+    max_output_tokens: int | None = None
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+
+class _RunFailed(Exception):
+    def __init__(self, error: AttemptError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+@dataclass
+class _State:
+    """What one run has produced so far; turned into a Result however the run ends."""
+
+    context: Context
+    new_messages: list[AnyMessage] = field(default_factory=list)
+    final: AssistantMessage | None = None
+    compactions: list[Compaction] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    admitted: bool = False
+
+    def append(self, *messages: AnyMessage) -> None:
+        """Messages that join both the continuation state and the run record."""
+        self.context = self.context.model_copy(
+            update={"messages": (*self.context.messages, *messages)}
+        )
+        self.new_messages.extend(messages)
+
+    def attempt(self, message: AssistantMessage) -> None:
+        """Every attempt is a run record; only a replayable one joins the context."""
+        self.final = message
+        self.usage = self.usage + message.usage
+        if message.replayable:
+            self.append(message)
+        else:
+            self.new_messages.append(message)
+
+    def result(self, status: RunStatus, error: AttemptError | None = None) -> Result:
+        return Result(
+            status=status, context=self.context, new_messages=tuple(self.new_messages),
+            final=self.final, compactions=tuple(self.compactions), usage=self.usage,
+            error=error, admitted=self.admitted,
+        )
+
+
+CANCELLED = AttemptError(kind="aborted", message="the run was cancelled")
+
+
+class Agent:
+    """Runs conversations. Keeps nothing between calls; safe to share across tasks."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+
+    @property
+    def provider(self) -> Provider:
+        return self.config.provider
+
+    async def run(self, input: Input, *, on_event: EventSink | None = None) -> Result:
+        """Run on ``input.context`` plus ``input.prompts``; never mutates the input."""
+        return await self._guarded(input.context, input.prompts, None, on_event)
+
+    async def compact(self, context: Context, *, on_event: EventSink | None = None) -> Result:
+        """Compact now (SPEC §4 ``POST …/compact``): fold all but the current turn."""
+        return await self._guarded(context, (), "manual", on_event)
+
+    async def _guarded(
+        self,
+        context: Context,
+        prompts: tuple[UserMessage, ...],
+        compact: CompactionReason | None,
+        on_event: EventSink | None,
+    ) -> Result:
+        state = _State(context=context)
+        emit = _Emitter(on_event)
+        try:
+            if compact is not None:
+                await self._close_open_batch(state, emit)
+                await self._compact(state, emit, compact, keep_last=True)
+            else:
+                await self._run(state, prompts, emit)
+        except _RunFailed as failed:
+            return state.result("failed", failed.error)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            return state.result("cancelled", CANCELLED)
+        return state.result("completed")
+
+    async def _run(
+        self, state: _State, prompts: tuple[UserMessage, ...], emit: _Emitter
+    ) -> None:
+        cfg = self.config
+        await self._close_open_batch(state, emit)
+        if prompts:
+            ctx = state.context
+            projected = estimate(
+                ctx.system_prompt, ctx.summary, (*ctx.messages, *prompts)
+            )
+            if projected > cfg.compact_at * cfg.context_window and ctx.messages:
+                await self._compact(state, emit, "threshold", keep_last=False)
+            state.append(*prompts)
+            state.admitted = True
+            for prompt in prompts:
+                await emit(MessageCompleted(prompt))
+        for _ in range(cfg.max_turns):
+            message = await self._answer(state, emit)
+            calls = message.tool_calls
+            if not calls:
+                return
+            await self._tool_batch(state, emit, calls)
+        raise _RunFailed(AttemptError(
+            kind="fatal", message=f"the model kept calling tools for {cfg.max_turns} turns",
+            code="max_turns",
+        ))
+
+    async def _close_open_batch(self, state: _State, emit: _Emitter) -> None:
+        """Answer the calls a failed run left open, so the context is replayable again."""
+        found = open_batch(state.context.messages)
+        if found is None:
+            return
+        index, missing = found
+        owner = state.context.messages[index]
+        assert isinstance(owner, AssistantMessage)
+        closing = [interrupted_result(c) for c in owner.tool_calls if c.id in missing]
+        state.append(*closing)
+        for result in closing:
+            await emit(MessageCompleted(result))
+
+    # --- attempts ------------------------------------------------------------------------
+
+    def _request(self, context: Context) -> ProviderRequest:
+        return ProviderRequest(
+            system_prompt=context.system_prompt,
+            messages=for_provider(compaction.project(context), self.provider.name),
+            tools=self.config.tools.specs,
+            model=self.config.model,
+            max_output_tokens=self.config.max_output_tokens,
+        )
+
+    async def _answer(self, state: _State, emit: _Emitter) -> AssistantMessage:
+        """One replayable assistant message, after any overflow retries; else _RunFailed."""
+        overflow_retries = 0
+        while True:
+            try:
+                message = await self._stream(self._request(state.context), emit, state)
+            except ProviderError as exc:
+                if exc.kind == "overflow" and overflow_retries < self.config.max_overflow_retries:
+                    overflow_retries += 1
+                    await self._compact(state, emit, "overflow", keep_last=True)
+                    continue
+                raise _RunFailed(_error(exc)) from None
+            return message
+
+    async def _stream(
+        self, request: ProviderRequest, emit: _Emitter, state: _State | None
+    ) -> AssistantMessage:
+        """Stream one attempt with retries; record attempts in ``state`` when given.
+
+        Retryable errors are retried while nothing was streamed; once content arrived, the
+        failed attempt is recorded and the next one starts. The final failure is raised.
+        """
+        policy = self.config.retry
+        retries = 0
+        while True:
+            builder = AttemptBuilder(provider=self.provider.name, model=self.config.model)
+            try:
+                async for event in self.provider.stream(request):
+                    builder.feed(event)
+                    if state is not None:
+                        await emit(Delta(event))
+                if not builder.complete:
+                    raise ProviderError("retryable", "the stream ended before the message did")
+            except ProviderError as exc:
+                will_retry = exc.kind == "retryable" and retries < policy.max_retries
+                if not will_retry and retries:
+                    exc.message = f"{exc.message} (after {retries} retries)"
+                if state is not None and (builder.has_content or not will_retry):
+                    await self._record(state, emit, builder.failed(_error(exc)))
+                if will_retry:
+                    retries += 1
+                    await asyncio.sleep(policy.delay(retries, exc.retry_after))
+                    continue
+                raise
+            except asyncio.CancelledError:
+                if state is not None:
+                    await _shielded(self._record(state, emit, builder.failed(CANCELLED)))
+                raise
+            message = builder.message()
+            if state is not None:
+                await self._record(state, emit, message)
+            return message
+
+    async def _record(self, state: _State, emit: _Emitter, message: AssistantMessage) -> None:
+        state.attempt(message)
+        await emit(MessageCompleted(message))
+
+    # --- tools ---------------------------------------------------------------------------
+
+    async def _tool_batch(
+        self, state: _State, emit: _Emitter, calls: tuple[ToolCallBlock, ...]
+    ) -> None:
+        done: dict[int, ToolResultMessage] = {}
+
+        async def on_done(index: int, result: ToolResultMessage) -> None:
+            done[index] = result
+            await emit(ToolFinished(result))
+
+        for call in calls:
+            await emit(ToolStarted(call))
+        try:
+            await run_batch(self.config.tools, calls, on_done)
+        finally:
+            # Results arrive in any order; they are recorded in call order. On cancellation the
+            # finished ones stay (SPEC §3.4) and the next run closes the rest.
+            finished = [done[i] for i in sorted(done)]
+            state.append(*finished)
+            for result in finished:
+                await _shielded(emit(MessageCompleted(result)))
+
+    # --- compaction ----------------------------------------------------------------------
+
+    async def _compact(
+        self, state: _State, emit: _Emitter, reason: CompactionReason, *, keep_last: bool
+    ) -> None:
+        cfg = self.config
+        before = state.context
+        cut = compaction.choose_cut(
+            before, reason, keep_tokens=int(cfg.keep_after_compaction * cfg.context_window),
+            keep_last=keep_last,
+        )
+        if cut is None:
+            if reason == "manual":
+                return  # nothing to fold: compacting now is a no-op, not an error
+            raise _RunFailed(AttemptError(
+                kind="overflow" if reason == "overflow" else "fatal",
+                message="the context cannot be compacted further: nothing is left to fold",
+                code="nothing_to_compact",
+            ))
+        folded = before.messages[:cut]
+        request = compaction.summary_request(before.summary, folded, model=cfg.model)
+        try:
+            answer = await self._stream(request, emit, None)
+        except ProviderError as exc:
+            raise _RunFailed(_error(exc, prefix="compaction failed: ")) from None
+        summary = text_of(answer).strip()
+        if not summary:
+            raise _RunFailed(AttemptError(
+                kind="fatal", message="compaction failed: the provider wrote an empty summary",
+            ))
+        after = before.model_copy(update={"summary": summary, "messages": before.messages[cut:]})
+        record = Compaction(
+            reason=reason, folded=folded, previous_summary=before.summary, summary=summary,
+            tokens_before=estimate(before.system_prompt, before.summary, before.messages),
+            tokens_after=estimate(after.system_prompt, after.summary, after.messages),
+            usage=answer.usage,
+        )
+        state.context = after
+        state.compactions.append(record)
+        state.usage = state.usage + answer.usage
+        await emit(CompactionCompleted(record))
+
+
+def for_provider(messages: tuple[AnyMessage, ...], provider: str) -> tuple[AnyMessage, ...]:
+    """Drop opaque fields another provider issued (SPEC §1); they would be refused."""
+    out: list[AnyMessage] = []
+    for message in messages:
+        if isinstance(message, AssistantMessage) and message.provider != provider:
+            content = tuple(
+                b for b in message.content
+                if not isinstance(b, ThinkingBlock | RedactedThinkingBlock)
+            )
+            if not content:
+                continue  # nothing left to replay (it only held reasoning)
+            message = message.model_copy(update={"content": content, "provider_data": {}})
+        out.append(message)
+    return tuple(out)
+
+
+def _error(exc: ProviderError, prefix: str = "") -> AttemptError:
+    return AttemptError(
+        kind=exc.kind, message=prefix + exc.message, status=exc.status, code=exc.code
+    )
+
+
+class _Emitter:
+    """Delivers run events; a failing sink never fails the run."""
+
+    def __init__(self, sink: EventSink | None) -> None:
+        self._sink = sink
+
+    async def __call__(self, event: RunEvent) -> None:
+        if self._sink is None:
+            return
+        try:
+            await self._sink(event)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a broken listener (e.g. a gone client) must not end the run
+            self._sink = None
+
+
+async def _shielded(awaitable: Awaitable[None]) -> None:
+    """Finish a bookkeeping await while the run is being cancelled."""
+    try:
+        await awaitable
+    except asyncio.CancelledError:
+        pass
