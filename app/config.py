@@ -1,0 +1,553 @@
+"""Configuration: environment variables (prefix ``CARRYOVER_``) and a TOML file of agent profiles.
+
+The environment describes the service and the ``default`` agent profile (SPEC §6). A TOML file
+named by ``CARRYOVER_CONFIG_FILE`` may add named profiles, or replace ``default``::
+
+    [agents.default]
+    provider = "anthropic"
+    model = "claude-sonnet-4-5"
+    context_window = 200000
+
+    [agents.local]
+    provider = "openai"
+    base_url = "http://127.0.0.1:11434/v1"
+    model = "llama3.1"
+    api_key_env = "OLLAMA_API_KEY"
+
+Provider keys never live in the file: they come from ``OPENAI_API_KEY`` / ``ANTHROPIC_API_KEY``
+as those ecosystems expect, or from the variable a profile names in ``api_key_env``.
+Secrets are held as :class:`~pydantic.SecretStr` (or :class:`ApiKeys`) so no repr prints them.
+
+Tests build settings explicitly: ``Settings(provider="openai", model="m")`` — keyword arguments
+win over the environment — and call ``get_settings.cache_clear()`` after changing variables.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import os
+import re
+import tomllib
+from collections.abc import Iterable, Iterator, Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import core_schema
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+ProviderName = Literal["echo", "openai", "anthropic"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+
+DEFAULT_PROFILE = "default"
+DEFAULT_TOOLS: tuple[str, ...] = (
+    "app.agent.builtin_tools:time_now",
+    "app.agent.builtin_tools:wait",
+    "app.agent.builtin_tools:fail",
+)
+#: context window assumed when a profile does not give one
+DEFAULT_CONTEXT_WINDOW: dict[str, int] = {"echo": 128_000, "openai": 128_000, "anthropic": 200_000}
+#: where a provider's key is read from when a profile does not name ``api_key_env``
+PROVIDER_KEY_ENV: dict[str, str] = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+
+MiB = 1024 * 1024
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_TOOL_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+_ORIGIN = re.compile(r"^https?://[^/\s?#]+$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _split_list(value: Any) -> Any:
+    """Environment lists are comma-separated (``a,b``); a JSON array is accepted too."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            return json.loads(text)
+        return [item.strip() for item in text.split(",") if item.strip()]
+    return value
+
+
+class ApiKeys:
+    """API keys and the tenant each one is bound to (``CARRYOVER_API_KEYS``).
+
+    Parsed from comma-separated ``tenant:key`` pairs; a tenant may have several keys (rotation),
+    a key belongs to exactly one tenant. The repr names tenants, never keys.
+    """
+
+    __slots__ = ("_tenant_by_key",)
+
+    def __init__(self, tenant_by_key: Mapping[str, str] | None = None) -> None:
+        self._tenant_by_key: dict[str, str] = dict(tenant_by_key or {})
+
+    @classmethod
+    def parse(cls, value: str | Iterable[str]) -> ApiKeys:
+        """Parse ``"acme:k1,globex:k2"`` (or an iterable of ``tenant:key`` items)."""
+        items = value.split(",") if isinstance(value, str) else list(value)
+        tenant_by_key: dict[str, str] = {}
+        for position, raw in enumerate(items, start=1):
+            item = raw.strip()
+            if not item:
+                continue
+            tenant, sep, key = item.partition(":")
+            tenant, key = tenant.strip(), key.strip()
+            if not sep or not tenant or not key:
+                raise ValueError(
+                    f"API key entry {position} must look like 'tenant:key' "
+                    "(the entry itself is not shown: it may be a secret)"
+                )
+            if not _NAME.match(tenant):
+                raise ValueError(
+                    f"API key entry {position}: tenant {tenant!r} must be 1-64 letters, digits, "
+                    "'.', '_' or '-', starting with a letter or digit"
+                )
+            if any(c.isspace() for c in key):
+                raise ValueError(f"API key entry {position}: the key contains whitespace")
+            if tenant_by_key.get(key, tenant) != tenant:
+                raise ValueError(f"API key entry {position}: the same key is bound to two tenants")
+            tenant_by_key[key] = tenant
+        return cls(tenant_by_key)
+
+    def tenant_for(self, key: str) -> str | None:
+        """The tenant a presented key belongs to, or ``None``; compared in constant time."""
+        found: str | None = None
+        presented = key.encode()
+        for candidate, tenant in self._tenant_by_key.items():
+            if hmac.compare_digest(candidate.encode(), presented):
+                found = tenant
+        return found
+
+    @property
+    def tenants(self) -> frozenset[str]:
+        return frozenset(self._tenant_by_key.values())
+
+    def secret_values(self) -> tuple[str, ...]:
+        return tuple(self._tenant_by_key)
+
+    def __len__(self) -> int:
+        return len(self._tenant_by_key)
+
+    def __bool__(self) -> bool:
+        return bool(self._tenant_by_key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ApiKeys) and other._tenant_by_key == self._tenant_by_key
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._tenant_by_key.items()))
+
+    def __repr__(self) -> str:
+        return f"ApiKeys(tenants={sorted(self.tenants)!r}, keys={len(self)})"
+
+    @classmethod
+    def __get_pydantic_core_schema__(
+        cls, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        def validate(value: Any) -> ApiKeys:
+            if isinstance(value, ApiKeys):
+                return value
+            if value is None:
+                return cls()
+            if isinstance(value, str) or (
+                isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
+            ):
+                return cls.parse(value)
+            raise ValueError("expected comma-separated 'tenant:key' pairs")
+
+        return core_schema.no_info_plain_validator_function(
+            validate,
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                lambda v: "**********" if v else ""
+            ),
+        )
+
+
+class _ProfileFields(BaseModel):
+    """The fields of an agent profile, shared by :class:`AgentProfile` and :class:`Settings`."""
+
+    provider: ProviderName = "echo"
+    model: str = ""
+    base_url: str | None = None
+    context_window: int = 128_000
+    compact_at: float = 0.8
+    tools: Annotated[tuple[str, ...], NoDecode] = DEFAULT_TOOLS
+    max_turns: int = Field(default=32, ge=1)
+    tool_timeout: float = Field(default=60.0, gt=0)
+    max_retries: int = Field(default=4, ge=0)
+    thinking_budget: int | None = Field(default=None, ge=1)
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    api_key_env: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _provider_defaults(cls, data: Any) -> Any:
+        # The window and the model default by provider, so they are filled before validation.
+        if isinstance(data, dict):
+            provider = str(data.get("provider") or "echo").strip().lower()
+            if data.get("context_window") in (None, ""):
+                data = {**data, "context_window": DEFAULT_CONTEXT_WINDOW.get(provider, 128_000)}
+            if provider == "echo" and not data.get("model"):
+                data = {**data, "model": "echo"}
+        return data
+
+    @field_validator("provider", mode="before")
+    @classmethod
+    def _known_provider(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.strip().lower()
+            if value not in ("echo", "openai", "anthropic"):
+                raise ValueError(
+                    f"unknown provider {value!r}: choose 'echo', 'openai' or 'anthropic'"
+                )
+        return value
+
+    @field_validator("context_window")
+    @classmethod
+    def _positive_window(cls, value: int) -> int:
+        if value <= 0:
+            raise ValueError(f"context_window must be a positive number of tokens, got {value}")
+        return value
+
+    @field_validator("compact_at")
+    @classmethod
+    def _share_of_window(cls, value: float) -> float:
+        if not 0 < value <= 1:
+            raise ValueError(
+                f"compact_at is a share of the context window and must be in (0, 1], got {value}"
+            )
+        return value
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _split_tools(cls, value: Any) -> Any:
+        return _split_list(value)
+
+    @field_validator("tools")
+    @classmethod
+    def _tool_paths(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for path in value:
+            if not _TOOL_PATH.match(path):
+                raise ValueError(f"tool {path!r} must be an import path like 'package.module:name'")
+        if len(set(value)) != len(value):
+            raise ValueError("a tool is listed twice")
+        return value
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        value = value.strip()
+        if not re.match(r"^https?://[^\s/]+", value):
+            raise ValueError(f"base_url must be an http:// or https:// URL, got {value!r}")
+        return value
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, value: str | None) -> str | None:
+        if value is not None and not _ENV_NAME.match(value):
+            raise ValueError(f"api_key_env must name an environment variable, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _coherent(self) -> _ProfileFields:
+        if self.provider != "echo" and not self.model.strip():
+            raise ValueError(f"a model is required when the provider is {self.provider!r}")
+        if (
+            self.thinking_budget is not None
+            and self.max_output_tokens is not None
+            and self.thinking_budget >= self.max_output_tokens
+        ):
+            raise ValueError("thinking_budget must be smaller than max_output_tokens")
+        return self
+
+
+class AgentProfile(_ProfileFields):
+    """One agent profile: which provider and model, how much context, which tools, which limits.
+
+    ``api_key`` is resolved from the environment when the profile is built, never read from the
+    TOML file.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
+
+    api_key: SecretStr | None = None
+
+
+def _resolve_key(profile: _ProfileFields, provider_keys: Mapping[str, SecretStr | None]) -> Any:
+    if profile.api_key_env:
+        value = os.environ.get(profile.api_key_env, "")
+        return SecretStr(value) if value else None
+    return provider_keys.get(profile.provider)
+
+
+def _describe(exc: ValidationError, prefix: str) -> str:
+    parts = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in (prefix, *error["loc"]) if p != "")
+        message = str(error["msg"]).removeprefix("Value error, ")
+        parts.append(f"{where}: {message}")
+    return "; ".join(parts)
+
+
+def load_profiles_file(
+    path: Path, provider_keys: Mapping[str, SecretStr | None]
+) -> dict[str, AgentProfile]:
+    """Read the ``[agents.NAME]`` tables of a TOML file into profiles.
+
+    Each profile's key is resolved from the environment, never read from the file.
+    """
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"config file {str(path)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"config file {str(path)!r} cannot be read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+    unknown = sorted(set(document) - {"agents"})
+    if unknown:
+        raise ValueError(
+            f"config file {str(path)!r}: unknown top-level key(s) {unknown}; "
+            "profiles go in [agents.NAME] tables"
+        )
+    agents = document.get("agents", {})
+    if not isinstance(agents, dict):
+        raise ValueError(f"config file {str(path)!r}: 'agents' must be a table")
+    profiles: dict[str, AgentProfile] = {}
+    for name, table in agents.items():
+        where = f"config file {str(path)!r}: agents.{name}"
+        if not _NAME.match(name):
+            raise ValueError(f"{where}: profile names are 1-64 letters, digits, '.', '_' or '-'")
+        if not isinstance(table, dict):
+            raise ValueError(f"{where} must be a table")
+        if "api_key" in table:
+            raise ValueError(
+                f"{where}: keys do not belong in the file; put the key in an environment "
+                "variable and name it with api_key_env"
+            )
+        try:
+            profile = AgentProfile.model_validate(table)
+        except ValidationError as exc:
+            raise ValueError(_describe(exc, f"{where}")) from None
+        key = _resolve_key(profile, provider_keys)
+        profiles[name] = profile.model_copy(update={"api_key": key})
+    return profiles
+
+
+def _mask_url(url: str) -> str:
+    """``scheme://user:***@host/db``: a database URL fit for a log line."""
+    return re.sub(r"^([A-Za-z][\w+.-]*://[^:/@]*):[^@/]*@", r"\1:***@", url)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only accepts connections from this machine."""
+    host = host.strip().strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Settings(_ProfileFields, BaseSettings):
+    """Everything the service reads from its environment (and, for profiles, the TOML file)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="CARRYOVER_",
+        extra="ignore",
+        frozen=True,
+        env_ignore_empty=True,
+        populate_by_name=True,
+        # a validation error must not print the input: it holds the keys
+        hide_input_in_errors=True,
+    )
+
+    # --- service -----------------------------------------------------------------------------
+    database_url: str = "sqlite:///./carryover.db"
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    workers: int = Field(default=1, ge=1)
+    config_file: Path | None = None
+    log_level: LogLevel = "INFO"
+    log_format: Literal["text", "json"] = "text"
+
+    # --- provider keys (no prefix, as their ecosystems expect) --------------------------------
+    openai_api_key: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("openai_api_key", "OPENAI_API_KEY")
+    )
+    anthropic_api_key: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("anthropic_api_key", "ANTHROPIC_API_KEY")
+    )
+
+    # --- runs ----------------------------------------------------------------------------------
+    lease_seconds: float = Field(default=5.0, gt=0)
+    busy_wait_seconds: float = Field(default=30.0, ge=0)
+    idempotency_ttl_seconds: int = Field(default=86_400, ge=1)
+
+    # --- limits --------------------------------------------------------------------------------
+    max_body_bytes: int = Field(default=8 * MiB, ge=1024)
+    max_image_bytes: int = Field(default=5 * MiB, ge=1)
+    max_prompts_per_run: int = Field(default=32, ge=1)
+    max_text_chars: int = Field(default=200_000, ge=1)
+    max_context_messages: int = Field(default=10_000, ge=1)
+    max_page_size: int = Field(default=200, ge=1)
+    default_page_size: int = Field(default=50, ge=1)
+
+    # --- access --------------------------------------------------------------------------------
+    api_keys: Annotated[ApiKeys, NoDecode] = Field(default_factory=ApiKeys)
+    allow_unauthenticated_public: bool = False
+    cors_origins: Annotated[tuple[str, ...], NoDecode] = ()
+
+    # --- profiles given directly (tests, or CARRYOVER_AGENTS as a JSON object) -----------------
+    agents: dict[str, AgentProfile] = Field(default_factory=dict)
+
+    _profiles: dict[str, AgentProfile] = PrivateAttr(default_factory=dict)
+
+    @field_validator("openai_api_key", "anthropic_api_key")
+    @classmethod
+    def _blank_key_is_none(cls, value: SecretStr | None) -> SecretStr | None:
+        return value if value is not None and value.get_secret_value().strip() else None
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: Any) -> Any:
+        return value.strip().upper() if isinstance(value, str) else value
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: str) -> str:
+        if not re.match(r"^(sqlite|postgresql)(\+\w+)?://", value):
+            raise ValueError(
+                "database_url must be a sqlite:/// or postgresql:// URL, got "
+                f"{_mask_url(value)!r}"
+            )
+        return value
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("host must not be empty")
+        return value.strip()
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: Any) -> Any:
+        return _split_list(value)
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for origin in value:
+            if origin != "*" and not _ORIGIN.match(origin):
+                raise ValueError(
+                    f"CORS origin {origin!r} must be '*' or scheme://host[:port] "
+                    "(no path, no trailing slash)"
+                )
+        return value
+
+    @field_validator("agents")
+    @classmethod
+    def _agent_names(cls, value: dict[str, AgentProfile]) -> dict[str, AgentProfile]:
+        for name in value:
+            if not _NAME.match(name):
+                raise ValueError(f"profile name {name!r}: use 1-64 letters, digits, '.', '_', '-'")
+        return value
+
+    @model_validator(mode="after")
+    def _limits_and_profiles(self) -> Settings:
+        if self.default_page_size > self.max_page_size:
+            raise ValueError(
+                f"default_page_size ({self.default_page_size}) must not exceed "
+                f"max_page_size ({self.max_page_size})"
+            )
+        # A base64 image is 4/3 of its decoded size: the largest allowed image must fit a body.
+        if self.max_image_bytes * 4 // 3 >= self.max_body_bytes:
+            raise ValueError(
+                f"max_image_bytes ({self.max_image_bytes}) base64-encoded does not fit in "
+                f"max_body_bytes ({self.max_body_bytes})"
+            )
+        profiles = {DEFAULT_PROFILE: self._env_profile()}
+        if self.config_file is not None:
+            profiles.update(load_profiles_file(self.config_file, self._provider_keys()))
+        profiles.update(self.agents)
+        self._profiles = profiles
+        return self
+
+    def _provider_keys(self) -> dict[str, SecretStr | None]:
+        return {"openai": self.openai_api_key, "anthropic": self.anthropic_api_key}
+
+    def _env_profile(self) -> AgentProfile:
+        fields = {name: getattr(self, name) for name in _ProfileFields.model_fields}
+        profile = AgentProfile.model_validate(fields)
+        return profile.model_copy(update={"api_key": _resolve_key(profile, self._provider_keys())})
+
+    def profiles(self) -> dict[str, AgentProfile]:
+        """Every agent profile by name; ``default`` always exists (the environment's, unless
+        the TOML file or ``agents`` defines one)."""
+        return dict(self._profiles)
+
+    def profile(self, name: str = DEFAULT_PROFILE) -> AgentProfile:
+        """One profile; ``KeyError`` names the ones that exist."""
+        profiles = self.profiles()
+        if name not in profiles:
+            raise KeyError(f"no agent profile {name!r}; known: {sorted(profiles)}")
+        return profiles[name]
+
+    def secret_values(self) -> tuple[str, ...]:
+        """Every secret this configuration holds, for log redaction."""
+        values: list[str] = list(self.api_keys.secret_values())
+        for key in (self.openai_api_key, self.anthropic_api_key):
+            if key is not None:
+                values.append(key.get_secret_value())
+        for profile in self.profiles().values():
+            if profile.api_key is not None:
+                values.append(profile.api_key.get_secret_value())
+        password = re.match(r"^[A-Za-z][\w+.-]*://[^:/@]*:([^@/]+)@", self.database_url)
+        if password:
+            values.append(password.group(1))
+        return tuple(dict.fromkeys(v for v in values if v))
+
+    @property
+    def database_url_display(self) -> str:
+        """The database URL with its password masked."""
+        return _mask_url(self.database_url)
+
+    def exposure_problem(self, host: str | None = None) -> str | None:
+        """Why serving on ``host`` would be unsafe, or ``None`` when it is fine (SPEC §6: with no
+        API keys configured the server only listens on loopback)."""
+        host = self.host if host is None else host
+        if is_loopback(host) or self.api_keys or self.allow_unauthenticated_public:
+            return None
+        return (
+            f"refusing to listen on {host!r} without authentication: no API keys are configured. "
+            "Set CARRYOVER_API_KEYS (comma-separated tenant:key pairs), listen on 127.0.0.1, "
+            "or set CARRYOVER_ALLOW_UNAUTHENTICATED_PUBLIC=true if something in front of the "
+            "service authenticates every request."
+        )
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        for name, value in super().__repr_args__():
+            yield (name, _mask_url(value)) if name == "database_url" else (name, value)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, read once. ``get_settings.cache_clear()`` re-reads them."""
+    return Settings()
