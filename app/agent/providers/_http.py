@@ -1,0 +1,181 @@
+"""Helpers shared by the HTTP providers (OpenAI-compatible and Anthropic).
+
+Error classification lives here so both providers agree on what ``retryable`` means: rate
+limits, overload, 5xx, request timeouts and dropped connections are retried by the agent
+(honouring ``retry_after``); authentication, permission, not-found and invalid requests are
+``fatal``. Messages never carry the API key: everything a server says is passed through
+:func:`scrub` first (OpenAI echoes a masked key in its 401 message).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import importlib
+import re
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from .base import ErrorClass, ProviderError
+
+# Phrases servers use for "the prompt does not fit the context window" (OpenAI, Anthropic,
+# vLLM, llama.cpp server, LM Studio, Ollama, Mistral, Groq...). Matched case-insensitively.
+_OVERFLOW_PATTERNS = re.compile(
+    r"context[_ ]length[_ ]exceeded|maximum context length|context window|"
+    r"prompt is too long|exceeds? (?:the )?(?:model'?s? )?(?:context|max(?:imum)? context)|"
+    r"exceed context limit|too many tokens|input is too long|context size|"
+    r"longer than the model'?s? context",
+    re.IGNORECASE,
+)
+
+# Anything that looks like an API key, including the masked forms servers echo back
+# (``sk-proj-abc***wxyz``).
+_KEY_LIKE = re.compile(r"\bsk-[A-Za-z0-9_\-*.]{4,}")
+
+
+def is_overflow_text(text: str) -> bool:
+    return bool(_OVERFLOW_PATTERNS.search(text))
+
+
+def scrub(text: str, api_key: str | None) -> str:
+    """``text`` with the API key (whole, or masked the way servers echo it) removed."""
+    if api_key:
+        text = text.replace(api_key, "[redacted]")
+    return _KEY_LIKE.sub("[redacted]", text)
+
+
+def parse_retry_after(
+    headers: Mapping[str, str] | None, *, now: float | None = None
+) -> float | None:
+    """Seconds to wait, from ``retry-after-ms`` (preferred) or ``retry-after``.
+
+    ``retry-after`` may be a number of seconds or an HTTP date (RFC 9110 §10.2.3). Unparseable
+    or negative values give ``None`` (the agent then uses its own backoff).
+    """
+    if not headers:
+        return None
+    lowered = {k.lower(): v for k, v in headers.items()}
+    raw_ms = lowered.get("retry-after-ms")
+    if raw_ms is not None:
+        try:
+            ms = float(raw_ms)
+        except ValueError:
+            ms = -1.0
+        if ms >= 0 and ms == ms:  # not NaN
+            return ms / 1000.0
+    raw = lowered.get("retry-after")
+    if raw is None:
+        return None
+    raw = raw.strip()
+    try:
+        seconds = float(raw)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(raw)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when is None:
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+        return max(0.0, seconds)
+    if seconds != seconds or seconds < 0:  # NaN or negative
+        return None
+    return seconds
+
+
+def _load_transport_errors() -> tuple[type[BaseException], ...]:
+    """Transport-level exception classes of httpx and httpx2 (whichever the SDKs use).
+
+    The SDKs wrap most of them in ``APIConnectionError``, but not every stream reader does
+    (a connection dropped half-way through an SSE body can surface as the raw
+    ``RemoteProtocolError``), so the providers catch these as well.
+    """
+    found: list[type[BaseException]] = []
+    for module_name in ("httpx", "httpx2"):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        for attr in ("TransportError", "StreamError", "DecodingError"):
+            cls = getattr(module, attr, None)
+            if isinstance(cls, type) and issubclass(cls, BaseException):
+                found.append(cls)
+    return tuple(found)
+
+
+TRANSPORT_ERRORS: tuple[type[BaseException], ...] = _load_transport_errors()
+
+
+def connection_error(provider: str, exc: BaseException, api_key: str | None) -> ProviderError:
+    """A dropped connection, timeout or broken stream: always retryable."""
+    detail = scrub(str(exc) or type(exc).__name__, api_key)
+    return ProviderError(
+        "retryable", f"{provider}: connection failed ({type(exc).__name__}): {detail}"
+    )
+
+
+def classify_status(
+    status: int, *, code: str | None, error_type: str | None, message: str
+) -> ErrorClass:
+    """The error class of an HTTP error answer (both providers' conventions)."""
+    if code == "context_length_exceeded" or (
+        status in (400, 413, 422) and is_overflow_text(message)
+    ):
+        return "overflow"
+    if status == 429:
+        # OpenAI answers 429 for an exhausted quota too; waiting will not fix that.
+        if code == "insufficient_quota" or error_type == "insufficient_quota":
+            return "fatal"
+        return "retryable"
+    if status in (408, 409, 425) or status >= 500:
+        return "retryable"
+    return "fatal"
+
+
+def status_error(
+    provider: str,
+    status: int,
+    *,
+    code: str | None,
+    error_type: str | None,
+    message: str,
+    headers: Mapping[str, str] | None,
+    api_key: str | None,
+) -> ProviderError:
+    kind = classify_status(status, code=code, error_type=error_type, message=message)
+    label = " ".join(x for x in (error_type, code if code != error_type else None) if x)
+    text = scrub(message, api_key) or "no message"
+    if status in (401, 403):
+        text += " (check the API key and its permissions)"
+    return ProviderError(
+        kind,
+        f"{provider}: HTTP {status}{' ' + label if label else ''}: {text}",
+        status=status,
+        code=code or error_type,
+        retry_after=parse_retry_after(headers) if kind == "retryable" else None,
+    )
+
+
+def error_fields(body: Any) -> tuple[str | None, str | None, str | None]:
+    """``(code, type, message)`` of an error body in either provider's shape.
+
+    OpenAI: ``{"error": {"message", "type", "param", "code"}}`` (the SDK may hand over just the
+    inner object); Anthropic: ``{"type": "error", "error": {"type", "message"}}``.
+    """
+    if isinstance(body, Mapping):
+        inner = body.get("error")
+        if isinstance(inner, Mapping):
+            body = inner
+        elif isinstance(inner, str):
+            return None, None, inner
+        code = body.get("code")
+        error_type = body.get("type")
+        message = body.get("message")
+        return (
+            str(code) if code is not None else None,
+            error_type if isinstance(error_type, str) else None,
+            message if isinstance(message, str) else None,
+        )
+    if isinstance(body, str):
+        return None, None, body
+    return None, None, None
