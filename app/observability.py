@@ -1,0 +1,268 @@
+"""Prometheus metrics and structured logging.
+
+Metrics live in their own :data:`REGISTRY` (not prometheus-client's global one), so tests and
+embedders start clean. Labels stay low-cardinality: statuses, reasons, providers, route
+*templates* — never a conversation id, a run id, a tenant or a secret. Each ``observe_*``
+helper folds an unexpected label value into ``other``.
+
+With several worker processes, set ``PROMETHEUS_MULTIPROC_DIR`` (``carryover serve`` does it
+when ``--workers`` > 1) and :func:`render_metrics` aggregates every worker's figures.
+
+Logging goes to stderr as text or JSON lines; :class:`RedactSecrets` replaces any configured
+secret (API keys, provider keys, the database password) that reaches a log record.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import logging.config
+import os
+import re
+import time
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+RUN_STATUSES = frozenset({"completed", "failed", "cancelled", "conflicted", "interrupted"})
+PROVIDERS = frozenset({"echo", "openai", "anthropic"})
+#: ``ok`` or the kind of the attempt's error (app.agent.messages.ErrorKind)
+ATTEMPT_OUTCOMES = frozenset({"ok", "overflow", "retryable", "fatal", "aborted", "internal"})
+TOOL_OUTCOMES = frozenset({"ok", "error", "timeout", "cancelled", "unknown_tool"})
+COMPACTION_REASONS = frozenset({"threshold", "overflow", "manual"})
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+OTHER = "other"
+UNMATCHED_ROUTE = "<unmatched>"
+MAX_TOOL_LABELS = 64
+
+RUNS = Counter("carryover_runs", "Runs that ended, by status.", ["status"], registry=REGISTRY)
+RUN_DURATION = Histogram(
+    "carryover_run_duration_seconds",
+    "Wall time of a run, from start to its recorded end.",
+    ["status"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800),
+    registry=REGISTRY,
+)
+RUNS_IN_PROGRESS = Gauge(
+    "carryover_runs_in_progress",
+    "Runs executing in this process (summed over live workers).",
+    registry=REGISTRY,
+    multiprocess_mode="livesum",
+)
+PROVIDER_ATTEMPTS = Counter(
+    "carryover_provider_attempts",
+    "Provider requests (attempts), by provider and outcome.",
+    ["provider", "outcome"],
+    registry=REGISTRY,
+)
+TOOL_CALLS = Counter(
+    "carryover_tool_calls", "Tool calls, by tool and outcome.", ["tool", "outcome"],
+    registry=REGISTRY,
+)
+COMPACTIONS = Counter(
+    "carryover_compactions", "Compactions, by reason.", ["reason"], registry=REGISTRY
+)
+HTTP_REQUESTS = Counter(
+    "carryover_http_requests",
+    "HTTP requests answered, by method, route template and status.",
+    ["method", "route", "status"],
+    registry=REGISTRY,
+)
+HTTP_DURATION = Histogram(
+    "carryover_http_request_duration_seconds",
+    "Time to answer an HTTP request (until the body is sent), by method and route template.",
+    ["method", "route"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+    registry=REGISTRY,
+)
+
+_tool_labels: set[str] = set()
+
+
+def _bounded(value: str, allowed: frozenset[str]) -> str:
+    return value if value in allowed else OTHER
+
+
+def _tool_label(name: str) -> str:
+    # Tool names come from configuration, but a model may call a name that was never
+    # registered: the first few distinct names are kept, later ones fold into "other".
+    if name in _tool_labels:
+        return name
+    if len(_tool_labels) < MAX_TOOL_LABELS and re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
+        _tool_labels.add(name)
+        return name
+    return OTHER
+
+
+def observe_run(status: str, seconds: float) -> None:
+    status = _bounded(status, RUN_STATUSES)
+    RUNS.labels(status=status).inc()
+    RUN_DURATION.labels(status=status).observe(max(0.0, seconds))
+
+
+def observe_provider_attempt(provider: str, outcome: str) -> None:
+    PROVIDER_ATTEMPTS.labels(
+        provider=_bounded(provider, PROVIDERS), outcome=_bounded(outcome, ATTEMPT_OUTCOMES)
+    ).inc()
+
+
+def observe_tool_call(tool: str, outcome: str) -> None:
+    TOOL_CALLS.labels(tool=_tool_label(tool), outcome=_bounded(outcome, TOOL_OUTCOMES)).inc()
+
+
+def observe_compaction(reason: str) -> None:
+    COMPACTIONS.labels(reason=_bounded(reason, COMPACTION_REASONS)).inc()
+
+
+def observe_http(method: str, route: str, status: int, seconds: float) -> None:
+    method = _bounded(method.upper(), HTTP_METHODS)
+    HTTP_REQUESTS.labels(method=method, route=route, status=str(status)).inc()
+    HTTP_DURATION.labels(method=method, route=route).observe(max(0.0, seconds))
+
+
+def render_metrics() -> tuple[bytes, str]:
+    """The Prometheus text exposition of every metric, and its content type."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+
+
+class MetricsMiddleware:
+    """ASGI middleware counting requests by route *template* (``/conversations/{id}``).
+
+    A request that matched no route is counted as ``<unmatched>``, so probing random paths
+    cannot grow the label set. An exception that escapes the app counts as a 500.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_and_watch(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_watch)
+        finally:
+            route = getattr(scope.get("route"), "path", None) or UNMATCHED_ROUTE
+            observe_http(scope["method"], route, status, time.perf_counter() - started)
+
+
+# --- logging ---------------------------------------------------------------------------------
+
+_REDACTED = "[REDACTED]"
+#: shorter values are not redacted: they would blank out ordinary words
+MIN_SECRET_LENGTH = 4
+_STANDARD_RECORD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+
+class RedactSecrets(logging.Filter):
+    """Replace known secret values wherever they appear in a record: message, arguments,
+    exception text, stack, and ``extra=`` fields. Installed on the handler, so it sees every
+    record, whichever logger emitted it."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        super().__init__()
+        values = sorted({s for s in secrets if len(s) >= MIN_SECRET_LENGTH}, key=len, reverse=True)
+        self._pattern = re.compile("|".join(map(re.escape, values))) if values else None
+
+    def redact(self, text: str) -> str:
+        return self._pattern.sub(_REDACTED, text) if self._pattern else text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self._pattern is None:
+            return True
+        record.msg, record.args = self.redact(record.getMessage()), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = self.redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = self.redact(record.stack_info)
+        for name, value in list(vars(record).items()):
+            if name not in _STANDARD_RECORD_ATTRS and isinstance(value, str):
+                setattr(record, name, self.redact(value))
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, ``extra=`` fields, exception."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for name, value in vars(record).items():
+            if name not in _STANDARD_RECORD_ATTRS and not name.startswith("_"):
+                entry[name] = value
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            entry["exception"] = record.exc_text
+        if record.stack_info:
+            entry["stack"] = record.stack_info
+        return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+def logging_config(
+    level: str = "INFO", fmt: str = "text", secrets: Iterable[str] = ()
+) -> dict[str, Any]:
+    """A :func:`logging.config.dictConfig` document: one stderr handler on the root logger
+    with secret redaction; uvicorn's loggers propagate to it. Also handed to uvicorn, which
+    applies it in every worker process."""
+    formatter: dict[str, Any] = (
+        {"()": f"{__name__}.JsonFormatter"}
+        if fmt == "json"
+        else {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}
+    )
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "filters": {"redact": {"()": f"{__name__}.RedactSecrets", "secrets": list(secrets)}},
+        "formatters": {"carryover": formatter},
+        "handlers": {
+            "stderr": {
+                "class": "logging.StreamHandler",
+                "stream": "ext://sys.stderr",
+                "formatter": "carryover",
+                "filters": ["redact"],
+            }
+        },
+        "root": {"level": level.upper(), "handlers": ["stderr"]},
+        "loggers": {
+            name: {"handlers": [], "propagate": True, "level": level.upper()}
+            for name in ("uvicorn", "uvicorn.error", "uvicorn.access")
+        },
+    }
+
+
+def configure_logging(level: str = "INFO", fmt: str = "text", secrets: Iterable[str] = ()) -> None:
+    """Send every log record to stderr (text or JSON lines), with ``secrets`` redacted."""
+    logging.config.dictConfig(logging_config(level, fmt, secrets))
