@@ -1,0 +1,112 @@
+"""Engines and transactions for the two supported databases (SPEC §5).
+
+- SQLite (the embedded default, ``sqlite:///./carryover.db``) runs on aiosqlite in WAL mode with
+  foreign keys on and a busy timeout. pysqlite's own transaction handling is switched off so that
+  SQLAlchemy's ``begin`` event emits the ``BEGIN`` itself: a plain (deferred) ``BEGIN`` for reads
+  and ``BEGIN IMMEDIATE`` for writes. Taking the write lock up front is what makes concurrent
+  writers wait on ``busy_timeout`` instead of failing with "database is locked" when a read lock
+  would have to be upgraded mid-transaction.
+- PostgreSQL (``postgresql://…``) runs on asyncpg. Writes use the default READ COMMITTED (every
+  write that matters is a conditional ``UPDATE … WHERE version = …``); reads run in a
+  REPEATABLE READ, read-only transaction so that the conversation row and its messages come
+  from one snapshot.
+
+Every transaction is opened with :func:`write_transaction` or :func:`read_transaction`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.engine.interfaces import DBAPIConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.pool import ConnectionPoolEntry
+
+# Execution option set on a connection whose next transaction writes.
+_WRITE_OPTION = "carryover_write"
+
+_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
+_ALIASES = {"postgres": "postgresql"}
+
+DEFAULT_BUSY_TIMEOUT_MS = 5000
+
+
+def async_url(url: str | URL) -> URL:
+    """Map ``sqlite:///…`` and ``postgresql://…`` URLs onto the async drivers Carryover uses.
+
+    URLs that already name ``aiosqlite`` / ``asyncpg`` are kept; any other driver is refused
+    rather than silently replaced.
+    """
+    parsed = make_url(url)
+    backend = _ALIASES.get(parsed.get_backend_name(), parsed.get_backend_name())
+    if backend not in _DRIVERS:
+        raise ValueError(f"unsupported database {parsed.drivername!r}: use sqlite or postgresql")
+    wanted = _DRIVERS[backend]
+    if "+" in parsed.drivername and parsed.drivername != wanted:
+        raise ValueError(f"unsupported driver {parsed.drivername!r}: Carryover uses {wanted!r}")
+    return parsed.set(drivername=wanted)
+
+
+def make_engine(
+    url: str | URL, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS, **kwargs: Any
+) -> AsyncEngine:
+    """An AsyncEngine for ``url`` with Carryover's connection and transaction setup."""
+    target = async_url(url)
+    if target.get_backend_name() == "sqlite":
+        engine = create_async_engine(target, **kwargs)
+        _configure_sqlite(engine, busy_timeout_ms)
+        return engine
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_async_engine(target, **kwargs)
+
+
+def _configure_sqlite(engine: AsyncEngine, busy_timeout_ms: int) -> None:
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
+        # Take BEGIN away from the driver; the "begin" listener below emits it.
+        dbapi_connection.isolation_level = None  # type: ignore[attr-defined]
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")  # durable enough in WAL mode
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        writes = connection.get_execution_options().get(_WRITE_OPTION, False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")
+
+
+def is_sqlite(engine: AsyncEngine | AsyncConnection) -> bool:
+    return engine.dialect.name == "sqlite"
+
+
+@asynccontextmanager
+async def write_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """One write transaction: ``BEGIN IMMEDIATE`` on SQLite, ``BEGIN`` on PostgreSQL.
+
+    Commits when the block ends normally, rolls back if it raises.
+    """
+    async with engine.connect() as conn:
+        await conn.execution_options(**{_WRITE_OPTION: True})
+        async with conn.begin():
+            yield conn
+
+
+@asynccontextmanager
+async def read_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """One read-only transaction over a single consistent snapshot."""
+    async with engine.connect() as conn:
+        if conn.dialect.name == "postgresql":
+            await conn.execution_options(
+                isolation_level="REPEATABLE READ", postgresql_readonly=True
+            )
+        async with conn.begin():
+            yield conn

@@ -1,0 +1,27 @@
+"""What the store refuses, as small exceptions the API layer maps to problems (SPEC §4)."""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Base of every refusal the repository raises on purpose."""
+
+
+class NotFound(StoreError):
+    """The conversation (or run) does not exist for this tenant."""
+
+
+class AlreadyExists(StoreError):
+    """A conversation with this id already exists for this tenant."""
+
+
+class PreconditionFailed(StoreError):
+    """An ``If-Match`` / ``If-None-Match: *`` condition did not hold; nothing was written."""
+
+    def __init__(self, message: str, *, current_etag: str | None = None) -> None:
+        super().__init__(message)
+        self.current_etag = current_etag
+
+
+class Conflict(StoreError):
+    """A write lost against a concurrent change (e.g. the run row is no longer running)."""

@@ -1,0 +1,91 @@
+"""Apply and inspect the Alembic history programmatically (no alembic.ini).
+
+``carryover migrate`` and ``carryover serve`` call :func:`upgrade`; ``/readyz`` compares
+:func:`current_revision` with :func:`head_revision`.
+
+Each upgrade or downgrade runs in one write transaction: ``BEGIN IMMEDIATE`` on SQLite and a
+transaction-scoped advisory lock on PostgreSQL, so several processes starting at once migrate
+one after the other and the later ones find the schema already at head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.pool import NullPool
+
+from .db import make_engine, read_transaction, write_transaction
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+
+# pg_advisory_xact_lock key shared by every Carryover process ("carryover" in ASCII, truncated).
+_PG_MIGRATION_LOCK = 0x636172727976
+
+
+def alembic_config() -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    return config
+
+
+def head_revision() -> str:
+    """The revision the code expects the database to be at."""
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    if head is None:
+        raise RuntimeError("the migration history is empty")
+    return head
+
+
+async def upgrade(url: str, revision: str = "head") -> None:
+    """Upgrade the database at ``url`` to ``revision`` (creating every table from empty)."""
+    await run_in_transaction(url, lambda conn: _command(conn, command.upgrade, revision))
+
+
+async def downgrade(url: str, revision: str = "base") -> None:
+    """Downgrade the database at ``url`` to ``revision`` (``"base"`` drops every table)."""
+    await run_in_transaction(url, lambda conn: _command(conn, command.downgrade, revision))
+
+
+async def current_revision(url_or_engine: str | AsyncEngine) -> str | None:
+    """The revision the database is at, or None when it was never migrated."""
+
+    def read(conn: Connection) -> str | None:
+        return MigrationContext.configure(conn).get_current_revision()
+
+    if isinstance(url_or_engine, AsyncEngine):
+        async with read_transaction(url_or_engine) as conn:
+            return await conn.run_sync(read)
+    engine = make_engine(url_or_engine, poolclass=NullPool)
+    try:
+        async with read_transaction(engine) as conn:
+            return await conn.run_sync(read)
+    finally:
+        await engine.dispose()
+
+
+async def run_in_transaction(url: str, fn: Callable[[Connection], None]) -> None:
+    """Run ``fn`` on a sync connection inside one migration write transaction."""
+    engine = make_engine(url, poolclass=NullPool)
+    try:
+        async with write_transaction(engine) as conn:
+            if conn.dialect.name == "postgresql":
+                await conn.execute(
+                    text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK}
+                )
+            await conn.run_sync(fn)
+    finally:
+        await engine.dispose()
+
+
+def _command(conn: Connection, cmd: Callable[[Config, str], None], revision: str) -> None:
+    config = alembic_config()
+    config.attributes["connection"] = conn
+    cmd(config, revision)

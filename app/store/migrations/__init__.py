@@ -1,0 +1,1 @@
+"""Alembic history of the store's schema. Run it through :mod:`app.store.migrate`."""

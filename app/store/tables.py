@@ -1,0 +1,310 @@
+"""The tables (SPEC §5). The tenant is part of every key.
+
+Message bodies and other JSON values are stored as JSON *text* (``JSONText``), not as a
+database JSON type: PostgreSQL's ``jsonb`` would reorder keys and normalise numbers, and the
+store promises to give back exactly what it was given. Timestamps are timezone-aware UTC on
+both engines (``UTCDateTime``).
+
+Children of a conversation reference it with ``ON DELETE CASCADE``, so deleting the
+conversation row deletes its messages, runs (and their audit rows), transcript and
+idempotency keys in the same statement. The migration in ``migrations/versions`` spells out
+the same schema by hand; ``tests/store/test_migrations.py`` checks that the two agree.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Dialect,
+    ForeignKeyConstraint,
+    Index,
+    Table,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy import DateTime as _DateTime
+from sqlmodel import Field, SQLModel
+
+# --- column types -------------------------------------------------------------------------
+
+
+class JSONText(TypeDecorator[Any]):
+    """Any JSON value, stored as compact JSON text and given back decoded."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> str | None:
+        if value is None:
+            return None
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> Any:
+        return None if value is None else json.loads(value)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC timestamp (SQLite keeps no zone; it is put back on read)."""
+
+    impl = _DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+# Key lengths. Conversation ids are at most 128 characters (SPEC §4).
+TENANT_LEN = 128
+CONVERSATION_ID_LEN = 128
+RUN_ID_LEN = 36
+ETAG_LEN = 80
+
+
+
+def _conversation_fk(name: str) -> ForeignKeyConstraint:
+    return ForeignKeyConstraint(
+        ["tenant", "conversation_id"],
+        ["conversations.tenant", "conversations.id"],
+        ondelete="CASCADE",
+        name=name,
+    )
+
+
+def _run_fk(name: str) -> ForeignKeyConstraint:
+    return ForeignKeyConstraint(
+        ["tenant", "conversation_id", "run_id"],
+        ["runs.tenant", "runs.conversation_id", "runs.run_id"],
+        ondelete="CASCADE",
+        name=name,
+    )
+
+
+# --- conversations and their context -------------------------------------------------------
+
+
+class Conversation(SQLModel, table=True):
+    """One conversation's metadata; its context messages live in ``context_messages``.
+
+    ``incarnation`` is a random value set at creation, so the ETag ``"<incarnation>-<version>"``
+    never repeats across delete and re-create. ``next_position`` is where the next appended
+    message goes; positions only grow (folded messages leave gaps at the front).
+    """
+
+    __tablename__ = "conversations"
+
+    tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
+    id: str = Field(primary_key=True, max_length=CONVERSATION_ID_LEN)
+    incarnation: str = Field(max_length=32)
+    version: int
+    system_prompt: str = Field(sa_type=Text)
+    summary: str = Field(sa_type=Text)
+    next_position: int = Field(sa_type=BigInteger)
+    message_count: int
+    transcript_seq: int = Field(sa_type=BigInteger)
+    created_at: datetime = Field(sa_type=UTCDateTime)
+    updated_at: datetime = Field(sa_type=UTCDateTime)
+    active_run_id: str | None = Field(default=None, max_length=RUN_ID_LEN)
+
+    @property
+    def etag(self) -> str:
+        return make_etag(self.incarnation, self.version)
+
+
+def make_etag(incarnation: str, version: int) -> str:
+    """The strong, opaque ETag of a stored context (quotes included)."""
+    return f'"{incarnation}-{version}"'
+
+
+def parse_etag(etag: str) -> tuple[str, int] | None:
+    """``(incarnation, version)`` of an ETag this store issued, or None for anything else."""
+    if len(etag) < 2 or not (etag.startswith('"') and etag.endswith('"')):
+        return None
+    incarnation, sep, version = etag[1:-1].rpartition("-")
+    if not sep or not incarnation or not version.isdigit():
+        return None
+    return incarnation, int(version)
+
+
+class ContextMessage(SQLModel, table=True):
+    """One message of a conversation's context, as ``app.agent.codec.dump_message`` gives it."""
+
+    __tablename__ = "context_messages"
+    __table_args__ = (_conversation_fk("fk_context_messages_conversation"),)
+
+    tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
+    conversation_id: str = Field(primary_key=True, max_length=CONVERSATION_ID_LEN)
+    position: int = Field(primary_key=True, sa_type=BigInteger)
+    body: dict[str, Any] = Field(sa_type=JSONText)
+
+
+# --- runs and their audit records -----------------------------------------------------------
+
+
+class Run(SQLModel, table=True):
+    """A run: its request, outcome and (for a later issue) its lease."""
+
+    __tablename__ = "runs"
+    __table_args__ = (
+        _conversation_fk("fk_runs_conversation"),
+        Index("ix_runs_conversation_created", "tenant", "conversation_id", "created_at"),
+    )
+
+    tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
+    conversation_id: str = Field(primary_key=True, max_length=CONVERSATION_ID_LEN)
+    run_id: str = Field(primary_key=True, max_length=RUN_ID_LEN)
+    # running | completed | failed | cancelled | conflicted | interrupted
+    status: str = Field(max_length=16)
+    stored: bool
+    on_failure: str = Field(max_length=16)
+    agent: str = Field(max_length=128)
+    base_etag: str = Field(max_length=ETAG_LEN)
+    result_etag: str | None = Field(default=None, max_length=ETAG_LEN)
+    prompts: list[Any] = Field(sa_type=JSONText)
+    usage: dict[str, Any] = Field(sa_type=JSONText)
+    error: dict[str, Any] | None = Field(default=None, sa_type=JSONText)
+    created_at: datetime = Field(sa_type=UTCDateTime)
+    finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    lease_owner: str | None = Field(default=None, max_length=128)
+    lease_expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    cancel_requested: bool = False
+
+
+class RunNewMessage(SQLModel, table=True):
+    """``Result.new_messages`` of a run, in order."""
+
+    __tablename__ = "run_new_messages"
+    __table_args__ = (_run_fk("fk_run_new_messages_run"),)
+
+    tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
+    conversation_id: str = Field(primary_key=True, max_length=CONVERSATION_ID_LEN)
+    run_id: str = Field(primary_key=True, max_length=RUN_ID_LEN)
+    seq: int = Field(primary_key=True)
+    body: dict[str, Any] = Field(sa_type=JSONText)
+
+
+class RunFinal(SQLModel, table=True):
+    """``Result.final`` of a run (absent when the run made no attempt)."""
+
+    __tablename__ = "run_finals"
+    __table_args__ = (_run_fk("fk_run_finals_run"),)
+
+    tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
+    conversation_id: str = Field(primary_key=True, max_length=CONVERSATION_ID_LEN)
+    run_id: str = Field(primary_key=True, max_length=RUN_ID_LEN)
+    body: dict[str, Any] = Field(sa_type=JSONText)
+
+
+class RunCompaction(SQLModel, table=True):
+    """``Result.compactions`` of a run, in order, with the messages each one folded."""
+
+    __tablename__ = "run_compactions"
+    __table_args__ = (_run_fk("fk_run_compactions_run"),)
+
+    tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
+    conversation_id: str = Field(primary_key=True, max_length=CONVERSATION_ID_LEN)
+    run_id: str = Field(primary_key=True, max_length=RUN_ID_LEN)
+    seq: int = Field(primary_key=True)
+    reason: str = Field(max_length=16)
+    previous_summary: str = Field(sa_type=Text)
+    summary: str = Field(sa_type=Text)
+    folded: list[Any] = Field(sa_type=JSONText)
+    tokens_before: int
+    tokens_after: int
+    usage: dict[str, Any] = Field(sa_type=JSONText)
+
+
+# --- transcript ---------------------------------------------------------------------------------
+
+
+class TranscriptEntry(SQLModel, table=True):
+    """Append-only history of a conversation; compaction never removes entries.
+
+    ``seq`` is allocated from ``conversations.transcript_seq`` in the write that appends.
+    ``kind`` is one of prompt | attempt | tool_result | compaction | context_replaced.
+    """
+
+    __tablename__ = "transcript"
+    __table_args__ = (_conversation_fk("fk_transcript_conversation"),)
+
+    tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
+    conversation_id: str = Field(primary_key=True, max_length=CONVERSATION_ID_LEN)
+    seq: int = Field(primary_key=True, sa_type=BigInteger)
+    run_id: str | None = Field(default=None, max_length=RUN_ID_LEN)
+    kind: str = Field(max_length=24)
+    failed: bool
+    body: dict[str, Any] = Field(sa_type=JSONText)
+    created_at: datetime = Field(sa_type=UTCDateTime)
+
+
+# --- request bookkeeping (used by later issues) -------------------------------------------------
+
+
+class IdempotencyKey(SQLModel, table=True):
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (
+        _conversation_fk("fk_idempotency_keys_conversation"),
+        Index("ix_idempotency_keys_expires_at", "expires_at"),
+    )
+
+    tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
+    conversation_id: str = Field(primary_key=True, max_length=CONVERSATION_ID_LEN)
+    key: str = Field(primary_key=True, max_length=255)
+    request_hash: str = Field(max_length=128)
+    run_id: str | None = Field(default=None, max_length=RUN_ID_LEN)
+    status_code: int | None = None
+    response: dict[str, Any] | None = Field(default=None, sa_type=JSONText)
+    created_at: datetime = Field(sa_type=UTCDateTime)
+    expires_at: datetime = Field(sa_type=UTCDateTime)
+
+
+class ApiKey(SQLModel, table=True):
+    __tablename__ = "api_keys"
+    __table_args__ = (
+        UniqueConstraint("key_hash", name="uq_api_keys_key_hash"),
+        Index("ix_api_keys_tenant", "tenant"),
+    )
+
+    id: str = Field(primary_key=True, max_length=36)
+    tenant: str = Field(max_length=TENANT_LEN)
+    key_hash: str = Field(max_length=128)
+    prefix: str = Field(max_length=16)
+    created_at: datetime = Field(sa_type=UTCDateTime)
+    revoked_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
+metadata = SQLModel.metadata
+
+
+def _table(name: str) -> Table:
+    return metadata.tables[name]
+
+
+# Core handles on the tables, for the repository's statements.
+conversations = _table("conversations")
+context_messages = _table("context_messages")
+runs = _table("runs")
+run_new_messages = _table("run_new_messages")
+run_finals = _table("run_finals")
+run_compactions = _table("run_compactions")
+transcript = _table("transcript")
+idempotency_keys = _table("idempotency_keys")
+api_keys = _table("api_keys")
