@@ -257,8 +257,12 @@ def logging_config(
         },
         "root": {"level": level.upper(), "handlers": ["stderr"]},
         "loggers": {
-            name: {"handlers": [], "propagate": True, "level": level.upper()}
-            for name in ("uvicorn", "uvicorn.error", "uvicorn.access")
+            **{
+                name: {"handlers": [], "propagate": True, "level": level.upper()}
+                for name in ("uvicorn", "uvicorn.error", "uvicorn.access")
+            },
+            # one line per Alembic plugin at every start says nothing useful
+            "alembic.runtime.plugins": {"level": "WARNING"},
         },
     }
 

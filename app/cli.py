@@ -1,0 +1,276 @@
+"""The ``carryover`` command: ``serve``, ``migrate`` and ``openapi`` (SPEC §6).
+
+- ``carryover serve [--host H] [--port P] [--workers N]`` migrates the database to head, then
+  serves the app factory ``app.api.app:create_app`` with uvicorn. It refuses a non-loopback
+  host when no API keys are configured, unless ``CARRYOVER_ALLOW_UNAUTHENTICATED_PUBLIC`` is set.
+- ``carryover migrate [--downgrade REVISION]`` only migrates (to head, or down to REVISION,
+  e.g. ``base``).
+- ``carryover openapi [--output PATH] [--check]`` writes the app's OpenAPI document as stable
+  JSON (sorted keys, two-space indent, trailing newline), or checks the committed one.
+
+Exit status: 0 on success, 1 when an operation failed, 2 for a usage or configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from pydantic import ValidationError
+
+from .config import Settings, get_settings, is_loopback
+from .observability import RedactSecrets, configure_logging, logging_config
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+APP_FACTORY = "app.api.app:create_app"
+DEFAULT_OPENAPI_PATH = Path("openapi/openapi.json")
+
+
+class CliError(Exception):
+    """A failure reported as one line on stderr, with an exit status."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _version() -> str:
+    try:
+        return metadata.version("carryover")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="carryover",
+        description="HTTP conversation service for LLM agents.",
+        epilog="Configuration comes from CARRYOVER_* environment variables "
+        "(and CARRYOVER_CONFIG_FILE for agent profiles).",
+    )
+    parser.add_argument("--version", action="version", version=f"carryover {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="apply migrations, then serve HTTP")
+    serve.add_argument("--host", help="interface to listen on (default: CARRYOVER_HOST, 127.0.0.1)")
+    serve.add_argument(
+        "--port", type=_port, help="TCP port (default: CARRYOVER_PORT, 8000)"
+    )
+    serve.add_argument(
+        "--workers", type=_positive, help="worker processes (default: CARRYOVER_WORKERS, 1)"
+    )
+
+    migrate = commands.add_parser("migrate", help="migrate the database and exit")
+    migrate.add_argument(
+        "--downgrade",
+        metavar="REVISION",
+        help="downgrade to REVISION instead of upgrading to head ('base' empties the schema)",
+    )
+
+    openapi = commands.add_parser("openapi", help="write the OpenAPI document")
+    openapi.add_argument(
+        "--output",
+        "-o",
+        type=Path,
+        default=DEFAULT_OPENAPI_PATH,
+        help=f"where to write it ('-' for stdout; default: {DEFAULT_OPENAPI_PATH})",
+    )
+    openapi.add_argument(
+        "--check",
+        action="store_true",
+        help="do not write: exit 1 if the file differs from what the app serves",
+    )
+    return parser
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be between 1 and 65535, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from the environment, with command-line values (those not ``None``) on top."""
+    given = {name: value for name, value in overrides.items() if value is not None}
+    try:
+        return Settings(**given) if given else get_settings()
+    except ValidationError as exc:
+        lines = []
+        for error in exc.errors():
+            where = ".".join(str(p) for p in error["loc"]) or "settings"
+            lines.append(f"  {where}: {str(error['msg']).removeprefix('Value error, ')}")
+        raise CliError("invalid configuration:\n" + "\n".join(lines), status=2) from None
+
+
+# --- migrations ------------------------------------------------------------------------------
+# app.store.migrate (storage) provides ``async def upgrade(url)`` and
+# ``async def downgrade(url, revision)``; imported here, lazily, so ``--help`` stays fast.
+
+
+def _migrate(settings: Settings, downgrade_to: str | None = None) -> None:
+    from app.store import migrate
+
+    redact = RedactSecrets(settings.secret_values())
+    try:
+        if downgrade_to is None:
+            asyncio.run(migrate.upgrade(settings.database_url))
+        else:
+            asyncio.run(migrate.downgrade(settings.database_url, downgrade_to))
+    except Exception as exc:
+        raise CliError(
+            f"migrating {settings.database_url_display} failed: "
+            f"{redact.redact(str(exc)) or type(exc).__name__}"
+        ) from exc
+
+
+# --- serve -----------------------------------------------------------------------------------
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def describe(settings: Settings) -> str:
+    """What ``serve`` says at start: where, which agent, which database, which access rule."""
+    profile = settings.profile()
+    names = ", ".join(sorted(settings.profiles()))
+    workers = f"{settings.workers} worker" + ("s" if settings.workers != 1 else "")
+    if settings.api_keys:
+        access = f"API keys for {len(settings.api_keys.tenants)} tenant(s)"
+    elif settings.allow_unauthenticated_public and not is_loopback(settings.host):
+        access = "NO authentication (CARRYOVER_ALLOW_UNAUTHENTICATED_PUBLIC is set)"
+    else:
+        access = "no API keys configured: no authentication, loopback only"
+    model = f", model {profile.model}" if profile.model else ""
+    base = f", base URL {profile.base_url}" if profile.base_url else ""
+    return "\n".join(
+        [
+            f"Carryover {_version()} listening on {_url(settings.host, settings.port)} "
+            f"({workers})",
+            f"  agent profile 'default': provider {profile.provider}{model}{base}",
+            f"  agent profiles: {names}",
+            f"  database: {settings.database_url_display}",
+            f"  access: {access}",
+        ]
+    )
+
+
+def serve(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    settings = load_settings(host=args.host, port=args.port, workers=args.workers)
+    refusal = settings.exposure_problem()
+    if refusal:
+        raise CliError(refusal, status=2)
+    secrets = settings.secret_values()
+    configure_logging(settings.log_level, settings.log_format, secrets)
+    _migrate(settings)
+    metrics_dir: str | None = None
+    if settings.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        # Each worker keeps its own counters; prometheus-client aggregates them from files.
+        metrics_dir = tempfile.mkdtemp(prefix="carryover-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    print(describe(settings), file=out, flush=True)
+
+    import uvicorn
+
+    try:
+        uvicorn.run(
+            APP_FACTORY,
+            factory=True,
+            host=settings.host,
+            port=settings.port,
+            workers=settings.workers,
+            log_config=logging_config(settings.log_level, settings.log_format, secrets),
+            server_header=False,
+        )
+    finally:
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+    return 0
+
+
+def migrate_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    settings = load_settings()
+    configure_logging(settings.log_level, settings.log_format, settings.secret_values())
+    _migrate(settings, args.downgrade)
+    target = f"down to {args.downgrade}" if args.downgrade else "to head"
+    print(f"migrated {settings.database_url_display} {target}", file=out)
+    return 0
+
+
+# --- openapi ---------------------------------------------------------------------------------
+
+
+def openapi_json(document: Mapping[str, Any]) -> str:
+    """The committed form of an OpenAPI document: sorted keys, 2-space indent, final newline."""
+    return json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def load_app() -> FastAPI:
+    """The app ``serve`` runs, built by the same factory."""
+    module_name, _, factory = APP_FACTORY.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise
+        raise CliError(f"the app factory {APP_FACTORY} does not exist yet") from exc
+    create_app: Callable[[], FastAPI] = getattr(module, factory)
+    return create_app()
+
+
+def openapi_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    text = openapi_json(load_app().openapi())
+    output: Path = args.output
+    if str(output) == "-":
+        out.write(text)
+        return 0
+    if args.check:
+        current = output.read_text(encoding="utf-8") if output.exists() else None
+        if current != text:
+            raise CliError(
+                f"{output} is not what the app serves; run 'carryover openapi -o {output}'"
+            )
+        print(f"{output} is up to date", file=out)
+        return 0
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text, encoding="utf-8")
+    print(f"wrote {output}", file=out)
+    return 0
+
+
+COMMANDS = {"serve": serve, "migrate": migrate_command, "openapi": openapi_command}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except CliError as exc:
+        print(f"carryover: {exc}", file=sys.stderr)
+        return exc.status
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
