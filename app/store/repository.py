@@ -1,0 +1,750 @@
+"""Every query of the store (SPEC §4, §5).
+
+Each public method is one transaction. Writes are conditional in the database, never
+read-then-write: a stored context is replaced by ``UPDATE conversations … WHERE incarnation = …
+AND version = …`` and the rowcount says whether the caller's ETag was still current.
+
+A conversation's messages are rows keyed by an ever-growing ``position``. Compaction folds a
+prefix and a run appends at the end, so storing a run's context deletes the folded prefix with one
+range ``DELETE`` and inserts only the appended messages: the statements and rows a run writes do
+not depend on how long the conversation is.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from sqlalchemy import ColumnElement, and_, delete, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from app.agent.codec import dump_context, dump_message, dump_messages, load_context, load_message
+from app.agent.messages import AnyMessage, AssistantMessage, Context, UserMessage
+from app.agent.records import Compaction, Result
+
+from .db import read_transaction, write_transaction
+from .errors import AlreadyExists, NotFound, PreconditionFailed
+from .tables import (
+    Conversation,
+    Run,
+    TranscriptEntry,
+    context_messages,
+    conversations,
+    make_etag,
+    parse_etag,
+    run_compactions,
+    run_finals,
+    run_new_messages,
+    runs,
+    transcript,
+    utcnow,
+)
+
+log = logging.getLogger(__name__)
+
+RunStatus = Literal["running", "completed", "failed", "cancelled", "conflicted", "interrupted"]
+TranscriptKind = Literal["prompt", "attempt", "tool_result", "compaction", "context_replaced"]
+OnFailure = Literal["keep", "discard"]
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A stored context with what is needed to write its successor conditionally."""
+
+    context: Context
+    etag: str
+    version: int
+    incarnation: str
+    first_position: int  # position of context.messages[0] (== next_position when empty)
+    next_position: int  # position the next appended message gets
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What :meth:`Repository.finish_run` recorded."""
+
+    status: RunStatus
+    stored: bool  # did the run's context become the stored state
+    etag: str  # the stored state's ETag after the write (stored or not)
+    result_etag: str | None  # the ETag of the run's context, when stored
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A run row with its audit records decoded."""
+
+    run: Run
+    new_messages: tuple[AnyMessage, ...]
+    final: AssistantMessage | None
+    compactions: tuple[Compaction, ...]
+
+
+@dataclass(frozen=True)
+class ContextWrite:
+    """How to turn the stored base context into a run's result context, in rows.
+
+    The agent's contract is ``result.messages == (base.messages + appended)[F:]`` where ``F`` is
+    the number of messages its compactions folded. Positions number that stream: base messages
+    keep theirs, appended messages continue from ``next_position`` (an appended message that a
+    later compaction folded in the same run keeps its number but is never written).
+    """
+
+    delete_before: int | None  # delete the rows at positions below this one
+    inserts: tuple[tuple[int, AnyMessage], ...]  # (position, message) to insert
+    next_position: int
+    fold_ranges: tuple[tuple[int, int], ...]  # per compaction: positions [start, end) it folded
+
+
+def plan_context_write(base: Loaded, result: Result) -> ContextWrite:
+    """The rows to delete and insert to store ``result.context`` over ``base`` (no I/O)."""
+    old = base.context.messages
+    new = result.context.messages
+    fold_ranges: list[tuple[int, int]] = []
+    start = base.first_position
+    for compaction in result.compactions:
+        fold_ranges.append((start, start + len(compaction.folded)))
+        start += len(compaction.folded)
+    folded = start - base.first_position
+    dropped = min(folded, len(old))  # base messages folded away
+    kept = len(old) - dropped  # base messages still at the front of the result
+
+    if new[:kept] == old[dropped:]:
+        first_insert = base.next_position + (folded - dropped)
+        inserts = tuple((first_insert + i, m) for i, m in enumerate(new[kept:]))
+        return ContextWrite(
+            delete_before=base.first_position + dropped if dropped else None,
+            inserts=inserts,
+            next_position=first_insert + len(inserts),
+            fold_ranges=tuple(fold_ranges),
+        )
+
+    # The result does not extend the base as the agent promises. Storing result.context is
+    # still the rule, so rewrite it whole (correct, just not incremental) and say so.
+    log.warning(
+        "run result does not extend its base context (%d kept messages differ); "
+        "rewriting all %d messages", kept, len(new),
+    )
+    return ContextWrite(
+        delete_before=base.next_position if old else None,
+        inserts=tuple((base.next_position + i, m) for i, m in enumerate(new)),
+        next_position=base.next_position + len(new),
+        fold_ranges=tuple(fold_ranges),
+    )
+
+
+@dataclass(frozen=True)
+class _Entry:
+    kind: TranscriptKind
+    failed: bool
+    body: dict[str, Any]
+
+
+def _message_entry(message: AnyMessage) -> _Entry:
+    if isinstance(message, UserMessage):
+        return _Entry("prompt", False, dump_message(message))
+    if isinstance(message, AssistantMessage):
+        return _Entry("attempt", not message.replayable, dump_message(message))
+    return _Entry("tool_result", False, dump_message(message))
+
+
+def _compaction_entry(compaction: Compaction, fold_range: tuple[int, int]) -> _Entry:
+    return _Entry(
+        "compaction",
+        False,
+        {
+            "reason": compaction.reason,
+            "previous_summary": compaction.previous_summary,
+            "summary": compaction.summary,
+            "folded": {
+                "from_position": fold_range[0],
+                "to_position": fold_range[1],
+                "count": len(compaction.folded),
+            },
+            "tokens_before": compaction.tokens_before,
+            "tokens_after": compaction.tokens_after,
+            "usage": compaction.usage.model_dump(mode="json"),
+        },
+    )
+
+
+def compaction_slots(result: Result, base_len: int) -> list[int]:
+    """For each compaction, the index in ``result.new_messages`` it happened before.
+
+    A Result does not say when its compactions happened, so they are placed by what they folded:
+    after the last run message a compaction folded (before the prompts if it folded only stored
+    messages), and an overflow compaction after the attempt that overflowed.
+    """
+    messages = result.new_messages
+    entered = [
+        i for i, m in enumerate(messages)
+        if not (isinstance(m, AssistantMessage) and not m.replayable)
+    ]
+    slots: list[int] = []
+    folded = 0
+    floor = 0
+    for compaction in result.compactions:
+        folded += len(compaction.folded)
+        run_folded = folded - base_len
+        if run_folded <= 0:
+            slot = 0
+        elif run_folded <= len(entered):
+            slot = entered[run_folded - 1] + 1
+        else:
+            slot = len(messages)
+        slot = max(slot, floor)
+        if compaction.reason == "overflow":
+            for i in range(slot, len(messages)):
+                m = messages[i]
+                if isinstance(m, AssistantMessage) and m.error and m.error.kind == "overflow":
+                    slot = i + 1
+                    break
+        slots.append(slot)
+        floor = slot
+    return slots
+
+
+def _run_entries(result: Result, base_len: int, plan: ContextWrite) -> list[_Entry]:
+    """The transcript entries of a run, in the order things happened."""
+    slots = compaction_slots(result, base_len)
+    # A compaction at slot i comes before new_messages[i]; compactions keep their own order.
+    keyed = [
+        ((slot, 0, k), _compaction_entry(result.compactions[k], plan.fold_ranges[k]))
+        for k, slot in enumerate(slots)
+    ]
+    keyed += [((i, 1, 0), _message_entry(m)) for i, m in enumerate(result.new_messages)]
+    return [entry for _, entry in sorted(keyed, key=lambda pair: pair[0])]
+
+
+def _match(if_match: str) -> list[ColumnElement[bool]] | None:
+    """WHERE conditions for an If-Match value; None when it can never match."""
+    if if_match == "*":
+        return []
+    parsed = parse_etag(if_match)
+    if parsed is None:
+        return None
+    incarnation, version = parsed
+    return [conversations.c.incarnation == incarnation, conversations.c.version == version]
+
+
+def _conversation_key(tenant: str, conv_id: str) -> list[ColumnElement[bool]]:
+    return [conversations.c.tenant == tenant, conversations.c.id == conv_id]
+
+
+def _child_key(table: Any, tenant: str, conv_id: str) -> list[ColumnElement[bool]]:
+    return [table.c.tenant == tenant, table.c.conversation_id == conv_id]
+
+
+class Repository:
+    """The store's queries, each in its own transaction, over one AsyncEngine."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    # --- conversations ------------------------------------------------------------------------
+
+    async def create_conversation(
+        self, tenant: str, conv_id: str, system_prompt: str = ""
+    ) -> Conversation:
+        """Create an empty conversation; :class:`AlreadyExists` if the id is taken."""
+        values = _new_conversation(
+            tenant, conv_id, Context(system_prompt=system_prompt), now=utcnow(), transcript_seq=0
+        )
+        async with write_transaction(self.engine) as conn:
+            try:
+                await conn.execute(insert(conversations).values(values))
+            except IntegrityError:
+                raise AlreadyExists(f"conversation {conv_id!r} already exists") from None
+        return Conversation(**values)
+
+    async def get_conversation(self, tenant: str, conv_id: str) -> Conversation | None:
+        async with read_transaction(self.engine) as conn:
+            return await _conversation(conn, tenant, conv_id)
+
+    async def list_conversations(
+        self, tenant: str, *, after_id: str | None = None, limit: int = 50
+    ) -> list[Conversation]:
+        """A page of the tenant's conversations ordered by id, starting after ``after_id``."""
+        stmt = select(conversations).where(conversations.c.tenant == tenant)
+        if after_id is not None:
+            stmt = stmt.where(conversations.c.id > after_id)
+        stmt = stmt.order_by(conversations.c.id).limit(limit)
+        async with read_transaction(self.engine) as conn:
+            rows = (await conn.execute(stmt)).mappings().all()
+        return [Conversation(**row) for row in rows]
+
+    async def delete_conversation(
+        self, tenant: str, conv_id: str, expected_etag: str | None = None
+    ) -> bool:
+        """Delete a conversation and all its records (the foreign keys cascade).
+
+        False when it does not exist (a 404 beats a 412); :class:`PreconditionFailed` when
+        ``expected_etag`` (an If-Match value, ``*`` allowed) does not match.
+        """
+        conditions = [] if expected_etag is None else _match(expected_etag)
+        async with write_transaction(self.engine) as conn:
+            if conditions is not None:
+                stmt = delete(conversations).where(*_conversation_key(tenant, conv_id), *conditions)
+                if (await conn.execute(stmt)).rowcount:
+                    return True
+            current = await _conversation(conn, tenant, conv_id)
+            if current is None:
+                return False
+            raise PreconditionFailed("the conversation changed", current_etag=current.etag)
+
+    # --- context --------------------------------------------------------------------------------
+
+    async def load_context(self, tenant: str, conv_id: str) -> Loaded:
+        """The stored context and its ETag, read in one transaction."""
+        async with read_transaction(self.engine) as conn:
+            conv = await _conversation(conn, tenant, conv_id)
+            if conv is None:
+                raise NotFound(f"conversation {conv_id!r} not found")
+            rows = (
+                await conn.execute(
+                    select(context_messages.c.position, context_messages.c.body)
+                    .where(*_child_key(context_messages, tenant, conv_id))
+                    .order_by(context_messages.c.position)
+                )
+            ).all()
+        context = load_context(
+            {
+                "system_prompt": conv.system_prompt,
+                "summary": conv.summary,
+                "messages": [row.body for row in rows],
+            }
+        )
+        return Loaded(
+            context=context,
+            etag=conv.etag,
+            version=conv.version,
+            incarnation=conv.incarnation,
+            first_position=rows[0].position if rows else conv.next_position,
+            next_position=conv.next_position,
+        )
+
+    async def replace_context(
+        self,
+        tenant: str,
+        conv_id: str,
+        context: Context,
+        *,
+        if_match: str | None = None,
+        create: bool = False,
+    ) -> str:
+        """Replace (``if_match``) or create (``create``, i.e. If-None-Match: *) the stored
+        context, in one transaction; returns the new ETag.
+
+        Raises :class:`NotFound` when replacing a conversation that does not exist and
+        :class:`PreconditionFailed` when ``if_match`` is stale or ``create`` finds one.
+        """
+        if create == (if_match is not None):
+            raise ValueError("give exactly one of if_match and create")
+        now = utcnow()
+        n = len(context.messages)
+        async with write_transaction(self.engine) as conn:
+            if create:
+                # The context_replaced entry below takes transcript seq 1.
+                values = _new_conversation(tenant, conv_id, context, now=now, transcript_seq=1)
+                try:
+                    await conn.execute(insert(conversations).values(values))
+                except IntegrityError:
+                    raise PreconditionFailed(f"conversation {conv_id!r} exists") from None
+                incarnation, version, first, seq = values["incarnation"], 1, 0, 1
+            else:
+                assert if_match is not None
+                conditions = _match(if_match)
+                row = None
+                if conditions is not None:
+                    row = (
+                        await conn.execute(
+                            update(conversations)
+                            .where(*_conversation_key(tenant, conv_id), *conditions)
+                            .values(
+                                version=conversations.c.version + 1,
+                                system_prompt=context.system_prompt,
+                                summary=context.summary,
+                                next_position=conversations.c.next_position + n,
+                                message_count=n,
+                                transcript_seq=conversations.c.transcript_seq + 1,
+                                updated_at=now,
+                            )
+                            .returning(
+                                conversations.c.incarnation,
+                                conversations.c.version,
+                                conversations.c.next_position,
+                                conversations.c.transcript_seq,
+                            )
+                        )
+                    ).first()
+                if row is None:
+                    await _raise_missing_or_stale(conn, tenant, conv_id)
+                    raise AssertionError("unreachable")
+                incarnation, version, seq = row.incarnation, row.version, row.transcript_seq
+                first = row.next_position - n
+                await conn.execute(
+                    delete(context_messages).where(
+                        *_child_key(context_messages, tenant, conv_id),
+                        context_messages.c.position < first,
+                    )
+                )
+            etag = make_etag(incarnation, version)
+            await _insert_messages(
+                conn, tenant, conv_id, [(first + i, m) for i, m in enumerate(context.messages)]
+            )
+            replaced = {"etag": etag, "context": dump_context(context)}
+            entry = _Entry("context_replaced", False, replaced)
+            await _insert_transcript(conn, tenant, conv_id, None, seq, [entry], now)
+        return etag
+
+    # --- runs -----------------------------------------------------------------------------------
+
+    async def insert_run(
+        self,
+        tenant: str,
+        conv_id: str,
+        *,
+        base_etag: str,
+        prompts: Sequence[UserMessage],
+        agent: str = "default",
+        on_failure: OnFailure = "keep",
+        run_id: str | None = None,
+    ) -> Run:
+        """Record a run that starts (status ``running``)."""
+        values: dict[str, Any] = {
+            "tenant": tenant,
+            "conversation_id": conv_id,
+            "run_id": run_id or str(uuid.uuid4()),
+            "status": "running",
+            "stored": False,
+            "on_failure": on_failure,
+            "agent": agent,
+            "base_etag": base_etag,
+            "result_etag": None,
+            "prompts": dump_messages(prompts),
+            "usage": {},
+            "error": None,
+            "created_at": utcnow(),
+            "finished_at": None,
+            "lease_owner": None,
+            "lease_expires_at": None,
+            "cancel_requested": False,
+        }
+        async with write_transaction(self.engine) as conn:
+            try:
+                await conn.execute(insert(runs).values(values))
+            except IntegrityError:
+                # The foreign key: the conversation does not exist (run ids are fresh uuids).
+                raise NotFound(f"conversation {conv_id!r} not found") from None
+        return Run(**values)
+
+    async def finish_run(
+        self,
+        tenant: str,
+        conv_id: str,
+        run_id: str,
+        *,
+        base: Loaded,
+        result: Result,
+        store: bool,
+    ) -> RunOutcome:
+        """Record a run's outcome in ONE write transaction.
+
+        When ``store`` is true the result's context replaces ``base`` if, and only if, the stored
+        state is still ``base`` (same incarnation and version); otherwise nothing of the context
+        is written and the run ends ``conflicted``. Either way the run row is finished, its
+        new messages, final and compactions go to the audit tables and the transcript gets every
+        admitted prompt, attempt, tool result and compaction.
+        """
+        plan = plan_context_write(base, result)
+        entries = _run_entries(result, len(base.context.messages), plan)
+        now = utcnow()
+        key = _conversation_key(tenant, conv_id)
+        same_incarnation = conversations.c.incarnation == base.incarnation
+        returning = (conversations.c.version, conversations.c.transcript_seq)
+
+        async with write_transaction(self.engine) as conn:
+            row = None
+            if store:
+                row = (
+                    await conn.execute(
+                        update(conversations)
+                        .where(*key, same_incarnation, conversations.c.version == base.version)
+                        .values(
+                            version=conversations.c.version + 1,
+                            system_prompt=result.context.system_prompt,
+                            summary=result.context.summary,
+                            next_position=plan.next_position,
+                            message_count=len(result.context.messages),
+                            transcript_seq=conversations.c.transcript_seq + len(entries),
+                            updated_at=now,
+                        )
+                        .returning(*returning)
+                    )
+                ).first()
+            stored = row is not None
+            if row is None:
+                # Not stored (discarded or stale): only allocate the transcript's seqs.
+                row = (
+                    await conn.execute(
+                        update(conversations)
+                        .where(*key, same_incarnation)
+                        .values(transcript_seq=conversations.c.transcript_seq + len(entries))
+                        .returning(*returning)
+                    )
+                ).first()
+                if row is None:
+                    raise NotFound(f"conversation {conv_id!r} was deleted during the run")
+
+            if stored:
+                if plan.delete_before is not None:
+                    await conn.execute(
+                        delete(context_messages).where(
+                            *_child_key(context_messages, tenant, conv_id),
+                            context_messages.c.position < plan.delete_before,
+                        )
+                    )
+                await _insert_messages(conn, tenant, conv_id, plan.inserts)
+
+            status: RunStatus = result.status if stored or not store else "conflicted"
+            etag = make_etag(base.incarnation, row.version)
+            result_etag = etag if stored else None
+            finished = await conn.execute(
+                update(runs)
+                .where(*_child_key(runs, tenant, conv_id), runs.c.run_id == run_id)
+                .values(
+                    status=status,
+                    stored=stored,
+                    result_etag=result_etag,
+                    usage=result.usage.model_dump(mode="json"),
+                    error=result.error.model_dump(mode="json") if result.error else None,
+                    finished_at=now,
+                )
+            )
+            if not finished.rowcount:
+                raise NotFound(f"run {run_id!r} not found")
+
+            await _insert_audit(conn, tenant, conv_id, run_id, result)
+            first_seq = row.transcript_seq - len(entries) + 1
+            await _insert_transcript(conn, tenant, conv_id, run_id, first_seq, entries, now)
+
+        return RunOutcome(status=status, stored=stored, etag=etag, result_etag=result_etag)
+
+    async def get_run(self, tenant: str, conv_id: str, run_id: str) -> RunRecord | None:
+        """A run with its new messages, final and compactions."""
+        async with read_transaction(self.engine) as conn:
+            row = (
+                await conn.execute(
+                    select(runs).where(*_child_key(runs, tenant, conv_id), runs.c.run_id == run_id)
+                )
+            ).mappings().first()
+            if row is None:
+                return None
+            run_key = [*_child_key(run_new_messages, tenant, conv_id),
+                       run_new_messages.c.run_id == run_id]
+            new_rows = (
+                await conn.execute(
+                    select(run_new_messages.c.body).where(*run_key).order_by(run_new_messages.c.seq)
+                )
+            ).scalars().all()
+            final_body = (
+                await conn.execute(
+                    select(run_finals.c.body).where(
+                        *_child_key(run_finals, tenant, conv_id), run_finals.c.run_id == run_id
+                    )
+                )
+            ).scalar_one_or_none()
+            compaction_rows = (
+                await conn.execute(
+                    select(run_compactions)
+                    .where(
+                        *_child_key(run_compactions, tenant, conv_id),
+                        run_compactions.c.run_id == run_id,
+                    )
+                    .order_by(run_compactions.c.seq)
+                )
+            ).mappings().all()
+        final = load_message(final_body) if final_body is not None else None
+        assert final is None or isinstance(final, AssistantMessage)
+        return RunRecord(
+            run=Run(**row),
+            new_messages=tuple(load_message(body) for body in new_rows),
+            final=final,
+            compactions=tuple(
+                Compaction.model_validate(
+                    {
+                        "reason": c["reason"],
+                        "folded": c["folded"],
+                        "previous_summary": c["previous_summary"],
+                        "summary": c["summary"],
+                        "tokens_before": c["tokens_before"],
+                        "tokens_after": c["tokens_after"],
+                        "usage": c["usage"],
+                    }
+                )
+                for c in compaction_rows
+            ),
+        )
+
+    async def list_runs(
+        self, tenant: str, conv_id: str, *, after: str | None = None, limit: int = 50
+    ) -> list[Run]:
+        """A page of a conversation's runs, oldest first, starting after the run ``after``."""
+        stmt = select(runs).where(*_child_key(runs, tenant, conv_id))
+        if after is not None:
+            cursor = (
+                select(runs.c.created_at)
+                .where(*_child_key(runs, tenant, conv_id), runs.c.run_id == after)
+                .scalar_subquery()
+            )
+            stmt = stmt.where(
+                or_(
+                    runs.c.created_at > cursor,
+                    and_(runs.c.created_at == cursor, runs.c.run_id > after),
+                )
+            )
+        stmt = stmt.order_by(runs.c.created_at, runs.c.run_id).limit(limit)
+        async with read_transaction(self.engine) as conn:
+            await _require_conversation(conn, tenant, conv_id)
+            rows = (await conn.execute(stmt)).mappings().all()
+        return [Run(**row) for row in rows]
+
+    # --- transcript -------------------------------------------------------------------------------
+
+    async def list_transcript(
+        self, tenant: str, conv_id: str, *, after_seq: int = 0, limit: int = 100
+    ) -> list[TranscriptEntry]:
+        """A page of the transcript, by ``seq``, starting after ``after_seq``."""
+        stmt = (
+            select(transcript)
+            .where(*_child_key(transcript, tenant, conv_id), transcript.c.seq > after_seq)
+            .order_by(transcript.c.seq)
+            .limit(limit)
+        )
+        async with read_transaction(self.engine) as conn:
+            await _require_conversation(conn, tenant, conv_id)
+            rows = (await conn.execute(stmt)).mappings().all()
+        return [TranscriptEntry(**row) for row in rows]
+
+
+# --- statements shared by the methods above ----------------------------------------------------
+
+
+def _new_conversation(
+    tenant: str, conv_id: str, context: Context, *, now: datetime, transcript_seq: int
+) -> dict[str, Any]:
+    n = len(context.messages)
+    return {
+        "tenant": tenant,
+        "id": conv_id,
+        "incarnation": uuid.uuid4().hex,
+        "version": 1,
+        "system_prompt": context.system_prompt,
+        "summary": context.summary,
+        "next_position": n,
+        "message_count": n,
+        "transcript_seq": transcript_seq,
+        "created_at": now,
+        "updated_at": now,
+        "active_run_id": None,
+    }
+
+
+async def _conversation(conn: AsyncConnection, tenant: str, conv_id: str) -> Conversation | None:
+    row = (
+        await conn.execute(select(conversations).where(*_conversation_key(tenant, conv_id)))
+    ).mappings().first()
+    return Conversation(**row) if row is not None else None
+
+
+async def _require_conversation(conn: AsyncConnection, tenant: str, conv_id: str) -> None:
+    found = await conn.execute(
+        select(conversations.c.version).where(*_conversation_key(tenant, conv_id))
+    )
+    if found.first() is None:
+        raise NotFound(f"conversation {conv_id!r} not found")
+
+
+async def _raise_missing_or_stale(conn: AsyncConnection, tenant: str, conv_id: str) -> None:
+    """After a conditional write matched no row: 404 if it does not exist, else 412."""
+    current = await _conversation(conn, tenant, conv_id)
+    if current is None:
+        raise NotFound(f"conversation {conv_id!r} not found")
+    raise PreconditionFailed("the conversation changed", current_etag=current.etag)
+
+
+async def _insert_messages(
+    conn: AsyncConnection, tenant: str, conv_id: str, rows: Sequence[tuple[int, AnyMessage]]
+) -> None:
+    if rows:
+        await conn.execute(
+            insert(context_messages),
+            [
+                {"tenant": tenant, "conversation_id": conv_id, "position": p,
+                 "body": dump_message(m)}
+                for p, m in rows
+            ],
+        )
+
+
+async def _insert_transcript(
+    conn: AsyncConnection,
+    tenant: str,
+    conv_id: str,
+    run_id: str | None,
+    first_seq: int,
+    entries: Sequence[_Entry],
+    now: datetime,
+) -> None:
+    if entries:
+        await conn.execute(
+            insert(transcript),
+            [
+                {"tenant": tenant, "conversation_id": conv_id, "seq": first_seq + i,
+                 "run_id": run_id, "kind": e.kind, "failed": e.failed, "body": e.body,
+                 "created_at": now}
+                for i, e in enumerate(entries)
+            ],
+        )
+
+
+async def _insert_audit(
+    conn: AsyncConnection, tenant: str, conv_id: str, run_id: str, result: Result
+) -> None:
+    key = {"tenant": tenant, "conversation_id": conv_id, "run_id": run_id}
+    if result.new_messages:
+        await conn.execute(
+            insert(run_new_messages),
+            [{**key, "seq": i, "body": dump_message(m)} for i, m in enumerate(result.new_messages)],
+        )
+    if result.final is not None:
+        await conn.execute(insert(run_finals).values(**key, body=dump_message(result.final)))
+    if result.compactions:
+        await conn.execute(
+            insert(run_compactions),
+            [
+                {**key, "seq": i, "reason": c.reason, "previous_summary": c.previous_summary,
+                 "summary": c.summary, "folded": dump_messages(c.folded),
+                 "tokens_before": c.tokens_before, "tokens_after": c.tokens_after,
+                 "usage": c.usage.model_dump(mode="json")}
+                for i, c in enumerate(result.compactions)
+            ],
+        )
+
+
+__all__ = [
+    "ContextWrite",
+    "Loaded",
+    "OnFailure",
+    "Repository",
+    "RunOutcome",
+    "RunRecord",
+    "RunStatus",
+    "TranscriptKind",
+    "compaction_slots",
+    "plan_context_write",
+]

@@ -1,0 +1,188 @@
+"""Shared database fixtures: a fresh database per test, on SQLite and on PostgreSQL.
+
+- ``database_url``: a migrated, empty database, parametrized over ``sqlite`` (a temp file) and
+  ``postgresql`` (a database of its own, dropped afterwards). Migrations are applied with
+  ``app.store.migrate.upgrade`` (never ``create_all``), once per session into a template that each
+  test copies: the SQLite file is copied, the PostgreSQL database is ``CREATE DATABASE …
+  TEMPLATE``.
+- ``empty_database_url``: the same, never migrated (for migration tests).
+- ``engine``: an AsyncEngine on ``database_url``; ``repo``: a ``Repository`` on it.
+
+PostgreSQL comes from ``CARRYOVER_TEST_POSTGRES_URL`` (default
+``postgresql://postgres@127.0.0.1:5432/test``), used as the admin connection that creates and
+drops the per-test databases. When it is unreachable the ``postgresql`` cases are skipped, or
+fail when ``CARRYOVER_REQUIRE_POSTGRES=1`` (CI sets it).
+
+Admin work runs on its own event loop in a helper thread, so these fixtures never touch the
+event loop pytest-asyncio gives each test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+import asyncpg
+import pytest
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.store.db import make_engine
+from app.store.migrate import upgrade
+from app.store.repository import Repository
+
+T = TypeVar("T")
+
+POSTGRES_ADMIN_URL = os.environ.get(
+    "CARRYOVER_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
+BACKENDS = ["sqlite", "postgresql"]
+
+
+def run_blocking(fn: Callable[[], Awaitable[T]]) -> T:
+    """Run a coroutine function to completion on a private loop in a helper thread."""
+
+    async def main() -> T:
+        return await fn()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, main()).result()
+
+
+# --- PostgreSQL --------------------------------------------------------------------------------
+
+
+def _postgres_url(database: str) -> str:
+    url = make_url(POSTGRES_ADMIN_URL).set(drivername="postgresql", database=database)
+    return url.render_as_string(hide_password=False)
+
+
+def _require_postgres() -> None:
+    url = make_url(POSTGRES_ADMIN_URL)
+    try:
+        socket.create_connection((url.host or "127.0.0.1", url.port or 5432), timeout=2).close()
+    except OSError as exc:
+        message = f"PostgreSQL at {url.host}:{url.port or 5432} is unreachable: {exc}"
+        if os.environ.get("CARRYOVER_REQUIRE_POSTGRES") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+async def _postgres_admin(sql: str) -> None:
+    admin_db = make_url(POSTGRES_ADMIN_URL).database or "postgres"
+    conn = await asyncpg.connect(_postgres_url(admin_db))
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+def _create_postgres_database(template: str | None = None) -> str:
+    name = f"carryover_test_{uuid.uuid4().hex[:16]}"
+    suffix = f' TEMPLATE "{template}"' if template else ""
+    run_blocking(lambda: _postgres_admin(f'CREATE DATABASE "{name}"{suffix}'))
+    return name
+
+
+def _drop_postgres_database(name: str) -> None:
+    run_blocking(lambda: _postgres_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture(scope="session")
+def _postgres_dropper() -> Iterator[ThreadPoolExecutor]:
+    """Drops per-test databases in the background (a DROP DATABASE waits for a checkpoint)."""
+    dropper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drop-test-db")
+    try:
+        yield dropper
+    finally:
+        dropper.shutdown(wait=True)
+
+
+@pytest.fixture(scope="session")
+def _postgres_template(_postgres_dropper: ThreadPoolExecutor) -> Iterator[str]:
+    _require_postgres()
+    name = _create_postgres_database()
+    try:
+        run_blocking(lambda: upgrade(_postgres_url(name)))
+        yield name
+    finally:
+        _postgres_dropper.submit(_drop_postgres_database, name)
+
+
+# --- SQLite ------------------------------------------------------------------------------------
+
+
+def _sqlite_url(path: Path) -> str:
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture(scope="session")
+def _sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("sqlite-template") / "template.db"
+    run_blocking(lambda: upgrade(_sqlite_url(path)))
+    return path
+
+
+def _copy_sqlite(template: Path, target: Path) -> None:
+    # Closing the migration's last connection checkpoints the WAL; copy it anyway if present.
+    for suffix in ("", "-wal"):
+        source = template.with_name(template.name + suffix)
+        if source.exists():
+            shutil.copyfile(source, target.with_name(target.name + suffix))
+
+
+# --- fixtures ----------------------------------------------------------------------------------
+
+
+def _fresh_database(
+    request: pytest.FixtureRequest, tmp_path: Path, *, migrated: bool
+) -> Iterator[str]:
+    if request.param == "sqlite":
+        path = tmp_path / "carryover.db"
+        if migrated:
+            _copy_sqlite(request.getfixturevalue("_sqlite_template"), path)
+        yield _sqlite_url(path)
+        return
+    dropper: ThreadPoolExecutor = request.getfixturevalue("_postgres_dropper")
+    if migrated:
+        name = _create_postgres_database(template=request.getfixturevalue("_postgres_template"))
+    else:
+        _require_postgres()
+        name = _create_postgres_database()
+    try:
+        yield _postgres_url(name)
+    finally:
+        dropper.submit(_drop_postgres_database, name)
+
+
+@pytest.fixture(params=BACKENDS)
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh database at the head revision, on each backend."""
+    yield from _fresh_database(request, tmp_path, migrated=True)
+
+
+@pytest.fixture(params=BACKENDS)
+def empty_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh database with no schema at all, on each backend."""
+    yield from _fresh_database(request, tmp_path, migrated=False)
+
+
+@pytest.fixture
+async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    engine = make_engine(database_url)
+    try:
+        yield engine
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture
+def repo(engine: AsyncEngine) -> Repository:
+    return Repository(engine)

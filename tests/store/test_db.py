@@ -1,0 +1,100 @@
+"""Engines: URL mapping, SQLite pragmas, BEGIN IMMEDIATE for writes and plain BEGIN for reads."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from sqlalchemy import event, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.store.db import async_url, make_engine, read_transaction, write_transaction
+from app.store.repository import Repository
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("sqlite:///./carryover.db", "sqlite+aiosqlite:///./carryover.db"),
+        ("sqlite+aiosqlite:///x.db", "sqlite+aiosqlite:///x.db"),
+        ("sqlite://", "sqlite+aiosqlite://"),
+        ("postgresql://u:p@db:5432/carry", "postgresql+asyncpg://u:p@db:5432/carry"),
+        ("postgres://u@db/carry", "postgresql+asyncpg://u@db/carry"),
+        ("postgresql+asyncpg://u@db/carry", "postgresql+asyncpg://u@db/carry"),
+    ],
+)
+def test_urls_map_onto_the_async_drivers(given: str, expected: str) -> None:
+    assert async_url(given).render_as_string(hide_password=False) == expected
+
+
+@pytest.mark.parametrize("url", ["mysql://u@db/x", "postgresql+psycopg://u@db/x"])
+def test_other_databases_and_drivers_are_refused(url: str) -> None:
+    with pytest.raises(ValueError, match="unsupported"):
+        async_url(url)
+
+
+@contextmanager
+def statements(engine: AsyncEngine) -> Iterator[list[str]]:
+    seen: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(statement)
+
+    event.listen(engine.sync_engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", record)
+
+
+async def test_sqlite_connections_use_wal_foreign_keys_and_a_busy_timeout(tmp_path: Any) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'x.db'}")
+    try:
+        async with read_transaction(engine) as conn:
+            assert (await conn.execute(text("PRAGMA journal_mode"))).scalar() == "wal"
+            assert (await conn.execute(text("PRAGMA foreign_keys"))).scalar() == 1
+            assert (await conn.execute(text("PRAGMA busy_timeout"))).scalar() == 5000
+    finally:
+        await engine.dispose()
+
+
+async def test_sqlite_writes_begin_immediate_and_reads_begin_deferred(tmp_path: Any) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'x.db'}")
+    try:
+        with statements(engine) as seen:
+            async with write_transaction(engine) as conn:
+                await conn.execute(text("CREATE TABLE t (x INTEGER)"))
+            async with read_transaction(engine) as conn:
+                await conn.execute(text("SELECT count(*) FROM t"))
+            # The write option does not leak into the next checkout of the same connection.
+            async with read_transaction(engine) as conn:
+                await conn.execute(text("SELECT count(*) FROM t"))
+        assert [s for s in seen if s.startswith("BEGIN")] == ["BEGIN IMMEDIATE", "BEGIN", "BEGIN"]
+    finally:
+        await engine.dispose()
+
+
+async def test_a_write_transaction_rolls_back_when_it_raises(engine: AsyncEngine) -> None:
+    repo = Repository(engine)
+    with pytest.raises(RuntimeError):
+        async with write_transaction(engine) as conn:
+            await conn.execute(
+                text(
+                    "INSERT INTO api_keys (id, tenant, key_hash, prefix, created_at)"
+                    " VALUES ('k', 't', 'h', 'p', CURRENT_TIMESTAMP)"
+                )
+            )
+            raise RuntimeError("boom")
+    async with read_transaction(engine) as conn:
+        assert (await conn.execute(text("SELECT count(*) FROM api_keys"))).scalar() == 0
+    assert await repo.get_conversation("t", "c") is None
+
+
+async def test_concurrent_writers_wait_for_each_other(repo: Repository) -> None:
+    # On SQLite every writer takes the write lock at BEGIN IMMEDIATE and waits on
+    # busy_timeout instead of failing with "database is locked" mid-transaction.
+    await asyncio.gather(*(repo.create_conversation("t", f"c{i}") for i in range(20)))
+    assert len(await repo.list_conversations("t", limit=100)) == 20
