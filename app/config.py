@@ -44,6 +44,7 @@ from pydantic import (
     PrivateAttr,
     SecretStr,
     ValidationError,
+    field_serializer,
     field_validator,
     model_validator,
 )
@@ -438,6 +439,10 @@ class Settings(_ProfileFields, BaseSettings):
                 f"{_mask_url(value)!r}"
             )
         return value
+
+    @field_serializer("database_url", when_used="json")
+    def _masked_url(self, value: str) -> str:
+        return _mask_url(value)
 
     @field_validator("host")
     @classmethod
