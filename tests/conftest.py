@@ -98,7 +98,7 @@ def _drop_postgres_database(name: str) -> None:
 @pytest.fixture(scope="session")
 def _postgres_dropper() -> Iterator[ThreadPoolExecutor]:
     """Drops per-test databases in the background (a DROP DATABASE waits for a checkpoint)."""
-    dropper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drop-test-db")
+    dropper = ThreadPoolExecutor(max_workers=8, thread_name_prefix="drop-test-db")
     try:
         yield dropper
     finally:

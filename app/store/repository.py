@@ -175,34 +175,47 @@ def _compaction_entry(compaction: Compaction, fold_range: tuple[int, int]) -> _E
 def compaction_slots(result: Result, base_len: int) -> list[int]:
     """For each compaction, the index in ``result.new_messages`` it happened before.
 
-    A Result does not say when its compactions happened, so they are placed by what they folded:
-    after the last run message a compaction folded (before the prompts if it folded only stored
-    messages), and an overflow compaction after the attempt that overflowed.
+    A Result does not say when its compactions happened; the agent compacts at three moments,
+    and each compaction is placed at its moment:
+
+    - ``threshold``: right before prompt admission (before the first prompt);
+    - ``overflow``: right after the attempt that overflowed;
+    - ``manual``: after the tool results that closed a batch left open (i.e. at the end).
+
+    and never before the last run message it folded.
     """
     messages = result.new_messages
+    # Indices of the run's messages that entered the context (failed attempts never do).
     entered = [
         i for i, m in enumerate(messages)
         if not (isinstance(m, AssistantMessage) and not m.replayable)
     ]
+    first_prompt = next(
+        (i for i, m in enumerate(messages) if isinstance(m, UserMessage)), len(messages)
+    )
     slots: list[int] = []
     folded = 0
     floor = 0
     for compaction in result.compactions:
         folded += len(compaction.folded)
-        run_folded = folded - base_len
-        if run_folded <= 0:
-            slot = 0
-        elif run_folded <= len(entered):
-            slot = entered[run_folded - 1] + 1
-        else:
+        run_folded = min(folded - base_len, len(entered))
+        if run_folded > 0:
+            floor = max(floor, entered[run_folded - 1] + 1)
+        if compaction.reason == "threshold":
+            slot = max(floor, first_prompt)
+        elif compaction.reason == "manual":
             slot = len(messages)
-        slot = max(slot, floor)
-        if compaction.reason == "overflow":
-            for i in range(slot, len(messages)):
-                m = messages[i]
-                if isinstance(m, AssistantMessage) and m.error and m.error.kind == "overflow":
-                    slot = i + 1
-                    break
+        else:
+            slot = next(
+                (
+                    i + 1
+                    for i in range(floor, len(messages))
+                    if isinstance(m := messages[i], AssistantMessage)
+                    and m.error is not None
+                    and m.error.kind == "overflow"
+                ),
+                floor,
+            )
         slots.append(slot)
         floor = slot
     return slots

@@ -1,0 +1,116 @@
+"""A run's write is O(what changed), not O(conversation) (SPEC §5; acceptance point).
+
+``finish_run`` on a conversation of 10 messages and on one of 5,000 must execute the same SQL
+statements and write the same number of rows. Counted with SQLAlchemy's cursor events, not timed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.agent.messages import (
+    AssistantMessage,
+    Context,
+    TextBlock,
+    ToolCallBlock,
+    ToolResultMessage,
+)
+from app.agent.records import Result
+from app.store.repository import Repository
+
+from .builders import assistant, compaction, completed_run, conversation, result, user
+
+T = "acme"
+SMALL, LARGE = 10, 5_000
+
+
+@dataclass
+class Writes:
+    statements: list[str] = field(default_factory=list)
+    rows: int = 0
+
+    @property
+    def verbs(self) -> list[str]:
+        return [" ".join(s.split()[:3]) for s in self.statements]
+
+
+@contextmanager
+def counting(engine: AsyncEngine) -> Iterator[Writes]:
+    writes = Writes()
+
+    def after(
+        conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool
+    ) -> None:
+        writes.statements.append(statement)
+        if statement.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE")):
+            writes.rows += len(parameters) if executemany else max(cursor.rowcount, 0)
+
+    event.listen(engine.sync_engine, "after_cursor_execute", after)
+    try:
+        yield writes
+    finally:
+        event.remove(engine.sync_engine, "after_cursor_execute", after)
+
+
+def plain(ctx: Context) -> Result:
+    return completed_run(ctx)
+
+
+def with_tools(ctx: Context) -> Result:
+    p = user("what time is it?")
+    asks = AssistantMessage(
+        content=(ToolCallBlock(id="c1", name="time_now", arguments="{}"),), stop_reason="tool_use"
+    )
+    answer = ToolResultMessage(tool_call_id="c1", tool_name="time_now",
+                               content=(TextBlock(text="noon"),))
+    says = assistant("noon")
+    msgs = (p, asks, answer, says)
+    return result("completed", ctx.model_copy(update={"messages": (*ctx.messages, *msgs)}), msgs)
+
+
+def with_compaction(ctx: Context) -> Result:
+    p, a = user("next?"), assistant("ok")
+    folded = ctx.messages[:4]
+    new_ctx = ctx.model_copy(update={"summary": "S", "messages": (*ctx.messages[4:], p, a)})
+    return result("completed", new_ctx, [p, a], [compaction(folded, "S")])
+
+
+async def measure(
+    repo: Repository, engine: AsyncEngine, conv_id: str, size: int,
+    make: Callable[[Context], Result],
+) -> Writes:
+    await repo.replace_context(T, conv_id, conversation(size), create=True)
+    base = await repo.load_context(T, conv_id)
+    run = await repo.insert_run(T, conv_id, base_etag=base.etag, prompts=[user("next?")])
+    res = make(base.context)
+    with counting(engine) as writes:
+        outcome = await repo.finish_run(T, conv_id, run.run_id, base=base, result=res, store=True)
+    assert outcome.stored
+    assert (await repo.load_context(T, conv_id)).context == res.context
+    return writes
+
+
+@pytest.mark.parametrize("make", [plain, with_tools, with_compaction],
+                         ids=["plain", "tools", "compaction"])
+async def test_a_runs_write_does_not_grow_with_the_conversation(
+    repo: Repository, engine: AsyncEngine, make: Callable[[Context], Result],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    small = await measure(repo, engine, "small", SMALL, make)
+    large = await measure(repo, engine, "large", LARGE, make)
+
+    assert large.statements == small.statements
+    assert large.rows == small.rows
+    # A conditional write, never read-then-write.
+    assert not any(s.lstrip().upper().startswith("SELECT") for s in large.statements)
+    with capsys.disabled():
+        print(f"\n[{engine.dialect.name}/{make.__name__}] finish_run: "
+              f"{len(large.statements)} statements, {large.rows} rows written, "
+              f"for {SMALL} and {LARGE} messages alike: {large.verbs}")
