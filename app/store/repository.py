@@ -233,15 +233,29 @@ def _run_entries(result: Result, base_len: int, plan: ContextWrite) -> list[_Ent
     return [entry for _, entry in sorted(keyed, key=lambda pair: pair[0])]
 
 
-def _match(if_match: str) -> list[ColumnElement[bool]] | None:
-    """WHERE conditions for an If-Match value; None when it can never match."""
+IfMatch = str | Sequence[str]
+"""An If-Match condition: ``"*"``, one ETag, or a list of ETags (any of them may match)."""
+
+
+def _match(if_match: IfMatch) -> list[ColumnElement[bool]] | None:
+    """WHERE conditions for an If-Match value; None when it can never match.
+
+    ETags this store did not issue (malformed, weak ``W/…``) never match.
+    """
     if if_match == "*":
         return []
-    parsed = parse_etag(if_match)
-    if parsed is None:
+    tags = [if_match] if isinstance(if_match, str) else list(if_match)
+    pairs = [parsed for tag in tags if (parsed := parse_etag(tag)) is not None]
+    if not pairs:
         return None
-    incarnation, version = parsed
-    return [conversations.c.incarnation == incarnation, conversations.c.version == version]
+    return [
+        or_(
+            *(
+                and_(conversations.c.incarnation == incarnation, conversations.c.version == version)
+                for incarnation, version in pairs
+            )
+        )
+    ]
 
 
 def _conversation_key(tenant: str, conv_id: str) -> list[ColumnElement[bool]]:
@@ -291,7 +305,7 @@ class Repository:
         return [Conversation(**row) for row in rows]
 
     async def delete_conversation(
-        self, tenant: str, conv_id: str, expected_etag: str | None = None
+        self, tenant: str, conv_id: str, expected_etag: IfMatch | None = None
     ) -> bool:
         """Delete a conversation and all its records (the foreign keys cascade).
 
@@ -346,7 +360,7 @@ class Repository:
         conv_id: str,
         context: Context,
         *,
-        if_match: str | None = None,
+        if_match: IfMatch | None = None,
         create: bool = False,
     ) -> str:
         """Replace (``if_match``) or create (``create``, i.e. If-None-Match: *) the stored
@@ -751,6 +765,7 @@ async def _insert_audit(
 
 __all__ = [
     "ContextWrite",
+    "IfMatch",
     "Loaded",
     "OnFailure",
     "Repository",

@@ -98,3 +98,14 @@ async def test_every_replacement_is_in_the_transcript(repo: Repository) -> None:
         (1, "context_replaced", None), (2, "context_replaced", None),
     ]
     assert entries[1].body == {"etag": second, "context": dump_context(rich_context())}
+
+
+async def test_if_match_may_be_a_list_of_etags(repo: Repository) -> None:
+    first = await repo.replace_context("acme", "c1", conversation(2), create=True)
+    second = await repo.replace_context("acme", "c1", conversation(4), if_match=[first, '"x-9"'])
+    with pytest.raises(PreconditionFailed):
+        await repo.replace_context("acme", "c1", conversation(6), if_match=[first, "W/" + second])
+    with pytest.raises(PreconditionFailed):
+        await repo.replace_context("acme", "c1", conversation(6), if_match=[])
+    await repo.replace_context("acme", "c1", conversation(6), if_match=['"x-9"', second])
+    assert (await repo.load_context("acme", "c1")).context == conversation(6)

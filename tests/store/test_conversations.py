@@ -172,3 +172,10 @@ async def test_conversation_row_carries_counts(repo: Repository, engine: AsyncEn
         assert (
             await conn.execute(select(conversations.c.summary).where(conversations.c.id == "c1"))
         ).scalar_one() == ""
+
+
+async def test_delete_accepts_a_list_of_etags(repo: Repository) -> None:
+    created = await repo.create_conversation("acme", "c1")
+    with pytest.raises(PreconditionFailed):
+        await repo.delete_conversation("acme", "c1", expected_etag=['"x-1"'])
+    assert await repo.delete_conversation("acme", "c1", expected_etag=['"x-1"', created.etag])
