@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -61,6 +62,17 @@ def sse(data: Any, event: str | None = None) -> bytes:
     return f"{head}data: {text}\n\n".encode()
 
 
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that timed out, was cancelled or closed a kept-alive connection resets
+        # the socket; that is normal for a test server, anything else is reported.
+        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+            return
+        super().handle_error(request, client_address)
+
+
 class FakeServer:
     """Base of the fake providers: a scriptable queue of answers and a request log."""
 
@@ -87,8 +99,7 @@ class FakeServer:
             def do_POST(self) -> None:
                 fake._serve(self)
 
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        httpd.daemon_threads = True
+        httpd = _QuietServer(("127.0.0.1", 0), Handler)
         self._httpd = httpd
         self._thread = threading.Thread(
             target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
