@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -175,7 +175,7 @@ def describe(settings: Settings) -> str:
     )
 
 
-def serve(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def serve(args: argparse.Namespace) -> int:
     settings = load_settings(host=args.host, port=args.port, workers=args.workers)
     refusal = settings.exposure_problem()
     if refusal:
@@ -188,7 +188,7 @@ def serve(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         # Each worker keeps its own counters; prometheus-client aggregates them from files.
         metrics_dir = tempfile.mkdtemp(prefix="carryover-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
-    print(describe(settings), file=out, flush=True)
+    print(describe(settings), flush=True)
 
     import uvicorn
 
@@ -204,16 +204,17 @@ def serve(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         )
     finally:
         if metrics_dir is not None:
+            os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
             shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
 
 
-def migrate_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def migrate_command(args: argparse.Namespace) -> int:
     settings = load_settings()
     configure_logging(settings.log_level, settings.log_format, settings.secret_values())
     _migrate(settings, args.downgrade)
     target = f"down to {args.downgrade}" if args.downgrade else "to head"
-    print(f"migrated {settings.database_url_display} {target}", file=out)
+    print(f"migrated {settings.database_url_display} {target}")
     return 0
 
 
@@ -238,11 +239,11 @@ def load_app() -> FastAPI:
     return create_app()
 
 
-def openapi_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def openapi_command(args: argparse.Namespace) -> int:
     text = openapi_json(load_app().openapi())
     output: Path = args.output
     if str(output) == "-":
-        out.write(text)
+        sys.stdout.write(text)
         return 0
     if args.check:
         current = output.read_text(encoding="utf-8") if output.exists() else None
@@ -250,11 +251,11 @@ def openapi_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
             raise CliError(
                 f"{output} is not what the app serves; run 'carryover openapi -o {output}'"
             )
-        print(f"{output} is up to date", file=out)
+        print(f"{output} is up to date")
         return 0
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text, encoding="utf-8")
-    print(f"wrote {output}", file=out)
+    print(f"wrote {output}")
     return 0
 
 
