@@ -12,7 +12,6 @@ not depend on how long the conversation is.
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from app.agent.codec import dump_context, dump_message, dump_messages, load_cont
 from app.agent.messages import AnyMessage, AssistantMessage, Context, UserMessage
 from app.agent.records import Compaction, Result
 
+from .changes import TranscriptItem, plan_context_write, run_transcript
 from .db import read_transaction, write_transaction
 from .errors import AlreadyExists, NotFound, PreconditionFailed
 from .tables import (
@@ -45,10 +45,7 @@ from .tables import (
     utcnow,
 )
 
-log = logging.getLogger(__name__)
-
 RunStatus = Literal["running", "completed", "failed", "cancelled", "conflicted", "interrupted"]
-TranscriptKind = Literal["prompt", "attempt", "tool_result", "compaction", "context_replaced"]
 OnFailure = Literal["keep", "discard"]
 
 
@@ -82,155 +79,6 @@ class RunRecord:
     new_messages: tuple[AnyMessage, ...]
     final: AssistantMessage | None
     compactions: tuple[Compaction, ...]
-
-
-@dataclass(frozen=True)
-class ContextWrite:
-    """How to turn the stored base context into a run's result context, in rows.
-
-    The agent's contract is ``result.messages == (base.messages + appended)[F:]`` where ``F`` is
-    the number of messages its compactions folded. Positions number that stream: base messages
-    keep theirs, appended messages continue from ``next_position`` (an appended message that a
-    later compaction folded in the same run keeps its number but is never written).
-    """
-
-    delete_before: int | None  # delete the rows at positions below this one
-    inserts: tuple[tuple[int, AnyMessage], ...]  # (position, message) to insert
-    next_position: int
-    fold_ranges: tuple[tuple[int, int], ...]  # per compaction: positions [start, end) it folded
-
-
-def plan_context_write(base: Loaded, result: Result) -> ContextWrite:
-    """The rows to delete and insert to store ``result.context`` over ``base`` (no I/O)."""
-    old = base.context.messages
-    new = result.context.messages
-    fold_ranges: list[tuple[int, int]] = []
-    start = base.first_position
-    for compaction in result.compactions:
-        fold_ranges.append((start, start + len(compaction.folded)))
-        start += len(compaction.folded)
-    folded = start - base.first_position
-    dropped = min(folded, len(old))  # base messages folded away
-    kept = len(old) - dropped  # base messages still at the front of the result
-
-    if new[:kept] == old[dropped:]:
-        first_insert = base.next_position + (folded - dropped)
-        inserts = tuple((first_insert + i, m) for i, m in enumerate(new[kept:]))
-        return ContextWrite(
-            delete_before=base.first_position + dropped if dropped else None,
-            inserts=inserts,
-            next_position=first_insert + len(inserts),
-            fold_ranges=tuple(fold_ranges),
-        )
-
-    # The result does not extend the base as the agent promises. Storing result.context is
-    # still the rule, so rewrite it whole (correct, just not incremental) and say so.
-    log.warning(
-        "run result does not extend its base context (%d kept messages differ); "
-        "rewriting all %d messages", kept, len(new),
-    )
-    return ContextWrite(
-        delete_before=base.next_position if old else None,
-        inserts=tuple((base.next_position + i, m) for i, m in enumerate(new)),
-        next_position=base.next_position + len(new),
-        fold_ranges=tuple(fold_ranges),
-    )
-
-
-@dataclass(frozen=True)
-class _Entry:
-    kind: TranscriptKind
-    failed: bool
-    body: dict[str, Any]
-
-
-def _message_entry(message: AnyMessage) -> _Entry:
-    if isinstance(message, UserMessage):
-        return _Entry("prompt", False, dump_message(message))
-    if isinstance(message, AssistantMessage):
-        return _Entry("attempt", not message.replayable, dump_message(message))
-    return _Entry("tool_result", False, dump_message(message))
-
-
-def _compaction_entry(compaction: Compaction, fold_range: tuple[int, int]) -> _Entry:
-    return _Entry(
-        "compaction",
-        False,
-        {
-            "reason": compaction.reason,
-            "previous_summary": compaction.previous_summary,
-            "summary": compaction.summary,
-            "folded": {
-                "from_position": fold_range[0],
-                "to_position": fold_range[1],
-                "count": len(compaction.folded),
-            },
-            "tokens_before": compaction.tokens_before,
-            "tokens_after": compaction.tokens_after,
-            "usage": compaction.usage.model_dump(mode="json"),
-        },
-    )
-
-
-def compaction_slots(result: Result, base_len: int) -> list[int]:
-    """For each compaction, the index in ``result.new_messages`` it happened before.
-
-    A Result does not say when its compactions happened; the agent compacts at three moments,
-    and each compaction is placed at its moment:
-
-    - ``threshold``: right before prompt admission (before the first prompt);
-    - ``overflow``: right after the attempt that overflowed;
-    - ``manual``: after the tool results that closed a batch left open (i.e. at the end).
-
-    and never before the last run message it folded.
-    """
-    messages = result.new_messages
-    # Indices of the run's messages that entered the context (failed attempts never do).
-    entered = [
-        i for i, m in enumerate(messages)
-        if not (isinstance(m, AssistantMessage) and not m.replayable)
-    ]
-    first_prompt = next(
-        (i for i, m in enumerate(messages) if isinstance(m, UserMessage)), len(messages)
-    )
-    slots: list[int] = []
-    folded = 0
-    floor = 0
-    for compaction in result.compactions:
-        folded += len(compaction.folded)
-        run_folded = min(folded - base_len, len(entered))
-        if run_folded > 0:
-            floor = max(floor, entered[run_folded - 1] + 1)
-        if compaction.reason == "threshold":
-            slot = max(floor, first_prompt)
-        elif compaction.reason == "manual":
-            slot = len(messages)
-        else:
-            slot = next(
-                (
-                    i + 1
-                    for i in range(floor, len(messages))
-                    if isinstance(m := messages[i], AssistantMessage)
-                    and m.error is not None
-                    and m.error.kind == "overflow"
-                ),
-                floor,
-            )
-        slots.append(slot)
-        floor = slot
-    return slots
-
-
-def _run_entries(result: Result, base_len: int, plan: ContextWrite) -> list[_Entry]:
-    """The transcript entries of a run, in the order things happened."""
-    slots = compaction_slots(result, base_len)
-    # A compaction at slot i comes before new_messages[i]; compactions keep their own order.
-    keyed = [
-        ((slot, 0, k), _compaction_entry(result.compactions[k], plan.fold_ranges[k]))
-        for k, slot in enumerate(slots)
-    ]
-    keyed += [((i, 1, 0), _message_entry(m)) for i, m in enumerate(result.new_messages)]
-    return [entry for _, entry in sorted(keyed, key=lambda pair: pair[0])]
 
 
 IfMatch = str | Sequence[str]
@@ -424,7 +272,7 @@ class Repository:
                 conn, tenant, conv_id, [(first + i, m) for i, m in enumerate(context.messages)]
             )
             replaced = {"etag": etag, "context": dump_context(context)}
-            entry = _Entry("context_replaced", False, replaced)
+            entry = TranscriptItem("context_replaced", False, replaced)
             await _insert_transcript(conn, tenant, conv_id, None, seq, [entry], now)
         return etag
 
@@ -487,8 +335,8 @@ class Repository:
         new messages, final and compactions go to the audit tables and the transcript gets every
         admitted prompt, attempt, tool result and compaction.
         """
-        plan = plan_context_write(base, result)
-        entries = _run_entries(result, len(base.context.messages), plan)
+        plan = plan_context_write(base.context, base.first_position, base.next_position, result)
+        entries = run_transcript(result, len(base.context.messages), plan)
         now = utcnow()
         key = _conversation_key(tenant, conv_id)
         same_incarnation = conversations.c.incarnation == base.incarnation
@@ -724,7 +572,7 @@ async def _insert_transcript(
     conv_id: str,
     run_id: str | None,
     first_seq: int,
-    entries: Sequence[_Entry],
+    entries: Sequence[TranscriptItem],
     now: datetime,
 ) -> None:
     if entries:
@@ -764,7 +612,6 @@ async def _insert_audit(
 
 
 __all__ = [
-    "ContextWrite",
     "IfMatch",
     "Loaded",
     "OnFailure",
@@ -772,7 +619,4 @@ __all__ = [
     "RunOutcome",
     "RunRecord",
     "RunStatus",
-    "TranscriptKind",
-    "compaction_slots",
-    "plan_context_write",
 ]

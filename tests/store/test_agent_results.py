@@ -46,7 +46,7 @@ async def run_and_store(repo: Repository, agent: Agent, text: str | None) -> Res
 async def test_agent_results_reload_exactly(
     repo: Repository, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="app.store.repository")
+    caplog.set_level(logging.WARNING, logger="app.store.changes")
     await repo.replace_context(T, "c1", Context(system_prompt="Be brief."), create=True)
     plain = echo_agent()
     small_window = echo_agent(context_window=400)

@@ -17,8 +17,9 @@ from app.agent.messages import (
     ToolResultMessage,
 )
 from app.agent.records import Result
+from app.store.changes import plan_context_write
 from app.store.errors import NotFound
-from app.store.repository import Loaded, Repository, RunOutcome, plan_context_write
+from app.store.repository import Loaded, Repository, RunOutcome
 
 from .builders import (
     assistant,
@@ -317,7 +318,8 @@ async def test_a_result_that_does_not_extend_its_base_is_still_stored_exactly(
         return result("completed", ctx.model_copy(update={"messages": rewritten}), [user("p")])
 
     base = await repo.load_context(T, "c1")
-    plan = plan_context_write(base, make(base.context))
+    plan = plan_context_write(base.context, base.first_position, base.next_position,
+                              make(base.context))
     assert plan.delete_before == base.next_position and len(plan.inserts) == 5
     _, res, _, _ = await run_once(repo, "c1", make)
     assert (await repo.load_context(T, "c1")).context == res.context

@@ -1,0 +1,174 @@
+"""What a run changes, computed without I/O: the context rows to delete and insert, and the
+transcript entries to append.
+
+The agent's contract (SPEC §2, §3) is ``result.messages == (base.messages + appended)[F:]``
+where ``F`` is the number of messages its compactions folded. So storing a result only ever
+deletes a prefix and appends: :func:`plan_context_write` turns that into one range delete and the
+inserts of the appended messages, and :func:`run_transcript` lists what the transcript records.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from app.agent.codec import dump_message
+from app.agent.messages import AnyMessage, AssistantMessage, Context, UserMessage
+from app.agent.records import Compaction, Result
+
+log = logging.getLogger(__name__)
+
+TranscriptKind = Literal["prompt", "attempt", "tool_result", "compaction", "context_replaced"]
+
+
+@dataclass(frozen=True)
+class ContextWrite:
+    """How to turn the stored base context into a run's result context, in rows.
+
+    The agent's contract is ``result.messages == (base.messages + appended)[F:]`` where ``F`` is
+    the number of messages its compactions folded. Positions number that stream: base messages
+    keep theirs, appended messages continue from ``next_position`` (an appended message that a
+    later compaction folded in the same run keeps its number but is never written).
+    """
+
+    delete_before: int | None  # delete the rows at positions below this one
+    inserts: tuple[tuple[int, AnyMessage], ...]  # (position, message) to insert
+    next_position: int
+    fold_ranges: tuple[tuple[int, int], ...]  # per compaction: positions [start, end) it folded
+
+
+def plan_context_write(
+    base: Context, first_position: int, next_position: int, result: Result
+) -> ContextWrite:
+    """The rows to delete and insert to store ``result.context`` over ``base``, whose messages
+    sit at positions ``first_position`` … ``next_position - 1``."""
+    old = base.messages
+    new = result.context.messages
+    fold_ranges: list[tuple[int, int]] = []
+    start = first_position
+    for compaction in result.compactions:
+        fold_ranges.append((start, start + len(compaction.folded)))
+        start += len(compaction.folded)
+    folded = start - first_position
+    dropped = min(folded, len(old))  # base messages folded away
+    kept = len(old) - dropped  # base messages still at the front of the result
+
+    if new[:kept] == old[dropped:]:
+        first_insert = next_position + (folded - dropped)
+        inserts = tuple((first_insert + i, m) for i, m in enumerate(new[kept:]))
+        return ContextWrite(
+            delete_before=first_position + dropped if dropped else None,
+            inserts=inserts,
+            next_position=first_insert + len(inserts),
+            fold_ranges=tuple(fold_ranges),
+        )
+
+    # The result does not extend the base as the agent promises. Storing result.context is
+    # still the rule, so rewrite it whole (correct, just not incremental) and say so.
+    log.warning(
+        "run result does not extend its base context (%d kept messages differ); "
+        "rewriting all %d messages", kept, len(new),
+    )
+    return ContextWrite(
+        delete_before=next_position if old else None,
+        inserts=tuple((next_position + i, m) for i, m in enumerate(new)),
+        next_position=next_position + len(new),
+        fold_ranges=tuple(fold_ranges),
+    )
+
+
+@dataclass(frozen=True)
+class TranscriptItem:
+    kind: TranscriptKind
+    failed: bool
+    body: dict[str, Any]
+
+
+def _message_item(message: AnyMessage) -> TranscriptItem:
+    if isinstance(message, UserMessage):
+        return TranscriptItem("prompt", False, dump_message(message))
+    if isinstance(message, AssistantMessage):
+        return TranscriptItem("attempt", not message.replayable, dump_message(message))
+    return TranscriptItem("tool_result", False, dump_message(message))
+
+
+def _compaction_item(compaction: Compaction, fold_range: tuple[int, int]) -> TranscriptItem:
+    return TranscriptItem(
+        "compaction",
+        False,
+        {
+            "reason": compaction.reason,
+            "previous_summary": compaction.previous_summary,
+            "summary": compaction.summary,
+            "folded": {
+                "from_position": fold_range[0],
+                "to_position": fold_range[1],
+                "count": len(compaction.folded),
+            },
+            "tokens_before": compaction.tokens_before,
+            "tokens_after": compaction.tokens_after,
+            "usage": compaction.usage.model_dump(mode="json"),
+        },
+    )
+
+
+def compaction_slots(result: Result, base_len: int) -> list[int]:
+    """For each compaction, the index in ``result.new_messages`` it happened before.
+
+    A Result does not say when its compactions happened; the agent compacts at three moments,
+    and each compaction is placed at its moment:
+
+    - ``threshold``: right before prompt admission (before the first prompt);
+    - ``overflow``: right after the attempt that overflowed;
+    - ``manual``: after the tool results that closed a batch left open (i.e. at the end).
+
+    and never before the last run message it folded.
+    """
+    messages = result.new_messages
+    # Indices of the run's messages that entered the context (failed attempts never do).
+    entered = [
+        i for i, m in enumerate(messages)
+        if not (isinstance(m, AssistantMessage) and not m.replayable)
+    ]
+    first_prompt = next(
+        (i for i, m in enumerate(messages) if isinstance(m, UserMessage)), len(messages)
+    )
+    slots: list[int] = []
+    folded = 0
+    floor = 0
+    for compaction in result.compactions:
+        folded += len(compaction.folded)
+        run_folded = min(folded - base_len, len(entered))
+        if run_folded > 0:
+            floor = max(floor, entered[run_folded - 1] + 1)
+        if compaction.reason == "threshold":
+            slot = max(floor, first_prompt)
+        elif compaction.reason == "manual":
+            slot = len(messages)
+        else:
+            slot = next(
+                (
+                    i + 1
+                    for i in range(floor, len(messages))
+                    if isinstance(m := messages[i], AssistantMessage)
+                    and m.error is not None
+                    and m.error.kind == "overflow"
+                ),
+                floor,
+            )
+        slots.append(slot)
+        floor = slot
+    return slots
+
+
+def run_transcript(result: Result, base_len: int, plan: ContextWrite) -> list[TranscriptItem]:
+    """The transcript entries of a run, in the order things happened."""
+    slots = compaction_slots(result, base_len)
+    # A compaction at slot i comes before new_messages[i]; compactions keep their own order.
+    keyed = [
+        ((slot, 0, k), _compaction_item(result.compactions[k], plan.fold_ranges[k]))
+        for k, slot in enumerate(slots)
+    ]
+    keyed += [((i, 1, 0), _message_item(m)) for i, m in enumerate(result.new_messages)]
+    return [entry for _, entry in sorted(keyed, key=lambda pair: pair[0])]
