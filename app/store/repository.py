@@ -28,7 +28,7 @@ from app.agent.records import Compaction, Result
 
 from .changes import TranscriptItem, plan_context_write, run_transcript
 from .db import read_transaction, write_transaction
-from .errors import AlreadyExists, NotFound, PreconditionFailed
+from .errors import AlreadyExists, NotFound, PreconditionFailed, StoreError
 from .tables import (
     Conversation,
     Run,
@@ -257,8 +257,7 @@ class Repository:
                         )
                     ).first()
                 if row is None:
-                    await _raise_missing_or_stale(conn, tenant, conv_id)
-                    raise AssertionError("unreachable")
+                    raise await _missing_or_stale(conn, tenant, conv_id)
                 incarnation, version, seq = row.incarnation, row.version, row.transcript_seq
                 first = row.next_position - n
                 await conn.execute(
@@ -544,12 +543,13 @@ async def _require_conversation(conn: AsyncConnection, tenant: str, conv_id: str
         raise NotFound(f"conversation {conv_id!r} not found")
 
 
-async def _raise_missing_or_stale(conn: AsyncConnection, tenant: str, conv_id: str) -> None:
-    """After a conditional write matched no row: 404 if it does not exist, else 412."""
+async def _missing_or_stale(conn: AsyncConnection, tenant: str, conv_id: str) -> StoreError:
+    """Why a conditional write matched no row: it does not exist (a 404 beats a 412) or it
+    changed."""
     current = await _conversation(conn, tenant, conv_id)
     if current is None:
-        raise NotFound(f"conversation {conv_id!r} not found")
-    raise PreconditionFailed("the conversation changed", current_etag=current.etag)
+        return NotFound(f"conversation {conv_id!r} not found")
+    return PreconditionFailed("the conversation changed", current_etag=current.etag)
 
 
 async def _insert_messages(
