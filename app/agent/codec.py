@@ -34,10 +34,14 @@ class CodecError(ValueError):
         self.message = message
 
 
-def format_path(loc: Sequence[int | str], prefix: str = "") -> str:
-    """Render a pydantic error location as ``messages[3].content[0].type``."""
+def format_path(loc: Sequence[int | str], prefix: str = "", *, union_root: bool = False) -> str:
+    """Render a pydantic error location as ``messages[3].content[0].type``.
+
+    ``union_root``: the location starts at a tagged union (a bare message), whose first
+    element is the tag.
+    """
     out = prefix
-    previous: int | str | None = None
+    previous: int | str | None = 0 if union_root else None
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
@@ -49,7 +53,9 @@ def format_path(loc: Sequence[int | str], prefix: str = "") -> str:
     return out
 
 
-def _first_error(exc: ValidationError, prefix: str = "") -> CodecError:
+def _first_error(
+    exc: ValidationError, prefix: str = "", *, union_root: bool = False
+) -> CodecError:
     err = exc.errors(include_url=False)[0]
     loc = list(err["loc"])
     message = err["msg"]
@@ -57,12 +63,22 @@ def _first_error(exc: ValidationError, prefix: str = "") -> CodecError:
         loc.append("type")
         ctx = err.get("ctx") or {}
         tag = ctx.get("tag")
-        expected = ctx.get("expected_tags")
+        expected = ctx.get("expected_tags") or _expected_tags(loc)
         message = (
             f"unknown type {tag!r}; expected one of {expected}" if tag is not None
             else f"missing 'type'; expected one of {expected}"
         )
-    return CodecError(format_path(loc, prefix), message)
+    return CodecError(format_path(loc, prefix, union_root=union_root), message)
+
+
+def _expected_tags(loc: Sequence[int | str]) -> str:
+    """The tags allowed where a ``type`` is missing (pydantic only names them when it is wrong)."""
+    parent = next((p for p in reversed(loc[:-1]) if isinstance(p, str)), None)
+    if parent == "source":
+        return "'base64', 'url'"
+    if parent == "content":
+        return "'text', 'image', 'thinking', 'redacted_thinking', 'tool_call'"
+    return "'user', 'assistant', 'tool_result'"
 
 
 def dump_message(message: AnyMessage) -> dict[str, Any]:
@@ -81,7 +97,7 @@ def load_message(data: Any, path: str = "") -> AnyMessage:
     try:
         return _MESSAGE.validate_python(data)
     except ValidationError as exc:
-        raise _first_error(exc, path) from None
+        raise _first_error(exc, path, union_root=True) from None
 
 
 def load_messages(data: Any, path: str = "messages") -> tuple[AnyMessage, ...]:
@@ -102,12 +118,22 @@ def dumps_context(context: Context) -> str:
     return json.dumps(dump_context(context), ensure_ascii=False, separators=(",", ":"))
 
 
-def loads_context(text: str | bytes) -> Context:
+def _parse(text: str | bytes) -> Any:
+    """Strict JSON: NaN and Infinity are not JSON and would not come back as they went in."""
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
         raise CodecError("", f"not JSON: {exc}") from None
-    return load_context(data)
+    except RecursionError:
+        raise CodecError("", "not JSON this codec accepts: nested too deeply") from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def loads_context(text: str | bytes) -> Context:
+    return load_context(_parse(text))
 
 
 def dumps_message(message: AnyMessage) -> str:
@@ -115,8 +141,4 @@ def dumps_message(message: AnyMessage) -> str:
 
 
 def loads_message(text: str | bytes) -> AnyMessage:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CodecError("", f"not JSON: {exc}") from None
-    return load_message(data)
+    return load_message(_parse(text))

@@ -12,7 +12,7 @@ import base64
 import binascii
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 
 class _Value(BaseModel):
@@ -108,10 +108,10 @@ class Usage(_Value):
     or written to the provider's prompt cache.
     """
 
-    input_tokens: int = Field(default=0, ge=0)
-    output_tokens: int = Field(default=0, ge=0)
-    cache_read_tokens: int = Field(default=0, ge=0)
-    cache_write_tokens: int = Field(default=0, ge=0)
+    input_tokens: StrictInt = Field(default=0, ge=0)
+    output_tokens: StrictInt = Field(default=0, ge=0)
+    cache_read_tokens: StrictInt = Field(default=0, ge=0)
+    cache_write_tokens: StrictInt = Field(default=0, ge=0)
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
@@ -130,7 +130,7 @@ class AttemptError(_Value):
 
     kind: ErrorKind
     message: str
-    status: int | None = None
+    status: StrictInt | None = None
     code: str | None = None
 
 
@@ -176,7 +176,7 @@ class ToolResultMessage(_Value):
     tool_call_id: str = Field(min_length=1)
     tool_name: str = Field(min_length=1)
     content: tuple[ToolResultBlock, ...]
-    is_error: bool = False
+    is_error: StrictBool = False
 
 
 Message = Annotated[UserMessage | AssistantMessage | ToolResultMessage, Field(discriminator="type")]

@@ -62,7 +62,12 @@ def validate_messages(messages: Sequence[AnyMessage], *, allow_open_batch: bool 
                 raise ReplayError(
                     i, f"tool_result {message.tool_call_id!r} answers no pending tool_call{owner}"
                 )
-            del pending[message.tool_call_id]
+            expected = pending.pop(message.tool_call_id)
+            if message.tool_name != expected:
+                raise ReplayError(
+                    i, f"tool_result {message.tool_call_id!r} names tool {message.tool_name!r}, "
+                    f"but the call was to {expected!r}"
+                )
             continue
         if pending:
             raise ReplayError(

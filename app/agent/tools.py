@@ -72,7 +72,7 @@ def load_tool(path: str, *, timeout: float | None = None) -> Tool:
         raise ToolLoadError(f"tool path {path!r} must look like 'package.module:function'")
     try:
         target = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
+    except (ImportError, AttributeError, TypeError, ValueError) as exc:
         raise ToolLoadError(f"cannot import tool {path!r}: {exc}") from None
     if isinstance(target, Tool):
         return target
@@ -114,16 +114,19 @@ class ToolRegistry:
         except ValidationError as exc:
             return error_result(call, f"invalid arguments: {exc.errors(include_url=False)}")
         timeout = tool.timeout if tool.timeout is not None else self.default_timeout
+        deadline = asyncio.timeout(timeout)
         try:
-            async with asyncio.timeout(timeout):
+            async with deadline:
                 value = await tool.fn(**dict(args))
-        except TimeoutError:
-            return error_result(call, f"tool {call.name!r} timed out after {timeout:g}s")
+            text = _render(value)
+        except TimeoutError as exc:
+            if deadline.expired():
+                return error_result(call, f"tool {call.name!r} timed out after {timeout:g}s")
+            return error_result(call, f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # a tool's failure is the model's information, not the run's
             return error_result(call, f"{type(exc).__name__}: {exc}")
         return ToolResultMessage(
-            tool_call_id=call.id, tool_name=call.name,
-            content=(TextBlock(text=_render(value)),),
+            tool_call_id=call.id, tool_name=call.name, content=(TextBlock(text=text),)
         )
 
 

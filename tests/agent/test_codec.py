@@ -536,40 +536,30 @@ def test_load_messages_paths_are_prefixed() -> None:
     assert info.value.path == "messages[1].content[0].type"
 
 
-# --- known defects (see the report; strict xfail so a fix is noticed) -----------------------------
+# --- defects found earlier, fixed: kept as regression tests ---------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="codec.format_path keeps the leading union tag: "
-                   "load_message reports 'user.content[0].type'")
 def test_load_message_path_has_no_union_tag() -> None:
     with pytest.raises(CodecError) as info:
         load_message({"type": "user", "content": [{"type": "bogus"}]})
     assert info.value.path == "content[0].type"
 
 
-@pytest.mark.xfail(strict=True, reason="loads_context lets UnicodeDecodeError escape for "
-                   "bytes that are not UTF-8/16/32")
 def test_undecodable_bytes_are_a_codec_error() -> None:
     with pytest.raises(CodecError):
         loads_context(b"\xff\xfe\x00")
 
 
-@pytest.mark.xfail(strict=True, reason="loads_context lets RecursionError escape for deeply "
-                   "nested input")
 def test_deeply_nested_json_is_a_codec_error() -> None:
     with pytest.raises(CodecError):
         loads_context("[" * 100_000)
 
 
-@pytest.mark.xfail(strict=True, reason="json.loads accepts NaN/Infinity; provider_data keeps "
-                   "them and dump turns them into null (lossy, and not JSON on the way in)")
 def test_non_finite_numbers_are_refused() -> None:
     with pytest.raises(CodecError):
         loads_context('{"messages": [{"type": "assistant", "provider_data": {"x": NaN}}]}')
 
 
-@pytest.mark.xfail(strict=True, reason="pydantic lax mode coerces wrong JSON types "
-                   "('true' -> True, '5' -> 5) instead of refusing them")
 @pytest.mark.parametrize(
     ("path", "value"),
     [(("messages", 2, "is_error"), "true"),
@@ -584,8 +574,6 @@ def test_wrong_json_types_are_not_coerced(path: tuple[Any, ...], value: Any) -> 
         load_context(data)
 
 
-@pytest.mark.xfail(strict=True, reason="_first_error reads ctx['expected_tags'], which "
-                   "pydantic only sets for union_tag_invalid: message says 'expected one of None'")
 def test_missing_type_message_lists_the_expected_tags() -> None:
     data = _valid_context_data()
     del data["messages"][1]["type"]

@@ -518,19 +518,15 @@ async def _ignore(i: int, result: ToolResultMessage) -> None:
     return None
 
 
-# --- known defects (see the report; strict xfail so a fix is noticed) -----------------------------
+# --- defects found earlier, fixed: kept as regression tests ---------------------------------------
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason="load_tool lets importlib's "
-                   "TypeError escape for a relative module path")
 @pytest.mark.parametrize("path", [".builtin_tools:wait", "..x:y"])
 def test_relative_module_path_raises_tool_load_error(path: str) -> None:
     with pytest.raises(ToolLoadError):
         load_tool(path)
 
 
-@pytest.mark.xfail(strict=True, reason="ToolRegistry.call renders the return value outside its "
-                   "try: a value json.dumps cannot encode raises instead of an is_error result")
 @pytest.mark.parametrize("kind", ["tuple_keys", "circular"])
 async def test_unrenderable_return_value_is_an_error_result(kind: str) -> None:
     async def weird() -> Any:
