@@ -232,7 +232,7 @@ class AnthropicFake(FakeServer):
             raise _Invalid("max_tokens: Input should be a valid integer greater than 0")
         thinking = body.get("thinking")
         enabled = isinstance(thinking, dict) and thinking.get("type") == "enabled"
-        if enabled:
+        if isinstance(thinking, dict) and enabled:
             budget = thinking.get("budget_tokens")
             if not isinstance(budget, int) or budget < 1024:
                 raise _Invalid("thinking.enabled.budget_tokens: Input should be greater than or "
@@ -451,7 +451,8 @@ class AnthropicFake(FakeServer):
         thinking_here: list[dict[str, Any]] = []
         for block in answer.blocks:
             if isinstance(block, Text):
-                out.append(({"type": "text", "text": block.text}, None, block))
+                final: dict[str, Any] = {"type": "text", "text": block.text}
+                out.append((final, None, block))
             elif isinstance(block, Thinking):
                 signature = block.signature if block.signature is not None else sign(
                     block.thinking)
@@ -477,8 +478,9 @@ class AnthropicFake(FakeServer):
                 self.tool_inputs[tool_id] = (
                     block.name, json.dumps(parsed) if isinstance(parsed, dict) else None)
                 self.thinking_before[tool_id] = list(thinking_here)
-                final = {"type": "tool_use", "id": tool_id, "name": block.name,
-                         "input": parsed if isinstance(parsed, dict) else {}}
+                final = {
+                    "type": "tool_use", "id": tool_id, "name": block.name,
+                    "input": parsed if isinstance(parsed, dict) else {}}
                 out.append((final, raw, block))
         return out
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -353,11 +354,11 @@ async def test_fake_refuses_changed_tool_input_and_orphans(
 
 def test_fake_rule_empty_text_blocks() -> None:
     fake = AnthropicFake()
-    body = {"model": "m", "max_tokens": 10, "messages": [
-        {"role": "user", "content": [{"type": "text", "text": ""}]}]}
+    block: dict[str, Any] = {"type": "text", "text": ""}
+    body = {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": [block]}]}
     with pytest.raises(Exception, match="text content blocks must be non-empty"):
         fake.validate(body)
-    body["messages"][0]["content"][0]["text"] = " \n"
+    block["text"] = " \n"
     with pytest.raises(Exception, match="non-whitespace text"):
         fake.validate(body)
 
