@@ -3,6 +3,7 @@ fills the audit tables and appends to the transcript (SPEC §4 "A run", §5)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import pytest
@@ -355,3 +356,21 @@ async def test_the_transcript_pages_by_seq(repo: Repository) -> None:
     assert page1[0].created_at.tzinfo is not None
     with pytest.raises(NotFound):
         await repo.list_transcript(T, "ghost")
+
+
+async def test_concurrent_runs_from_the_same_base_store_exactly_one(repo: Repository) -> None:
+    await repo.replace_context(T, "c1", conversation(2), create=True)
+    base = await repo.load_context(T, "c1")
+    runs = [await repo.insert_run(T, "c1", base_etag=base.etag, prompts=[]) for _ in range(6)]
+    results = [completed_run(base.context, f"q{i}", f"a{i}") for i in range(6)]
+    outcomes = await asyncio.gather(*(
+        repo.finish_run(T, "c1", run.run_id, base=base, result=res, store=True)
+        for run, res in zip(runs, results, strict=True)
+    ))
+    assert sorted(o.status for o in outcomes) == ["completed"] + ["conflicted"] * 5
+    winner = next(r for r, o in zip(results, outcomes, strict=True) if o.stored)
+    loaded = await repo.load_context(T, "c1")
+    assert loaded.context == winner.context
+    assert {o.etag for o in outcomes} == {loaded.etag}
+    seqs = [e.seq for e in await repo.list_transcript(T, "c1", limit=100)]
+    assert seqs == list(range(1, 1 + 1 + 6 * 2))
