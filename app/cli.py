@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from .config import Settings, get_settings, is_loopback
+from .config import Settings, get_settings, is_loopback, validation_messages
 from .observability import RedactSecrets, configure_logging, logging_config
 
 if TYPE_CHECKING:
@@ -115,11 +115,8 @@ def load_settings(**overrides: Any) -> Settings:
     try:
         return Settings(**given) if given else get_settings()
     except ValidationError as exc:
-        lines = []
-        for error in exc.errors():
-            where = ".".join(str(p) for p in error["loc"]) or "settings"
-            lines.append(f"  {where}: {str(error['msg']).removeprefix('Value error, ')}")
-        raise CliError("invalid configuration:\n" + "\n".join(lines), status=2) from None
+        lines = "".join(f"\n  {message}" for message in validation_messages(exc))
+        raise CliError(f"invalid configuration:{lines}", status=2) from None
 
 
 # --- migrations ------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ import tomllib
 from collections.abc import Iterable, Iterator, Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AliasChoices,
@@ -210,7 +210,7 @@ class _ProfileFields(BaseModel):
     def _known_provider(cls, value: Any) -> Any:
         if isinstance(value, str):
             value = value.strip().lower()
-            if value not in ("echo", "openai", "anthropic"):
+            if value not in get_args(ProviderName):
                 raise ValueError(
                     f"unknown provider {value!r}: choose 'echo', 'openai' or 'anthropic'"
                 )
@@ -296,13 +296,13 @@ def _resolve_key(profile: _ProfileFields, provider_keys: Mapping[str, SecretStr 
     return provider_keys.get(profile.provider)
 
 
-def _describe(exc: ValidationError, prefix: str) -> str:
-    parts = []
+def validation_messages(exc: ValidationError, prefix: str = "") -> list[str]:
+    """Each error as ``where: why`` (``where`` dotted, after ``prefix``)."""
+    messages = []
     for error in exc.errors():
-        where = ".".join(str(p) for p in (prefix, *error["loc"]) if p != "")
-        message = str(error["msg"]).removeprefix("Value error, ")
-        parts.append(f"{where}: {message}")
-    return "; ".join(parts)
+        where = ".".join(str(p) for p in (prefix, *error["loc"]) if p != "") or "settings"
+        messages.append(f"{where}: {str(error['msg']).removeprefix('Value error, ')}")
+    return messages
 
 
 def load_profiles_file(
@@ -344,7 +344,7 @@ def load_profiles_file(
         try:
             profile = AgentProfile.model_validate(table)
         except ValidationError as exc:
-            raise ValueError(_describe(exc, f"{where}")) from None
+            raise ValueError("; ".join(validation_messages(exc, where))) from None
         key = _resolve_key(profile, provider_keys)
         profiles[name] = profile.model_copy(update={"api_key": key})
     return profiles
