@@ -94,7 +94,8 @@ async def test_text_and_usage(provider: AnthropicProvider, anthropic_fake: Anthr
     assert message.stop_reason == "end_turn"
     assert message.response_id == "msg_01abc"
     assert message.model == "claude-fake"
-    assert message.usage == Usage(input_tokens=30, output_tokens=6, cache_write_tokens=1000,
+    # input_tokens counts the whole input: 30 uncached + 1000 written + 2000 read from cache
+    assert message.usage == Usage(input_tokens=3030, output_tokens=6, cache_write_tokens=1000,
                                   cache_read_tokens=2000)
     sent = anthropic_fake.message_requests[-1]
     assert anthropic_fake.api_key in (sent.headers.get("x-api-key"),
@@ -138,8 +139,8 @@ async def test_cumulative_usage_from_message_delta(streaming: AnthropicProvider,
         ("message_stop", {"type": "message_stop"}),
     ]))
     message = await answer(streaming, req(UserMessage.text("hi")))
-    assert message.usage == Usage(input_tokens=40, output_tokens=17, cache_read_tokens=12,
-                                  cache_write_tokens=3)
+    assert message.usage == Usage(input_tokens=40 + 12 + 3, output_tokens=17,
+                                  cache_read_tokens=12, cache_write_tokens=3)
     assert message.model == "claude-x"
 
 

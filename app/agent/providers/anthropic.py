@@ -221,27 +221,39 @@ def _compact(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def _merge_usage(usage: Usage, raw: Any) -> Usage:
-    """``usage`` updated with the fields ``raw`` carries (message_delta usage is cumulative)."""
+_USAGE_FIELDS = (
+    "input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens",
+)
+
+
+def _merge_usage(usage: dict[str, int], raw: Any) -> dict[str, int]:
+    """The wire usage fields updated with those ``raw`` carries (message_delta's are cumulative)."""
     if raw is None:
         return usage
-    fields = {
-        "input_tokens": "input_tokens",
-        "output_tokens": "output_tokens",
-        "cache_creation_input_tokens": "cache_write_tokens",
-        "cache_read_input_tokens": "cache_read_tokens",
-    }
-    update: dict[str, int] = {}
-    for wire, ours in fields.items():
+    merged = dict(usage)
+    for wire in _USAGE_FIELDS:
         value = _get(raw, wire)
         if isinstance(value, int) and value >= 0:
-            update[ours] = value
-    return usage.model_copy(update=update) if update else usage
+            merged[wire] = value
+    return merged
+
+
+def _usage(wire: dict[str, int]) -> Usage:
+    """Normalized usage: Anthropic's ``input_tokens`` leaves out cached tokens, ours counts the
+    whole input (see :class:`~app.agent.messages.Usage`)."""
+    cache_write = wire.get("cache_creation_input_tokens", 0)
+    cache_read = wire.get("cache_read_input_tokens", 0)
+    return Usage(
+        input_tokens=wire.get("input_tokens", 0) + cache_write + cache_read,
+        output_tokens=wire.get("output_tokens", 0),
+        cache_read_tokens=cache_read,
+        cache_write_tokens=cache_write,
+    )
 
 
 @dataclass
 class _Translator:
-    usage: Usage = field(default_factory=Usage)
+    wire_usage: dict[str, int] = field(default_factory=dict)
     stop_reason: str | None = None
     stopped: bool = False
     tool_inputs: dict[int, Any] = field(default_factory=dict)  # index -> start input
@@ -252,11 +264,11 @@ class _Translator:
         index = _get(event, "index")
         if kind == "message_start":
             message = _get(event, "message")
-            self.usage = _merge_usage(self.usage, _get(message, "usage"))
+            self.wire_usage = _merge_usage(self.wire_usage, _get(message, "usage"))
             return [
                 MessageStart(response_id=str(_get(message, "id") or ""),
                              model=str(_get(message, "model") or "")),
-                UsageUpdate(usage=self.usage),
+                UsageUpdate(usage=_usage(self.wire_usage)),
             ]
         if kind == "content_block_start" and isinstance(index, int):
             return self._block_start(index, _get(event, "content_block"))
@@ -269,11 +281,11 @@ class _Translator:
                     self.tool_inputs[index] or {})))
             return [*out, BlockStop(index=index)]
         if kind == "message_delta":
-            self.usage = _merge_usage(self.usage, _get(event, "usage"))
+            self.wire_usage = _merge_usage(self.wire_usage, _get(event, "usage"))
             reason = _get(_get(event, "delta"), "stop_reason")
             if isinstance(reason, str) and reason:
                 self.stop_reason = reason
-            return [UsageUpdate(usage=self.usage)]
+            return [UsageUpdate(usage=_usage(self.wire_usage))]
         if kind == "message_stop":
             self.stopped = True
             return [MessageStop(stop_reason=self.stop_reason or "end_turn")]
@@ -440,7 +452,7 @@ class AnthropicProvider:
             response = await self._client.messages.create(**params)
         except Exception as exc:
             raise self._raise(exc) from None
-        usage = _merge_usage(Usage(), _get(response, "usage"))
+        usage = _usage(_merge_usage({}, _get(response, "usage")))
         yield MessageStart(response_id=str(_get(response, "id") or ""),
                            model=str(_get(response, "model") or ""))
         for index, block in enumerate(_get(response, "content") or ()):
