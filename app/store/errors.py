@@ -25,3 +25,15 @@ class PreconditionFailed(StoreError):
 
 class Conflict(StoreError):
     """A write lost against a concurrent change (e.g. the run row is no longer running)."""
+
+
+class IdempotencyMismatch(StoreError):
+    """The Idempotency-Key was used before with a different request body."""
+
+
+class IdempotencyInFlight(StoreError):
+    """The first request with this Idempotency-Key is still running."""
+
+    def __init__(self, message: str, *, run_id: str | None) -> None:
+        super().__init__(message)
+        self.run_id = run_id

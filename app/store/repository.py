@@ -13,12 +13,12 @@ not depend on how long the conversation is.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from sqlalchemy import ColumnElement, and_, delete, insert, or_, select, update
+from sqlalchemy import ColumnElement, and_, case, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -28,13 +28,22 @@ from app.agent.records import Compaction, Result
 
 from .changes import TranscriptItem, plan_context_write, run_transcript
 from .db import read_transaction, write_transaction
-from .errors import AlreadyExists, NotFound, PreconditionFailed, StoreError
+from .errors import (
+    AlreadyExists,
+    Conflict,
+    IdempotencyInFlight,
+    IdempotencyMismatch,
+    NotFound,
+    PreconditionFailed,
+    StoreError,
+)
 from .tables import (
     Conversation,
     Run,
     TranscriptEntry,
     context_messages,
     conversations,
+    idempotency_keys,
     make_etag,
     parse_etag,
     run_compactions,
@@ -69,6 +78,36 @@ class RunOutcome:
     stored: bool  # did the run's context become the stored state
     etag: str  # the stored state's ETag after the write (stored or not)
     result_etag: str | None  # the ETag of the run's context, when stored
+    finished_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class IdempotencyClaim:
+    """An ``Idempotency-Key`` presented with a run request."""
+
+    key: str
+    request_hash: str
+    ttl_seconds: int
+
+
+@dataclass(frozen=True)
+class IdempotentReplay:
+    """The stored first answer to a request with the same key and body."""
+
+    run_id: str | None
+    status_code: int
+    response: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StartedRun:
+    """What :meth:`Repository.start_run` did: started the run (``run`` and ``loaded``), found
+    the conversation busy (``active_run_id``), or found the answer already given (``replay``)."""
+
+    run: Run | None = None
+    loaded: Loaded | None = None
+    active_run_id: str | None = None
+    replay: IdempotentReplay | None = None
 
 
 @dataclass(frozen=True)
@@ -288,26 +327,11 @@ class Repository:
         on_failure: OnFailure = "keep",
         run_id: str | None = None,
     ) -> Run:
-        """Record a run that starts (status ``running``)."""
-        values: dict[str, Any] = {
-            "tenant": tenant,
-            "conversation_id": conv_id,
-            "run_id": run_id or str(uuid.uuid4()),
-            "status": "running",
-            "stored": False,
-            "on_failure": on_failure,
-            "agent": agent,
-            "base_etag": base_etag,
-            "result_etag": None,
-            "prompts": dump_messages(prompts),
-            "usage": {},
-            "error": None,
-            "created_at": utcnow(),
-            "finished_at": None,
-            "lease_owner": None,
-            "lease_expires_at": None,
-            "cancel_requested": False,
-        }
+        """Record a run that starts (status ``running``), without a lease."""
+        values = _run_values(
+            tenant, conv_id, run_id or str(uuid.uuid4()), base_etag=base_etag, prompts=prompts,
+            agent=agent, on_failure=on_failure, now=utcnow(),
+        )
         async with write_transaction(self.engine) as conn:
             try:
                 await conn.execute(insert(runs).values(values))
@@ -315,6 +339,157 @@ class Repository:
                 # The foreign key: the conversation does not exist (run ids are fresh uuids).
                 raise NotFound(f"conversation {conv_id!r} not found") from None
         return Run(**values)
+
+    async def start_run(
+        self,
+        tenant: str,
+        conv_id: str,
+        *,
+        run_id: str,
+        if_match: IfMatch | None,
+        prompts: Sequence[UserMessage],
+        agent: str,
+        on_failure: OnFailure,
+        owner: str,
+        lease_seconds: float,
+        idempotency: IdempotencyClaim | None = None,
+    ) -> StartedRun:
+        """Take the conversation's run lease and load its context, in one write transaction.
+
+        In order: :class:`NotFound`; an idempotency key seen before (the stored answer, or
+        :class:`IdempotencyMismatch` / :class:`IdempotencyInFlight`); :class:`PreconditionFailed`
+        when ``if_match`` does not hold; busy when another run holds a live lease (a lease that
+        expired marks its run ``interrupted`` and is taken over). Then the run row, the lease and
+        the idempotency key are written and the context is read under them.
+        """
+        now = utcnow()
+        async with write_transaction(self.engine) as conn:
+            stmt = select(conversations).where(*_conversation_key(tenant, conv_id))
+            if conn.dialect.name == "postgresql":
+                stmt = stmt.with_for_update()
+            found = (await conn.execute(stmt)).mappings().first()
+            if found is None:
+                raise NotFound(f"conversation {conv_id!r} not found")
+            conv = Conversation(**found)
+
+            if idempotency is not None:
+                replay = await _claimed(conn, tenant, conv_id, idempotency, now)
+                if replay is not None:
+                    return StartedRun(replay=replay)
+
+            if if_match is not None and not _etag_matches(conv, if_match):
+                raise PreconditionFailed("the conversation changed", current_etag=conv.etag)
+
+            if conv.active_run_id is not None:
+                holder = (
+                    await conn.execute(
+                        select(runs.c.status, runs.c.lease_expires_at).where(
+                            *_child_key(runs, tenant, conv_id), runs.c.run_id == conv.active_run_id
+                        )
+                    )
+                ).first()
+                if holder is not None and holder.status == "running":
+                    if holder.lease_expires_at is not None and holder.lease_expires_at > now:
+                        return StartedRun(active_run_id=conv.active_run_id)
+                    await _interrupt(conn, tenant, conv_id, conv.active_run_id, now)
+
+            await conn.execute(
+                update(conversations)
+                .where(*_conversation_key(tenant, conv_id))
+                .values(active_run_id=run_id)
+            )
+            values = _run_values(
+                tenant, conv_id, run_id, base_etag=conv.etag, prompts=prompts, agent=agent,
+                on_failure=on_failure, now=now,
+            )
+            values.update(lease_owner=owner,
+                          lease_expires_at=now + timedelta(seconds=lease_seconds))
+            await conn.execute(insert(runs).values(values))
+            if idempotency is not None:
+                await conn.execute(insert(idempotency_keys).values(
+                    tenant=tenant, conversation_id=conv_id, key=idempotency.key,
+                    request_hash=idempotency.request_hash, run_id=run_id, status_code=None,
+                    response=None, created_at=now,
+                    expires_at=now + timedelta(seconds=idempotency.ttl_seconds),
+                ))
+            rows = (
+                await conn.execute(
+                    select(context_messages.c.position, context_messages.c.body)
+                    .where(*_child_key(context_messages, tenant, conv_id))
+                    .order_by(context_messages.c.position)
+                )
+            ).all()
+        loaded = Loaded(
+            context=load_context({
+                "system_prompt": conv.system_prompt, "summary": conv.summary,
+                "messages": [row.body for row in rows],
+            }),
+            etag=conv.etag, version=conv.version, incarnation=conv.incarnation,
+            first_position=rows[0].position if rows else conv.next_position,
+            next_position=conv.next_position,
+        )
+        return StartedRun(run=Run(**values), loaded=loaded)
+
+    async def renew_leases(
+        self, run_ids: Sequence[str], *, owner: str, lease_seconds: float
+    ) -> list[str]:
+        """Extend the leases of this process's running runs; returns those asked to cancel."""
+        if not run_ids:
+            return []
+        now = utcnow()
+        mine = [runs.c.run_id.in_(list(run_ids)), runs.c.lease_owner == owner,
+                runs.c.status == "running"]
+        async with write_transaction(self.engine) as conn:
+            await conn.execute(
+                update(runs).where(*mine)
+                .values(lease_expires_at=now + timedelta(seconds=lease_seconds))
+            )
+            cancelled = (
+                await conn.execute(select(runs.c.run_id).where(*mine, runs.c.cancel_requested))
+            ).scalars().all()
+        return list(cancelled)
+
+    async def interrupt_expired(self) -> int:
+        """Mark runs whose lease expired (their process died) ``interrupted``; free their
+        conversations. Returns how many runs were marked."""
+        now = utcnow()
+        async with write_transaction(self.engine) as conn:
+            expired = (
+                await conn.execute(
+                    select(runs.c.tenant, runs.c.conversation_id, runs.c.run_id).where(
+                        runs.c.status == "running", runs.c.lease_expires_at < now
+                    )
+                )
+            ).all()
+            for row in expired:
+                await _interrupt(conn, row.tenant, row.conversation_id, row.run_id, now)
+        return len(expired)
+
+    async def request_cancel(self, tenant: str, conv_id: str, run_id: str) -> Run:
+        """Flag a running run for cancellation; the process running it stops it.
+
+        :class:`NotFound` for an unknown run, :class:`Conflict` when it is not running.
+        """
+        key = [*_child_key(runs, tenant, conv_id), runs.c.run_id == run_id]
+        async with write_transaction(self.engine) as conn:
+            await conn.execute(
+                update(runs).where(*key, runs.c.status == "running").values(cancel_requested=True)
+            )
+            row = (await conn.execute(select(runs).where(*key))).mappings().first()
+        if row is None:
+            raise NotFound(f"run {run_id!r} not found")
+        run = Run(**row)
+        if run.status != "running":
+            raise Conflict(f"run {run_id!r} is {run.status}, not running")
+        return run
+
+    async def purge_idempotency_keys(self) -> int:
+        """Delete idempotency keys past their retention."""
+        async with write_transaction(self.engine) as conn:
+            done = await conn.execute(
+                delete(idempotency_keys).where(idempotency_keys.c.expires_at < utcnow())
+            )
+        return int(done.rowcount or 0)
 
     async def finish_run(
         self,
@@ -325,6 +500,7 @@ class Repository:
         base: Loaded,
         result: Result,
         store: bool,
+        respond: Callable[[RunOutcome], tuple[int, dict[str, Any]]] | None = None,
     ) -> RunOutcome:
         """Record a run's outcome in ONE write transaction.
 
@@ -332,7 +508,8 @@ class Repository:
         state is still ``base`` (same incarnation and version); otherwise nothing of the context
         is written and the run ends ``conflicted``. Either way the run row is finished, its
         new messages, final and compactions go to the audit tables and the transcript gets every
-        admitted prompt, attempt, tool result and compaction.
+        admitted prompt, attempt, tool result and compaction. The run's lease is released,
+        and ``respond`` (given for requests with an Idempotency-Key) says what answer to keep.
         """
         plan = plan_context_write(base.context, base.first_position, base.next_position, result)
         entries = run_transcript(result, len(base.context.messages), plan)
@@ -340,6 +517,9 @@ class Repository:
         key = _conversation_key(tenant, conv_id)
         same_incarnation = conversations.c.incarnation == base.incarnation
         returning = (conversations.c.version, conversations.c.transcript_seq)
+        release = case(
+            (conversations.c.active_run_id == run_id, None), else_=conversations.c.active_run_id
+        )
 
         async with write_transaction(self.engine) as conn:
             row = None
@@ -356,6 +536,7 @@ class Repository:
                             message_count=len(result.context.messages),
                             transcript_seq=conversations.c.transcript_seq + len(entries),
                             updated_at=now,
+                            active_run_id=release,
                         )
                         .returning(*returning)
                     )
@@ -367,7 +548,10 @@ class Repository:
                     await conn.execute(
                         update(conversations)
                         .where(*key, same_incarnation)
-                        .values(transcript_seq=conversations.c.transcript_seq + len(entries))
+                        .values(
+                            transcript_seq=conversations.c.transcript_seq + len(entries),
+                            active_run_id=release,
+                        )
                         .returning(*returning)
                     )
                 ).first()
@@ -397,6 +581,7 @@ class Repository:
                     usage=result.usage.model_dump(mode="json"),
                     error=result.error.model_dump(mode="json") if result.error else None,
                     finished_at=now,
+                    lease_expires_at=None,
                 )
             )
             if not finished.rowcount:
@@ -406,7 +591,18 @@ class Repository:
             first_seq = row.transcript_seq - len(entries) + 1
             await _insert_transcript(conn, tenant, conv_id, run_id, first_seq, entries, now)
 
-        return RunOutcome(status=status, stored=stored, etag=etag, result_etag=result_etag)
+            outcome = RunOutcome(
+                status=status, stored=stored, etag=etag, result_etag=result_etag, finished_at=now
+            )
+            if respond is not None:
+                status_code, response = respond(outcome)
+                await conn.execute(
+                    update(idempotency_keys)
+                    .where(*_child_key(idempotency_keys, tenant, conv_id),
+                           idempotency_keys.c.run_id == run_id)
+                    .values(status_code=status_code, response=response)
+                )
+        return outcome
 
     async def get_run(self, tenant: str, conv_id: str, run_id: str) -> RunRecord | None:
         """A run with its new messages, final and compactions."""
@@ -418,51 +614,29 @@ class Repository:
             ).mappings().first()
             if row is None:
                 return None
-            run_key = [*_child_key(run_new_messages, tenant, conv_id),
-                       run_new_messages.c.run_id == run_id]
-            new_rows = (
-                await conn.execute(
-                    select(run_new_messages.c.body).where(*run_key).order_by(run_new_messages.c.seq)
-                )
-            ).scalars().all()
-            final_body = (
-                await conn.execute(
-                    select(run_finals.c.body).where(
-                        *_child_key(run_finals, tenant, conv_id), run_finals.c.run_id == run_id
-                    )
-                )
-            ).scalar_one_or_none()
-            compaction_rows = (
-                await conn.execute(
-                    select(run_compactions)
-                    .where(
-                        *_child_key(run_compactions, tenant, conv_id),
-                        run_compactions.c.run_id == run_id,
-                    )
-                    .order_by(run_compactions.c.seq)
-                )
-            ).mappings().all()
-        final = load_message(final_body) if final_body is not None else None
-        assert final is None or isinstance(final, AssistantMessage)
-        return RunRecord(
-            run=Run(**row),
-            new_messages=tuple(load_message(body) for body in new_rows),
-            final=final,
-            compactions=tuple(
-                Compaction.model_validate(
-                    {
-                        "reason": c["reason"],
-                        "folded": c["folded"],
-                        "previous_summary": c["previous_summary"],
-                        "summary": c["summary"],
-                        "tokens_before": c["tokens_before"],
-                        "tokens_after": c["tokens_after"],
-                        "usage": c["usage"],
-                    }
-                )
-                for c in compaction_rows
-            ),
+            [record] = await _records(conn, tenant, conv_id, [Run(**row)])
+        return record
+
+    async def list_run_records(
+        self, tenant: str, conv_id: str, *, after: str | None = None, limit: int = 50
+    ) -> list[RunRecord]:
+        """A page of runs (as :meth:`list_runs`) with their audit records, in four queries."""
+        page = await self.list_runs(tenant, conv_id, after=after, limit=limit)
+        async with read_transaction(self.engine) as conn:
+            return await _records(conn, tenant, conv_id, page)
+
+    async def run_counts(self, tenant: str, conv_ids: Sequence[str]) -> dict[str, int]:
+        """How many runs each of these conversations has."""
+        if not conv_ids:
+            return {}
+        stmt = (
+            select(runs.c.conversation_id, func.count())
+            .where(runs.c.tenant == tenant, runs.c.conversation_id.in_(list(conv_ids)))
+            .group_by(runs.c.conversation_id)
         )
+        async with read_transaction(self.engine) as conn:
+            rows = (await conn.execute(stmt)).all()
+        return {row[0]: int(row[1]) for row in rows}
 
     async def list_runs(
         self, tenant: str, conv_id: str, *, after: str | None = None, limit: int = 50
@@ -526,6 +700,142 @@ def _new_conversation(
         "updated_at": now,
         "active_run_id": None,
     }
+
+
+def _run_values(
+    tenant: str, conv_id: str, run_id: str, *, base_etag: str, prompts: Sequence[UserMessage],
+    agent: str, on_failure: OnFailure, now: datetime,
+) -> dict[str, Any]:
+    return {
+        "tenant": tenant,
+        "conversation_id": conv_id,
+        "run_id": run_id,
+        "status": "running",
+        "stored": False,
+        "on_failure": on_failure,
+        "agent": agent,
+        "base_etag": base_etag,
+        "result_etag": None,
+        "prompts": dump_messages(prompts),
+        "usage": {},
+        "error": None,
+        "created_at": now,
+        "finished_at": None,
+        "lease_owner": None,
+        "lease_expires_at": None,
+        "cancel_requested": False,
+    }
+
+
+def _etag_matches(conv: Conversation, if_match: IfMatch) -> bool:
+    """RFC 9110 If-Match against the current row: ``*``, or any listed strong ETag."""
+    if if_match == "*":
+        return True
+    tags = [if_match] if isinstance(if_match, str) else list(if_match)
+    return any(parse_etag(tag) == (conv.incarnation, conv.version) for tag in tags)
+
+
+async def _claimed(
+    conn: AsyncConnection, tenant: str, conv_id: str, claim: IdempotencyClaim, now: datetime
+) -> IdempotentReplay | None:
+    """What a key seen before means: the stored answer, a refusal, or (expired) nothing."""
+    key = [*_child_key(idempotency_keys, tenant, conv_id), idempotency_keys.c.key == claim.key]
+    row = (await conn.execute(select(idempotency_keys).where(*key))).mappings().first()
+    if row is None:
+        return None
+    if row["expires_at"] <= now:
+        await conn.execute(delete(idempotency_keys).where(*key))
+        return None
+    if row["request_hash"] != claim.request_hash:
+        raise IdempotencyMismatch(
+            f"Idempotency-Key {claim.key!r} was used with a different request body"
+        )
+    if row["response"] is None:
+        raise IdempotencyInFlight(
+            f"the request with Idempotency-Key {claim.key!r} is still running",
+            run_id=row["run_id"],
+        )
+    return IdempotentReplay(
+        run_id=row["run_id"], status_code=int(row["status_code"]), response=row["response"]
+    )
+
+
+async def _interrupt(
+    conn: AsyncConnection, tenant: str, conv_id: str, run_id: str, now: datetime
+) -> None:
+    """A run whose process died: ``interrupted``, nothing stored, conversation freed."""
+    error = {"kind": "internal", "message": "the process running this run went away",
+             "status": None, "code": "interrupted"}
+    await conn.execute(
+        update(runs)
+        .where(*_child_key(runs, tenant, conv_id), runs.c.run_id == run_id,
+               runs.c.status == "running")
+        .values(status="interrupted", finished_at=now, lease_expires_at=None, error=error)
+    )
+    await conn.execute(
+        update(conversations)
+        .where(*_conversation_key(tenant, conv_id), conversations.c.active_run_id == run_id)
+        .values(active_run_id=None)
+    )
+    # An idempotent request whose run died may be sent again: its key is released.
+    await conn.execute(
+        delete(idempotency_keys).where(
+            *_child_key(idempotency_keys, tenant, conv_id), idempotency_keys.c.run_id == run_id,
+            idempotency_keys.c.response.is_(None),
+        )
+    )
+
+
+async def _records(
+    conn: AsyncConnection, tenant: str, conv_id: str, page: Sequence[Run]
+) -> list[RunRecord]:
+    """The audit records of a page of runs: one query per audit table."""
+    if not page:
+        return []
+    ids = [run.run_id for run in page]
+
+    def of(table: Any) -> list[ColumnElement[bool]]:
+        return [*_child_key(table, tenant, conv_id), table.c.run_id.in_(ids)]
+
+    new_rows = (
+        await conn.execute(
+            select(run_new_messages.c.run_id, run_new_messages.c.body)
+            .where(*of(run_new_messages))
+            .order_by(run_new_messages.c.run_id, run_new_messages.c.seq)
+        )
+    ).all()
+    final_rows = (
+        await conn.execute(select(run_finals.c.run_id, run_finals.c.body).where(*of(run_finals)))
+    ).all()
+    compaction_rows = (
+        await conn.execute(
+            select(run_compactions).where(*of(run_compactions))
+            .order_by(run_compactions.c.run_id, run_compactions.c.seq)
+        )
+    ).mappings().all()
+    new_messages: dict[str, list[AnyMessage]] = {i: [] for i in ids}
+    for row in new_rows:
+        new_messages[row.run_id].append(load_message(row.body))
+    finals: dict[str, AssistantMessage] = {}
+    for row in final_rows:
+        final = load_message(row.body)
+        assert isinstance(final, AssistantMessage)
+        finals[row.run_id] = final
+    compactions: dict[str, list[Compaction]] = {i: [] for i in ids}
+    for c in compaction_rows:
+        compactions[c["run_id"]].append(Compaction.model_validate({
+            "reason": c["reason"], "folded": c["folded"],
+            "previous_summary": c["previous_summary"], "summary": c["summary"],
+            "tokens_before": c["tokens_before"], "tokens_after": c["tokens_after"],
+            "usage": c["usage"],
+        }))
+    return [
+        RunRecord(
+            run=run, new_messages=tuple(new_messages[run.run_id]), final=finals.get(run.run_id),
+            compactions=tuple(compactions[run.run_id]),
+        )
+        for run in page
+    ]
 
 
 async def _conversation(conn: AsyncConnection, tenant: str, conv_id: str) -> Conversation | None:
@@ -612,6 +922,8 @@ async def _insert_audit(
 
 
 __all__ = [
+    "IdempotencyClaim",
+    "IdempotentReplay",
     "IfMatch",
     "Loaded",
     "OnFailure",
@@ -619,4 +931,5 @@ __all__ = [
     "RunOutcome",
     "RunRecord",
     "RunStatus",
+    "StartedRun",
 ]

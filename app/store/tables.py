@@ -166,6 +166,9 @@ class Run(SQLModel, table=True):
     __table_args__ = (
         _conversation_fk("fk_runs_conversation"),
         Index("ix_runs_conversation_created", "tenant", "conversation_id", "created_at"),
+        # lease renewal and cancel polling look runs up by id; the sweeper by expiry
+        Index("ix_runs_run_id", "run_id"),
+        Index("ix_runs_status_lease", "status", "lease_expires_at"),
     )
 
     tenant: str = Field(primary_key=True, max_length=TENANT_LEN)

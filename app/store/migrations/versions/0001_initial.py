@@ -110,6 +110,8 @@ def upgrade() -> None:
     op.create_index(
         "ix_runs_conversation_created", "runs", ["tenant", "conversation_id", "created_at"]
     )
+    op.create_index("ix_runs_run_id", "runs", ["run_id"])
+    op.create_index("ix_runs_status_lease", "runs", ["status", "lease_expires_at"])
 
     op.create_table(
         "run_new_messages",
@@ -202,6 +204,8 @@ def downgrade() -> None:
     op.drop_table("run_compactions")
     op.drop_table("run_finals")
     op.drop_table("run_new_messages")
+    op.drop_index("ix_runs_status_lease", table_name="runs")
+    op.drop_index("ix_runs_run_id", table_name="runs")
     op.drop_index("ix_runs_conversation_created", table_name="runs")
     op.drop_table("runs")
     op.drop_table("context_messages")

@@ -1,0 +1,99 @@
+"""The FastAPI application: routes, problem handlers, middleware, and the services' lifetime."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import Response
+from fastapi.routing import APIRoute
+
+from app import __version__
+from app.config import Settings, get_settings
+from app.observability import MetricsMiddleware
+from app.service.agents import AgentPool, MissingProviderKey, UnknownAgent
+from app.service.runs import RunManager
+from app.store.db import make_engine
+from app.store.repository import Repository
+
+from .deps import Services
+from .limits import BodyLimitMiddleware
+from .problems import NOT_READY, Problem, install_problem_handlers, validation_error
+from .routes import conversations, health, runs, transcript
+
+DESCRIPTION = """\
+Carryover stores each conversation's state and continues it run after run: it loads the
+stored Context, runs the agent on new prompts, and stores the returned Context with a
+conditional write, so a stale writer never overwrites a newer state.
+
+Every error is an RFC 9457 `application/problem+json` with a stable `type`.
+"""
+
+
+def _operation_id(route: APIRoute) -> str:
+    """Readable operation ids for generated clients (``create_run``, not ``create_run_post``)."""
+    return route.name
+
+
+def create_app(settings: Settings | None = None, *, agents: AgentPool | None = None) -> FastAPI:
+    """Build the app. Tests pass settings (and a pool with fake agents); ``carryover serve``
+    calls it without arguments, so the environment configures it."""
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = make_engine(settings.database_url)
+        pool = agents or AgentPool(settings)
+        repo = Repository(engine)
+        manager = RunManager(repo, pool, settings)
+        app.state.services = Services(settings=settings, repo=repo, agents=pool, runs=manager)
+        await manager.start_keeper()
+        try:
+            yield
+        finally:
+            await manager.aclose()
+            await pool.aclose()
+            await engine.dispose()
+
+    app = FastAPI(
+        title="Carryover",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        generate_unique_id_function=_operation_id,
+    )
+    install_problem_handlers(app)
+
+    async def unknown_agent(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, UnknownAgent)
+        return validation_error([{"path": "body.agent", "message": str(exc)}]).response()
+
+    async def missing_key(request: Request, exc: Exception) -> Response:
+        return Problem(NOT_READY, str(exc)).response()
+
+    app.add_exception_handler(UnknownAgent, unknown_agent)
+    app.add_exception_handler(MissingProviderKey, missing_key)
+
+    for module in (conversations, runs, transcript, health):
+        app.include_router(module.router)
+
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "POST", "PUT", "DELETE", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type", "If-Match", "If-None-Match",
+                           "Prefer", "Idempotency-Key", "Accept"],
+            expose_headers=["ETag", "Location", "Retry-After", "Idempotent-Replayed"],
+        )
+    app.add_middleware(MetricsMiddleware)
+    return app
+
+
+def openapi_document() -> dict[str, Any]:
+    """The document the app serves, without starting it (``carryover openapi`` writes it)."""
+    return create_app(Settings()).openapi()

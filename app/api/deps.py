@@ -1,0 +1,131 @@
+"""Request dependencies: the app's services, the caller's tenant, and header parsing."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import Depends, Header, Path, Query, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from app.config import Settings
+from app.service.agents import AgentPool
+from app.service.runs import RunManager
+from app.store.repository import IfMatch, Repository
+
+from .etags import parse_condition
+from .problems import BAD_CURSOR, UNAUTHORIZED, Problem, limit_exceeded
+from .schemas import CONVERSATION_ID_PATTERN
+
+DEFAULT_TENANT = "default"
+
+
+@dataclass
+class Services:
+    """What the app holds for its lifetime (``app.state.services``)."""
+
+    settings: Settings
+    repo: Repository
+    agents: AgentPool
+    runs: RunManager
+
+
+def services(request: Request) -> Services:
+    found: Services = request.app.state.services
+    return found
+
+
+ServicesDep = Annotated[Services, Depends(services)]
+
+_bearer = HTTPBearer(auto_error=False, description="An API key bound to a tenant")
+
+
+async def tenant(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> str:
+    """The caller's tenant. Without configured keys everything is the ``default`` tenant."""
+    svc = services(request)
+    keys = svc.settings.api_keys
+    if not keys:
+        return DEFAULT_TENANT
+    challenge = {"WWW-Authenticate": 'Bearer realm="carryover"'}
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise Problem(UNAUTHORIZED, "send an API key as 'Authorization: Bearer <key>'",
+                      headers=challenge)
+    found = keys.tenant_for(credentials.credentials)
+    if found is None:
+        raise Problem(UNAUTHORIZED, "the API key is not valid", headers=challenge)
+    return found
+
+
+TenantDep = Annotated[str, Depends(tenant)]
+
+ConversationPath = Annotated[
+    str,
+    Path(pattern=CONVERSATION_ID_PATTERN, max_length=128,
+         description="Conversation id: 1-128 of A-Z a-z 0-9 . _ : -, starting alphanumeric"),
+]
+RunIdPath = Annotated[str, Path(max_length=64, description="Run id")]
+
+IfMatchHeader = Annotated[
+    str | None,
+    Header(alias="If-Match", description="Proceed only if the stored context has one of these "
+                                         "strong ETags (RFC 9110); `*` matches any"),
+]
+IfNoneMatchHeader = Annotated[
+    str | None,
+    Header(alias="If-None-Match", description="GET: answer 304 if the ETag still matches. "
+                                              "PUT: `*` creates only if absent"),
+]
+
+
+def if_match_value(header: str | None) -> IfMatch | None:
+    """The store's form of an If-Match header (400 ``bad-header`` when malformed)."""
+    condition = parse_condition(header, "If-Match")
+    if condition is None:
+        return None
+    if condition.any:
+        return "*"
+    return [str(tag) for tag in condition.tags]
+
+
+# --- cursors -----------------------------------------------------------------------------
+
+
+def encode_cursor(value: Any) -> str:
+    raw = json.dumps({"after": value}, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str | None, kind: type) -> Any:
+    """The position a cursor stands for; 400 ``bad-cursor`` for anything we did not issue."""
+    if cursor is None:
+        return None
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        data = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")))
+        value = data["after"]
+    except (ValueError, KeyError, TypeError, binascii.Error, UnicodeError):
+        raise Problem(BAD_CURSOR, "the cursor is not one this API issued") from None
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise Problem(BAD_CURSOR, "the cursor is not one this API issued")
+    return value
+
+
+def page_limit(settings: Settings, limit: int | None) -> int:
+    """The page size asked for, within ``max_page_size`` (422 ``limit-exceeded`` beyond)."""
+    if limit is None:
+        return settings.default_page_size
+    if limit > settings.max_page_size:
+        raise limit_exceeded("max_page_size", settings.max_page_size, limit)
+    return limit
+
+
+CursorQuery = Annotated[
+    str | None, Query(max_length=512, description="`next_cursor` of the previous page")
+]
+LimitQuery = Annotated[int | None, Query(ge=1, le=1000, description="Page size")]

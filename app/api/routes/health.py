@@ -1,0 +1,50 @@
+"""Liveness, readiness and metrics (SPEC §4)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
+
+from app.observability import render_metrics
+from app.store.migrate import current_revision, head_revision
+
+from ..deps import ServicesDep
+from ..schemas import Health, Readiness
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", response_model=Health, operation_id="healthz")
+async def healthz() -> Health:
+    """The process is up."""
+    return Health(status="ok")
+
+
+@router.get(
+    "/readyz", response_model=Readiness,
+    responses={503: {"model": Readiness, "description": "Not ready"}}, operation_id="readyz",
+)
+async def readyz(svc: ServicesDep) -> Response:
+    """Ready when the database answers and its schema is at the head revision."""
+    expected = head_revision()
+    try:
+        revision = await current_revision(svc.repo.engine)
+        reachable = True
+    except Exception:
+        revision, reachable = None, False
+    ready = reachable and revision == expected
+    body = Readiness(status="ready" if ready else "not_ready", database=reachable,
+                     schema_revision=revision, expected_revision=expected)
+    return JSONResponse(body.model_dump(mode="json"), status_code=200 if ready else 503)
+
+
+@router.get(
+    "/metrics",
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                     "description": "Prometheus text exposition"}},
+    operation_id="metrics",
+)
+async def metrics() -> Response:
+    """Prometheus metrics."""
+    body, content_type = render_metrics()
+    return Response(body, media_type=content_type)

@@ -1,0 +1,360 @@
+"""Runs (SPEC §4): start one (JSON or server-sent events), list, get, cancel; compact now."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Header, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.agent.codec import dump_message
+from app.agent.events import (
+    CompactionCompleted,
+    Delta,
+    MessageCompleted,
+    RunEvent,
+    ToolFinished,
+    ToolStarted,
+)
+from app.agent.providers import base as provider_events
+from app.service.runs import ActiveRun, Busy, Replayed
+from app.service.views import record_view
+from app.store.errors import (
+    Conflict,
+    IdempotencyInFlight,
+    IdempotencyMismatch,
+    NotFound,
+    PreconditionFailed,
+)
+
+from ..deps import (
+    ConversationPath,
+    CursorQuery,
+    IfMatchHeader,
+    LimitQuery,
+    RunIdPath,
+    ServicesDep,
+    TenantDep,
+    decode_cursor,
+    encode_cursor,
+    if_match_value,
+    page_limit,
+)
+from ..headers import ETAG_HEADER, LOCATION_HEADER, RETRY_AFTER_HEADER
+from ..limits import check_prompts
+from ..problems import (
+    BAD_HEADER,
+    IDEMPOTENCY_KEY_IN_FLIGHT,
+    IDEMPOTENCY_KEY_MISMATCH,
+    NOT_FOUND,
+    PRECONDITION_FAILED,
+    RUN_IN_PROGRESS,
+    RUN_NOT_ACTIVE,
+    VALIDATION_ERROR,
+    Problem,
+    problem_responses,
+    run_in_progress,
+)
+from ..schemas import Run, RunCreate, RunPage
+
+router = APIRouter(tags=["runs"])
+
+PreferHeader = Annotated[
+    str | None,
+    Header(alias="Prefer", description="`return=minimal` (RFC 7240) leaves `context` out of "
+                                       "the answer"),
+]
+IdempotencyKeyHeader = Annotated[
+    str | None,
+    Header(alias="Idempotency-Key", max_length=255,
+           description="Repeat a request safely: the same key and body replay the first answer"),
+]
+AcceptHeader = Annotated[
+    str | None,
+    Header(alias="Accept", description="`text/event-stream` streams the run as server-sent "
+                                       "events"),
+]
+
+SSE_DESCRIPTION = (
+    "With `Accept: text/event-stream` or `\"stream\": true`: server-sent events `run.started`, "
+    "`delta` (text, thinking and tool-call parts), `message` (each completed message), "
+    "`tool.started`, `tool.finished`, `compaction`, and last `run.finished` carrying the same "
+    "body as the JSON answer."
+)
+
+
+def _location(conversation_id: str, run_id: str) -> str:
+    return f"/conversations/{conversation_id}/runs/{run_id}"
+
+
+def _minimal(prefer: str | None) -> bool:
+    if not prefer:
+        return False
+    preferences = {p.strip().lower() for part in prefer.split(",") for p in part.split(";")}
+    return "return=minimal" in preferences
+
+
+def _idempotency_key(value: str | None) -> str | None:
+    if value is None:
+        return None
+    key = value.strip()
+    if key.startswith('"') and key.endswith('"') and len(key) >= 2:
+        key = key[1:-1]  # the draft defines the key as an sf-string
+    if not key or not all(0x20 <= ord(c) < 0x7F for c in key):
+        raise Problem(BAD_HEADER, "Idempotency-Key must be a non-empty string of visible ASCII",
+                      header="Idempotency-Key")
+    return key
+
+
+def _not_found(conversation_id: str) -> Problem:
+    return Problem(NOT_FOUND, f"conversation {conversation_id!r} not found")
+
+
+@router.post(
+    "/conversations/{conversation_id}/runs",
+    status_code=201,
+    response_model=Run,
+    responses={
+        201: {
+            "description": "The run started and ended; its record. " + SSE_DESCRIPTION,
+            "headers": {"Location": LOCATION_HEADER, "ETag": ETAG_HEADER},
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        },
+        409: {
+            "description": "Another run is in progress (`run-in-progress`), or the first "
+                           "request with this Idempotency-Key still runs",
+            "headers": {"Retry-After": RETRY_AFTER_HEADER},
+            "content": {"application/problem+json": {
+                "schema": {"$ref": "#/components/schemas/ProblemDetails"}}},
+        },
+        **problem_responses(400, 404, PRECONDITION_FAILED, 413, 422),
+    },
+    operation_id="create_run",
+)
+async def create_run(
+    request: Request,
+    svc: ServicesDep,
+    tenant: TenantDep,
+    conversation_id: ConversationPath,
+    body: RunCreate,
+    if_match: IfMatchHeader = None,
+    prefer: PreferHeader = None,
+    idempotency_key: IdempotencyKeyHeader = None,
+    accept: AcceptHeader = None,
+) -> Response:
+    """Run the agent on new prompts and store the returned context conditionally."""
+    prompts = body.user_messages()
+    check_prompts(svc.settings, prompts)
+    stream = body.stream or "text/event-stream" in (accept or "")
+    minimal = _minimal(prefer)
+    try:
+        started = await svc.runs.start(
+            tenant, conversation_id, body, if_match=if_match_value(if_match),
+            idempotency_key=_idempotency_key(idempotency_key), minimal=minimal, stream=stream,
+        )
+    except NotFound:
+        raise _not_found(conversation_id) from None
+    except PreconditionFailed as exc:
+        raise Problem(PRECONDITION_FAILED, "If-Match does not match the stored context; "
+                      "nothing ran", current_etag=exc.current_etag) from None
+    except Busy as exc:
+        raise run_in_progress(exc.active_run_id, int(exc.retry_after)) from None
+    except IdempotencyMismatch as exc:
+        raise Problem(IDEMPOTENCY_KEY_MISMATCH, str(exc)) from None
+    except IdempotencyInFlight as exc:
+        raise Problem(IDEMPOTENCY_KEY_IN_FLIGHT, str(exc), run_id=exc.run_id,
+                      headers={"Retry-After": "1"}) from None
+
+    if isinstance(started, Replayed):
+        replay = started.body
+        headers = {"Idempotent-Replayed": "true"}
+        if replay.get("etag"):
+            headers["ETag"] = replay["etag"]
+        if replay.get("run_id"):
+            headers["Location"] = _location(conversation_id, replay["run_id"])
+        return JSONResponse(replay, status_code=started.status_code, headers=headers)
+
+    location = _location(conversation_id, started.run_id)
+    if stream:
+        return StreamingResponse(
+            _events(svc.runs, started, body.on_disconnect, minimal), status_code=201,
+            media_type="text/event-stream",
+            headers={"Location": location, "Cache-Control": "no-store",
+                     "X-Accel-Buffering": "no"},
+        )
+    view = await svc.runs.wait(
+        started, on_disconnect=body.on_disconnect, disconnected=request.is_disconnected
+    )
+    headers = {"Location": location}
+    if view.etag:
+        headers["ETag"] = view.etag
+    return JSONResponse(view.body(minimal=minimal), status_code=201, headers=headers)
+
+
+def _sse(event: str, data: Any) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+def _event_payload(event: RunEvent) -> tuple[str, Any] | None:
+    match event:
+        case Delta(event=provider_events.TextDelta(index=i, text=text)):
+            return "delta", {"kind": "text", "index": i, "text": text}
+        case Delta(event=provider_events.ThinkingDelta(index=i, thinking=text)):
+            return "delta", {"kind": "thinking", "index": i, "text": text}
+        case Delta(event=provider_events.ToolCallStart(index=i, id=call_id, name=name)):
+            return "delta", {"kind": "tool_call", "index": i, "id": call_id, "name": name}
+        case Delta(event=provider_events.ToolCallDelta(index=i, arguments=args)):
+            return "delta", {"kind": "tool_call_arguments", "index": i, "text": args}
+        case Delta():
+            return None
+        case MessageCompleted(message=message):
+            return "message", dump_message(message)
+        case ToolStarted(call=call):
+            return "tool.started", call.model_dump(mode="json")
+        case ToolFinished(result=result):
+            return "tool.finished", dump_message(result)
+        case CompactionCompleted(compaction=compaction):
+            return "compaction", compaction.model_dump(mode="json")
+    return None
+
+
+async def _events(
+    manager: Any, active: ActiveRun, on_disconnect: str, minimal: bool
+) -> AsyncIterator[bytes]:
+    """The run as server-sent events. A client that goes away cancels the run only with
+    ``on_disconnect: cancel``; the run's task is separate from this response."""
+    assert active.events is not None
+    try:
+        run = active.started.run
+        assert run is not None
+        yield _sse("run.started", {"run_id": active.run_id,
+                                   "conversation_id": active.conversation_id,
+                                   "base_etag": run.base_etag})
+        while True:
+            event = await active.events.get()
+            if event is None:
+                break
+            payload = _event_payload(event)
+            if payload is not None:
+                yield _sse(*payload)
+        view = await asyncio.shield(active.done)
+        yield _sse("run.finished", view.body(minimal=minimal))
+    except asyncio.CancelledError:
+        if on_disconnect == "cancel" and active.task is not None:
+            active.task.cancel()
+        raise
+
+
+@router.get(
+    "/conversations/{conversation_id}/runs", response_model=RunPage,
+    responses=problem_responses(400, 404, 422), operation_id="list_runs",
+)
+async def list_runs(
+    svc: ServicesDep, tenant: TenantDep, conversation_id: ConversationPath,
+    cursor: CursorQuery = None, limit: LimitQuery = None,
+) -> RunPage:
+    """The conversation's runs, oldest first, as full records (without their context)."""
+    size = page_limit(svc.settings, limit)
+    after = decode_cursor(cursor, str)
+    try:
+        records = await svc.repo.list_run_records(
+            tenant, conversation_id, after=after, limit=size + 1
+        )
+    except NotFound:
+        raise _not_found(conversation_id) from None
+    more = len(records) > size
+    records = records[:size]
+    return RunPage(
+        items=[record_view(r).model for r in records],
+        next_cursor=encode_cursor(records[-1].run.run_id) if more else None,
+    )
+
+
+@router.get(
+    "/conversations/{conversation_id}/runs/{run_id}", response_model=Run,
+    responses=problem_responses(404, 422), operation_id="get_run",
+)
+async def get_run(
+    svc: ServicesDep, tenant: TenantDep, conversation_id: ConversationPath, run_id: RunIdPath
+) -> Run:
+    """One run record: status, timings, usage, error, ETags, new messages, final, compactions."""
+    record = await svc.repo.get_run(tenant, conversation_id, run_id)
+    if record is None:
+        raise Problem(NOT_FOUND, f"run {run_id!r} not found in conversation {conversation_id!r}")
+    return record_view(record).model
+
+
+@router.post(
+    "/conversations/{conversation_id}/runs/{run_id}/cancel",
+    status_code=202, response_model=Run,
+    responses=problem_responses(404, RUN_NOT_ACTIVE, 422),
+    operation_id="cancel_run",
+)
+async def cancel_run(
+    svc: ServicesDep, tenant: TenantDep, conversation_id: ConversationPath, run_id: RunIdPath
+) -> Run:
+    """Ask an in-flight run to stop, from any replica. It ends `cancelled` within about a
+    second and is stored per its `on_failure`; this answers at once with its record."""
+    try:
+        await svc.runs.cancel(tenant, conversation_id, run_id)
+    except NotFound:
+        raise Problem(NOT_FOUND, f"run {run_id!r} not found in conversation {conversation_id!r}"
+                      ) from None
+    except Conflict as exc:
+        raise Problem(RUN_NOT_ACTIVE, str(exc)) from None
+    record = await svc.repo.get_run(tenant, conversation_id, run_id)
+    if record is None:  # deleted meanwhile
+        raise Problem(NOT_FOUND, f"run {run_id!r} not found")
+    return record_view(record).model
+
+
+class CompactRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    agent: str = Field(default="default", min_length=1, max_length=64,
+                       description="The agent profile whose provider writes the summary")
+
+
+@router.post(
+    "/conversations/{conversation_id}/compact",
+    status_code=201, response_model=Run,
+    responses={
+        201: {"description": "The compaction's run record (no compaction when there was "
+                             "nothing to fold)",
+              "headers": {"Location": LOCATION_HEADER, "ETag": ETAG_HEADER}},
+        409: {"description": "Another run is in progress",
+              "headers": {"Retry-After": RETRY_AFTER_HEADER},
+              "content": {"application/problem+json": {
+                  "schema": {"$ref": "#/components/schemas/ProblemDetails"}}}},
+        **problem_responses(400, 404, PRECONDITION_FAILED, 422),
+    },
+    operation_id="compact_conversation",
+)
+async def compact(
+    svc: ServicesDep, tenant: TenantDep, conversation_id: ConversationPath,
+    body: Annotated[CompactRequest | None, Body()] = None,
+    if_match: IfMatchHeader = None, prefer: PreferHeader = None,
+) -> Response:
+    """Fold all but the current turn into the summary now."""
+    body = body or CompactRequest()
+    try:
+        view = await svc.runs.compact(tenant, conversation_id, body.agent,
+                                      if_match_value(if_match))
+    except NotFound:
+        raise _not_found(conversation_id) from None
+    except PreconditionFailed as exc:
+        raise Problem(PRECONDITION_FAILED, "If-Match does not match the stored context",
+                      current_etag=exc.current_etag) from None
+    except Busy as exc:
+        raise run_in_progress(exc.active_run_id, int(exc.retry_after)) from None
+    headers = {"Location": _location(conversation_id, view.model.run_id)}
+    if view.etag:
+        headers["ETag"] = view.etag
+    return JSONResponse(view.body(minimal=_minimal(prefer)), status_code=201, headers=headers)
+
+
+__all__ = ["RUN_IN_PROGRESS", "VALIDATION_ERROR", "router"]

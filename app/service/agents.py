@@ -1,0 +1,93 @@
+"""Agents by profile name: each profile of the configuration becomes one shared Agent.
+
+An Agent keeps nothing between runs, so one per profile serves every conversation; its provider
+holds the HTTP connection pool. Agents are built on first use and closed with the app.
+"""
+
+from __future__ import annotations
+
+from app.agent.providers.base import Provider
+from app.agent.providers.echo import EchoProvider
+from app.agent.retry import RetryPolicy
+from app.agent.run import Agent, AgentConfig
+from app.agent.tools import ToolRegistry
+from app.config import AgentProfile, Settings
+
+
+class UnknownAgent(LookupError):
+    def __init__(self, name: str, known: list[str]) -> None:
+        super().__init__(f"no agent profile named {name!r}; configured: {', '.join(known)}")
+        self.name = name
+
+
+class MissingProviderKey(RuntimeError):
+    """A profile names a real provider but its API key is not configured."""
+
+
+def build_provider(profile: AgentProfile) -> Provider:
+    if profile.provider == "echo":
+        return EchoProvider(model=profile.model)
+    key = profile.api_key.get_secret_value() if profile.api_key is not None else ""
+    if not key:
+        env = profile.api_key_env or (
+            "OPENAI_API_KEY" if profile.provider == "openai" else "ANTHROPIC_API_KEY"
+        )
+        if profile.provider == "anthropic" or profile.base_url is None:
+            raise MissingProviderKey(f"the {profile.provider} provider needs {env} to be set")
+        key = "unused"  # local OpenAI-compatible servers (Ollama, vLLM, ...) take no key
+    if profile.provider == "openai":
+        from app.agent.providers.openai import OpenAIProvider
+
+        return OpenAIProvider(api_key=key, base_url=profile.base_url, model=profile.model)
+    from app.agent.providers.anthropic import AnthropicProvider
+
+    return AnthropicProvider(
+        api_key=key, base_url=profile.base_url, model=profile.model,
+        max_tokens=profile.max_output_tokens or 8192, thinking_budget=profile.thinking_budget,
+    )
+
+
+def build_agent(profile: AgentProfile, provider: Provider | None = None) -> Agent:
+    tools = ToolRegistry.from_paths(profile.tools, default_timeout=profile.tool_timeout)
+    return Agent(AgentConfig(
+        provider=provider or build_provider(profile),
+        model=profile.model,
+        tools=tools,
+        context_window=profile.context_window,
+        compact_at=profile.compact_at,
+        max_turns=profile.max_turns,
+        max_output_tokens=profile.max_output_tokens,
+        retry=RetryPolicy(max_retries=profile.max_retries),
+    ))
+
+
+class AgentPool:
+    """The configured agents, built lazily and shared by every request."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._profiles = settings.profiles()
+        self._agents: dict[str, Agent] = {}
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._profiles)
+
+    def get(self, name: str) -> Agent:
+        agent = self._agents.get(name)
+        if agent is None:
+            profile = self._profiles.get(name)
+            if profile is None:
+                raise UnknownAgent(name, self.names)
+            agent = self._agents[name] = build_agent(profile)
+        return agent
+
+    def put(self, name: str, agent: Agent) -> None:
+        """Install a ready agent under a profile name (tests use fakes this way)."""
+        self._agents[name] = agent
+        if name not in self._profiles:
+            self._profiles = {**self._profiles, name: AgentProfile()}
+
+    async def aclose(self) -> None:
+        for agent in self._agents.values():
+            await agent.provider.aclose()
+        self._agents.clear()
