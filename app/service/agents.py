@@ -6,12 +6,19 @@ holds the HTTP connection pool. Agents are built on first use and closed with th
 
 from __future__ import annotations
 
+import os
+
+from pydantic import SecretStr
+
 from app.agent.providers.base import Provider
 from app.agent.providers.echo import EchoProvider
 from app.agent.retry import RetryPolicy
 from app.agent.run import Agent, AgentConfig
 from app.agent.tools import ToolRegistry
-from app.config import AgentProfile, Settings
+from app.config import PROVIDER_KEY_ENV, AgentProfile, Settings
+
+#: ``max_tokens`` sent to Anthropic when a profile does not set ``max_output_tokens``
+DEFAULT_ANTHROPIC_MAX_TOKENS = 8192
 
 
 class UnknownAgent(LookupError):
@@ -24,14 +31,30 @@ class MissingProviderKey(RuntimeError):
     """A profile names a real provider but its API key is not configured."""
 
 
+def with_key(profile: AgentProfile, settings: Settings) -> AgentProfile:
+    """``profile`` with its API key, when it has none yet: from the variable it names in
+    ``api_key_env``, else from ``OPENAI_API_KEY`` / ``ANTHROPIC_API_KEY`` as the settings read
+    them. Profiles of the TOML file and the environment arrive resolved; those given as
+    ``Settings(agents=...)`` (or ``CARRYOVER_AGENTS``) do not."""
+    if profile.api_key is not None or profile.provider == "echo":
+        return profile
+    if profile.api_key_env:
+        value = os.environ.get(profile.api_key_env, "")
+    else:
+        secret = {"openai": settings.openai_api_key,
+                  "anthropic": settings.anthropic_api_key}.get(profile.provider)
+        value = secret.get_secret_value() if secret is not None else ""
+    if not value.strip():
+        return profile
+    return profile.model_copy(update={"api_key": SecretStr(value)})
+
+
 def build_provider(profile: AgentProfile) -> Provider:
     if profile.provider == "echo":
         return EchoProvider(model=profile.model)
     key = profile.api_key.get_secret_value() if profile.api_key is not None else ""
     if not key:
-        env = profile.api_key_env or (
-            "OPENAI_API_KEY" if profile.provider == "openai" else "ANTHROPIC_API_KEY"
-        )
+        env = profile.api_key_env or PROVIDER_KEY_ENV[profile.provider]
         if profile.provider == "anthropic" or profile.base_url is None:
             raise MissingProviderKey(f"the {profile.provider} provider needs {env} to be set")
         key = "unused"  # local OpenAI-compatible servers (Ollama, vLLM, ...) take no key
@@ -41,9 +64,14 @@ def build_provider(profile: AgentProfile) -> Provider:
         return OpenAIProvider(api_key=key, base_url=profile.base_url, model=profile.model)
     from app.agent.providers.anthropic import AnthropicProvider
 
+    # Anthropic refuses a request whose max_tokens does not exceed the thinking budget (the
+    # profile checks that only when it sets both): the default leaves room for the answer.
+    max_tokens = profile.max_output_tokens or (
+        DEFAULT_ANTHROPIC_MAX_TOKENS + (profile.thinking_budget or 0)
+    )
     return AnthropicProvider(
         api_key=key, base_url=profile.base_url, model=profile.model,
-        max_tokens=profile.max_output_tokens or 8192, thinking_budget=profile.thinking_budget,
+        max_tokens=max_tokens, thinking_budget=profile.thinking_budget,
     )
 
 
@@ -65,7 +93,9 @@ class AgentPool:
     """The configured agents, built lazily and shared by every request."""
 
     def __init__(self, settings: Settings) -> None:
-        self._profiles = settings.profiles()
+        self._profiles = {
+            name: with_key(profile, settings) for name, profile in settings.profiles().items()
+        }
         self._agents: dict[str, Agent] = {}
 
     @property
