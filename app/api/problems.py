@@ -303,6 +303,11 @@ def _error_path(
             tag_skipped = False
             continue
         if isinstance(current, dict):
+            if not tag_skipped and current.get("type") == segment:
+                # the tag of a discriminated union, even when a field has the same name
+                # (a text block's tag "text" and its field "text")
+                tag_skipped = True
+                continue
             if segment in current:
                 path += f".{segment}"
                 current = current[segment]
