@@ -214,6 +214,23 @@ async def put_context(
         raise unreplayable_context(exc.index, str(exc)) from None
     from app.store.errors import NotFound, PreconditionFailed
 
+    async def precondition_failed(current_etag: str | None) -> Problem:
+        if current_etag is None:  # If-None-Match: * found the conversation
+            conv = await svc.repo.get_conversation(tenant, conversation_id)
+            current_etag = conv.etag if conv is not None else None
+        return Problem(PRECONDITION_FAILED, "the precondition does not hold for the stored "
+                       "context", current_etag=current_etag)
+
+    if match is not None and none_match is not None:
+        # RFC 9110 §13.2.2: If-Match, then If-None-Match. If-Match needs the conversation to
+        # exist, and If-None-Match then fails when it names the current ETag (or is "*").
+        conv = await svc.repo.get_conversation(tenant, conversation_id)
+        if conv is None:
+            raise not_found(conversation_id)
+        outcome = evaluate_preconditions(if_match=if_match, if_none_match=if_none_match,
+                                         current=conv.etag, safe_method=False)
+        if outcome != "proceed":
+            raise await precondition_failed(conv.etag)
     try:
         if match is not None:
             etag = await svc.repo.replace_context(tenant, conversation_id, context, if_match=match)
@@ -222,8 +239,7 @@ async def put_context(
     except NotFound:
         raise not_found(conversation_id) from None
     except PreconditionFailed as exc:
-        raise Problem(PRECONDITION_FAILED, "the precondition does not hold for the stored context",
-                      current_etag=exc.current_etag) from None
+        raise await precondition_failed(exc.current_etag) from None
     return JSONResponse(
         context.model_dump(mode="json"), status_code=201,
         headers={"ETag": etag, "Location": f"/conversations/{conversation_id}"},
