@@ -109,7 +109,9 @@ class Run(BaseModel):
     status: RunStatus
     stored: bool = Field(description="Did this run's context become the stored state?")
     etag: str | None = Field(
-        description="ETag of the stored state after this run (also in the ETag header)"
+        description="In the answer to a run: the ETag of the stored state after it (also in "
+                    "the ETag header). In a run record: the ETag its context was stored under, "
+                    "null when it was not stored"
     )
     base_etag: str
     on_failure: Literal["keep", "discard"]

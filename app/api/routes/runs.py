@@ -256,7 +256,7 @@ async def _events(
 async def list_runs(
     svc: ServicesDep, tenant: TenantDep, conversation_id: ConversationPath,
     cursor: CursorQuery = None, limit: LimitQuery = None,
-) -> RunPage:
+) -> Response:
     """The conversation's runs, oldest first, as full records (without their context)."""
     size = page_limit(svc.settings, limit)
     after = decode_cursor(cursor, str)
@@ -268,10 +268,11 @@ async def list_runs(
         raise _not_found(conversation_id) from None
     more = len(records) > size
     records = records[:size]
-    return RunPage(
-        items=[record_view(r).model for r in records],
-        next_cursor=encode_cursor(records[-1].run.run_id) if more else None,
-    )
+    # Records leave out ``context`` (not ``"context": null``), as a minimal POST answer does.
+    return JSONResponse({
+        "items": [record_view(r).body() for r in records],
+        "next_cursor": encode_cursor(records[-1].run.run_id) if more else None,
+    })
 
 
 @router.get(
@@ -280,12 +281,12 @@ async def list_runs(
 )
 async def get_run(
     svc: ServicesDep, tenant: TenantDep, conversation_id: ConversationPath, run_id: RunIdPath
-) -> Run:
+) -> Response:
     """One run record: status, timings, usage, error, ETags, new messages, final, compactions."""
     record = await svc.repo.get_run(tenant, conversation_id, run_id)
     if record is None:
         raise Problem(NOT_FOUND, f"run {run_id!r} not found in conversation {conversation_id!r}")
-    return record_view(record).model
+    return JSONResponse(record_view(record).body())
 
 
 @router.post(
@@ -296,7 +297,7 @@ async def get_run(
 )
 async def cancel_run(
     svc: ServicesDep, tenant: TenantDep, conversation_id: ConversationPath, run_id: RunIdPath
-) -> Run:
+) -> Response:
     """Ask an in-flight run to stop, from any replica. It ends `cancelled` within about a
     second and is stored per its `on_failure`; this answers at once with its record."""
     try:
@@ -309,7 +310,7 @@ async def cancel_run(
     record = await svc.repo.get_run(tenant, conversation_id, run_id)
     if record is None:  # deleted meanwhile
         raise Problem(NOT_FOUND, f"run {run_id!r} not found")
-    return record_view(record).model
+    return JSONResponse(record_view(record).body(), status_code=202)
 
 
 class CompactRequest(BaseModel):
