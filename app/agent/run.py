@@ -241,7 +241,9 @@ class Agent:
             except ProviderError as exc:
                 will_retry = exc.kind == "retryable" and retries < policy.max_retries
                 if not will_retry and retries:
-                    exc.message = f"{exc.message} (after {retries} retries)"
+                    exc.message = (
+                        f"{exc.message} (after {retries} {'retry' if retries == 1 else 'retries'})"
+                    )
                 if state is not None and (builder.has_content or not will_retry):
                     await self._record(state, emit, builder.failed(_error(exc)))
                 if will_retry:

@@ -29,8 +29,15 @@ _OVERFLOW_PATTERNS = re.compile(
 )
 
 # Anything that looks like an API key, including the masked forms servers echo back
-# (``sk-proj-abc***wxyz``).
-_KEY_LIKE = re.compile(r"\bsk-[A-Za-z0-9_\-*.]{4,}")
+# (``sk-proj-abc***wxyz``), and any masked secret whatever its prefix (``gsk_****wxyz``,
+# ``tea******wxyz``): a run of asterisks with the visible ends of a key around it.
+_KEY_LIKE = re.compile(r"\bsk-[A-Za-z0-9_\-*.]{4,}|[A-Za-z0-9_\-.]*\*{3,}[A-Za-z0-9_\-.]*")
+
+# What an error status means for the person reading the run's error.
+_STATUS_MEANING = {
+    401: "authentication failed (check the API key)",
+    403: "permission denied (check the API key's permissions)",
+}
 
 
 def is_overflow_text(text: str) -> bool:
@@ -145,8 +152,8 @@ def status_error(
     kind = classify_status(status, code=code, error_type=error_type, message=message)
     label = " ".join(x for x in (error_type, code if code != error_type else None) if x)
     text = scrub(message, api_key) or "no message"
-    if status in (401, 403):
-        text += " (check the API key and its permissions)"
+    if status in _STATUS_MEANING:
+        text = f"{_STATUS_MEANING[status]}: {text}"
     return ProviderError(
         kind,
         f"{provider}: HTTP {status}{' ' + label if label else ''}: {text}",
