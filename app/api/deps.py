@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -69,7 +70,10 @@ ConversationPath = Annotated[
     Path(pattern=CONVERSATION_ID_PATTERN, max_length=128,
          description="Conversation id: 1-128 of A-Z a-z 0-9 . _ : -, starting alphanumeric"),
 ]
-RunIdPath = Annotated[str, Path(max_length=64, description="Run id")]
+RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
+RunIdPath = Annotated[
+    str, Path(pattern=RUN_ID_PATTERN, max_length=64, description="Run id (as the API issued it)")
+]
 
 IfMatchHeader = Annotated[
     str | None,
@@ -113,7 +117,16 @@ def decode_cursor(cursor: str | None, kind: type) -> Any:
         raise Problem(BAD_CURSOR, "the cursor is not one this API issued") from None
     if not isinstance(value, kind) or isinstance(value, bool):
         raise Problem(BAD_CURSOR, "the cursor is not one this API issued")
+    # Positions are ids (which the database must be able to compare) or sequence numbers
+    # (which fit a BIGINT): anything else was not issued here.
+    if isinstance(value, str) and not _CURSOR_ID.match(value):
+        raise Problem(BAD_CURSOR, "the cursor is not one this API issued")
+    if isinstance(value, int) and not 0 <= value < 2**63:
+        raise Problem(BAD_CURSOR, "the cursor is not one this API issued")
     return value
+
+
+_CURSOR_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\Z")
 
 
 def page_limit(settings: Settings, limit: int | None) -> int:
@@ -128,4 +141,8 @@ def page_limit(settings: Settings, limit: int | None) -> int:
 CursorQuery = Annotated[
     str | None, Query(max_length=512, description="`next_cursor` of the previous page")
 ]
-LimitQuery = Annotated[int | None, Query(ge=1, le=1000, description="Page size")]
+LimitQuery = Annotated[
+    int | None,
+    Query(ge=1, description="Page size: at most `max_page_size` (200 unless configured; more "
+                            "is a 422 `limit-exceeded`), 50 when left out"),
+]

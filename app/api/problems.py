@@ -390,6 +390,14 @@ async def _handle_http(request: Request, exc: Exception) -> Response:
         return Response(status_code=exc.status_code, headers=exc.headers)
     default_phrase = http.client.responses.get(exc.status_code, "")
     detail = exc.detail if exc.detail and exc.detail != default_phrase else None
+    if exc.status_code == 400 and isinstance(exc.__cause__, RecursionError | UnicodeError):
+        # FastAPI's "There was an error parsing the body": say what was wrong with it.
+        reason = ("it nests arrays or objects too deeply"
+                  if isinstance(exc.__cause__, RecursionError) else "it is not valid UTF-8")
+        return problem_response(
+            MALFORMED_JSON, f"the request body is not valid JSON: {reason}",
+            instance=request.url.path,
+        )
     problem_type = _BY_HTTP_STATUS.get(exc.status_code)
     if problem_type is NOT_FOUND and detail is None:
         detail = f"nothing at {request.method} {request.url.path}"

@@ -180,7 +180,7 @@ async def test_limit_over_the_maximum_is_422(app_factory: Any) -> None:
         assert len((await client.get("/conversations")).json()["items"]) == 5
 
 
-@pytest.mark.parametrize("limit", ["0", "-1", "many", "100000"])
+@pytest.mark.parametrize("limit", ["0", "-1", "many"])
 async def test_a_limit_that_is_no_page_size_is_422(client: AppClient, limit: str) -> None:
     assert_problem(await client.get("/conversations", params={"limit": limit}), 422,
                    "validation-error")

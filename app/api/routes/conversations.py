@@ -27,7 +27,7 @@ from ..deps import (
 )
 from ..etags import evaluate_preconditions, parse_condition
 from ..headers import ETAG_HEADER, LOCATION_HEADER
-from ..limits import check_context
+from ..limits import check_context, check_text
 from ..problems import (
     CONVERSATION_EXISTS,
     NOT_FOUND,
@@ -71,6 +71,7 @@ async def create_conversation(
 ) -> Conversation:
     """Create an empty conversation, with a generated id unless the body names one."""
     body = body or ConversationCreate()
+    check_text(svc.settings, body.system_prompt, "body.system_prompt")
     conv_id = body.id or f"conv_{uuid.uuid4().hex}"
     from app.store.errors import AlreadyExists
 
