@@ -68,6 +68,8 @@ PROVIDER_KEY_ENV: dict[str, str] = {"openai": "OPENAI_API_KEY", "anthropic": "AN
 MiB = 1024 * 1024
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+#: what a tenant (and a profile) may be called
+TENANT_NAME = _NAME
 _TOOL_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 _ORIGIN = re.compile(r"^https?://[^/\s?#]+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -412,7 +414,12 @@ class Settings(_ProfileFields, BaseSettings):
 
     # --- access --------------------------------------------------------------------------------
     api_keys: Annotated[ApiKeys, NoDecode] = Field(default_factory=ApiKeys)
+    #: how long a database key lookup (and "are there keys at all") is remembered: a revoked
+    #: key stops working within this time
+    api_key_cache_seconds: float = Field(default=2.0, ge=0, le=60)
     allow_unauthenticated_public: bool = False
+    #: serve /metrics without an API key even when keys are configured
+    public_metrics: bool = False
     cors_origins: Annotated[tuple[str, ...], NoDecode] = ()
 
     # --- profiles given directly (tests, or CARRYOVER_AGENTS as a JSON object) -----------------
@@ -534,17 +541,19 @@ class Settings(_ProfileFields, BaseSettings):
         """The database URL with its password masked."""
         return _mask_url(self.database_url)
 
-    def exposure_problem(self, host: str | None = None) -> str | None:
+    def exposure_problem(self, host: str | None = None, db_keys: int = 0) -> str | None:
         """Why serving on ``host`` would be unsafe, or ``None`` when it is fine (SPEC §6: with no
-        API keys configured the server only listens on loopback)."""
+        API keys configured the server only listens on loopback). ``db_keys``: how many active
+        keys the database holds (``carryover keys create``)."""
         host = self.host if host is None else host
-        if is_loopback(host) or self.api_keys or self.allow_unauthenticated_public:
+        if is_loopback(host) or self.api_keys or db_keys or self.allow_unauthenticated_public:
             return None
         return (
             f"refusing to listen on {host!r} without authentication: no API keys are configured. "
-            "Set CARRYOVER_API_KEYS (comma-separated tenant:key pairs), listen on 127.0.0.1, "
-            "or set CARRYOVER_ALLOW_UNAUTHENTICATED_PUBLIC=true if something in front of the "
-            "service authenticates every request."
+            "Create one with 'carryover keys create --tenant NAME' or set CARRYOVER_API_KEYS "
+            "(comma-separated tenant:key pairs), listen on 127.0.0.1, or set "
+            "CARRYOVER_ALLOW_UNAUTHENTICATED_PUBLIC=true if something in front of the service "
+            "authenticates every request."
         )
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:

@@ -17,8 +17,10 @@ from app.observability import MetricsMiddleware
 from app.service.agents import AgentPool, MissingProviderKey, UnknownAgent
 from app.service.runs import RunManager
 from app.store.db import make_engine
+from app.store.keys import KeyStore
 from app.store.repository import Repository
 
+from .auth import Authenticator, AuthMiddleware, announce_access
 from .deps import Services
 from .limits import BodyLimitMiddleware
 from .problems import NOT_READY, Problem, install_problem_handlers, validation_error
@@ -49,7 +51,11 @@ def create_app(settings: Settings | None = None, *, agents: AgentPool | None = N
         pool = agents or AgentPool(settings)
         repo = Repository(engine)
         manager = RunManager(repo, pool, settings)
-        app.state.services = Services(settings=settings, repo=repo, agents=pool, runs=manager)
+        auth = Authenticator(settings.api_keys, KeyStore(engine), settings.api_key_cache_seconds)
+        app.state.services = Services(
+            settings=settings, repo=repo, agents=pool, runs=manager, auth=auth
+        )
+        await announce_access(auth)
         await manager.start_keeper()
         try:
             yield
@@ -80,7 +86,11 @@ def create_app(settings: Settings | None = None, *, agents: AgentPool | None = N
     for module in (conversations, runs, transcript, health):
         app.include_router(module.router)
 
+    # Outermost last: metrics → CORS → authentication → body limit → routes. CORS answers
+    # preflights (which carry no key) and adds its headers to 401s; nothing reads a body
+    # before its sender is authenticated.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(AuthMiddleware, public_metrics=settings.public_metrics)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

@@ -17,11 +17,11 @@ from app.service.agents import AgentPool
 from app.service.runs import RunManager
 from app.store.repository import IfMatch, Repository
 
+from .auth import DEFAULT_TENANT as DEFAULT_TENANT  # re-exported
+from .auth import TENANT_SCOPE_KEY, Authenticator
 from .etags import parse_condition
-from .problems import BAD_CURSOR, UNAUTHORIZED, Problem, limit_exceeded
+from .problems import BAD_CURSOR, Problem, limit_exceeded
 from .schemas import CONVERSATION_ID_PATTERN
-
-DEFAULT_TENANT = "default"
 
 
 @dataclass
@@ -32,6 +32,7 @@ class Services:
     repo: Repository
     agents: AgentPool
     runs: RunManager
+    auth: Authenticator
 
 
 def services(request: Request) -> Services:
@@ -41,26 +42,25 @@ def services(request: Request) -> Services:
 
 ServicesDep = Annotated[Services, Depends(services)]
 
-_bearer = HTTPBearer(auto_error=False, description="An API key bound to a tenant")
+_bearer = HTTPBearer(
+    auto_error=False,
+    description="An API key bound to a tenant (`carryover keys create --tenant NAME`, or "
+                "`CARRYOVER_API_KEYS`). Required once keys are configured.",
+)
 
 
 async def tenant(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> str:
-    """The caller's tenant. Without configured keys everything is the ``default`` tenant."""
-    svc = services(request)
-    keys = svc.settings.api_keys
-    if not keys:
-        return DEFAULT_TENANT
-    challenge = {"WWW-Authenticate": 'Bearer realm="carryover"'}
-    if credentials is None or credentials.scheme.lower() != "bearer":
-        raise Problem(UNAUTHORIZED, "send an API key as 'Authorization: Bearer <key>'",
-                      headers=challenge)
-    found = keys.tenant_for(credentials.credentials)
-    if found is None:
-        raise Problem(UNAUTHORIZED, "the API key is not valid", headers=challenge)
-    return found
+    """The caller's tenant, as :class:`~app.api.auth.AuthMiddleware` authenticated it (the
+    bearer scheme is declared here so that the OpenAPI document says so). Without configured
+    keys everything is the ``default`` tenant."""
+    found = request.scope.get(TENANT_SCOPE_KEY)
+    if isinstance(found, str):
+        return found
+    # Not behind the middleware (a route on a public path): authenticate here.
+    return await services(request).auth.authenticate(request.headers.get("authorization"))
 
 
 TenantDep = Annotated[str, Depends(tenant)]

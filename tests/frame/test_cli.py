@@ -21,11 +21,13 @@ class Calls:
         self.upgrades: list[str] = []
         self.downgrades: list[tuple[str, str]] = []
         self.served: list[dict[str, Any]] = []
+        self.db_keys = 0  # active API keys the (unmigrated, fake) database holds
 
 
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> Calls:
-    """Record migrations and uvicorn.run instead of doing them."""
+    """Record migrations and uvicorn.run instead of doing them; the database holds
+    ``calls.db_keys`` API keys."""
     recorded = Calls()
 
     async def upgrade(url: str) -> None:
@@ -39,8 +41,12 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Calls:
             {"app": app, **kwargs, "metrics_dir": os.environ.get("PROMETHEUS_MULTIPROC_DIR")}
         )
 
+    async def active_key_count(url: str) -> int:
+        return recorded.db_keys
+
     monkeypatch.setattr("app.store.migrate.upgrade", upgrade)
     monkeypatch.setattr("app.store.migrate.downgrade", downgrade)
+    monkeypatch.setattr("app.store.keys.active_key_count", active_key_count)
     monkeypatch.setattr("uvicorn.run", run)
     return recorded
 
