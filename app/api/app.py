@@ -23,6 +23,7 @@ from app.store.repository import Repository
 from .auth import Authenticator, AuthMiddleware, announce_access
 from .deps import Services
 from .limits import BodyLimitMiddleware
+from .links import install_links
 from .problems import NOT_READY, Problem, install_problem_handlers, validation_error
 from .routes import conversations, health, runs, transcript
 
@@ -72,6 +73,7 @@ def create_app(settings: Settings | None = None, *, agents: AgentPool | None = N
         generate_unique_id_function=_operation_id,
     )
     install_problem_handlers(app)
+    install_links(app)
 
     async def unknown_agent(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, UnknownAgent)
