@@ -1,0 +1,223 @@
+"""A client generated from the committed OpenAPI document drives a live server (SPEC §4).
+
+``openapi-python-client`` generates a Python package from ``openapi/openapi.json`` (offline);
+``carryover serve`` runs as a subprocess on a free loopback port with a temporary SQLite
+database; the test walks the nvim/vim conversation with the client's typed models only.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMITTED = ROOT / "openapi" / "openapi.json"
+PACKAGE = "carryover_client"
+API_KEY = "generated-client-test-key"
+
+
+def generator() -> str:
+    """The ``openapi-python-client`` command of this interpreter's environment."""
+    beside = Path(sys.executable).parent / "openapi-python-client"
+    found = str(beside) if beside.exists() else shutil.which("openapi-python-client")
+    if found is None:
+        pytest.fail("openapi-python-client is not installed (it is a test dependency)")
+    return found
+
+
+@pytest.fixture
+def client_package(tmp_path: Path) -> Iterator[ModuleType]:
+    """The generated client package, imported from a temporary directory."""
+    target = tmp_path / "generated" / PACKAGE
+    env = dict(os.environ)
+    # the generator formats its output with ruff when it finds it: the one in this environment
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    done = subprocess.run(
+        [generator(), "generate", "--path", str(COMMITTED), "--output-path", str(target),
+         "--meta", "none", "--fail-on-warning"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert done.returncode == 0, f"generation failed:\n{done.stdout}\n{done.stderr}"
+    assert "Warning" not in done.stdout + done.stderr, done.stdout + done.stderr
+    sys.path.insert(0, str(target.parent))
+    try:
+        yield importlib.import_module(PACKAGE)
+    finally:
+        sys.path.remove(str(target.parent))
+        for name in [n for n in sys.modules if n == PACKAGE or n.startswith(PACKAGE + ".")]:
+            del sys.modules[name]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[str]:
+    """``carryover serve`` on a free loopback port and a fresh SQLite file; its base URL."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("CARRYOVER_") and k not in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")}
+    env.update({
+        "CARRYOVER_DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite'}",
+        "CARRYOVER_HOST": "127.0.0.1",
+        "CARRYOVER_PORT": str(port),
+        "CARRYOVER_API_KEYS": f"client-test:{API_KEY}",
+    })
+    log = (tmp_path / "server.log").open("w+", encoding="utf-8")
+    # ``python -m app.cli`` is the ``carryover`` command, run from this checkout
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "serve"], cwd=ROOT, env=env,
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_ready(process, base_url, log)
+        yield base_url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def wait_until_ready(process: subprocess.Popen[bytes], base_url: str, log: Any) -> None:
+    deadline = time.monotonic() + 120  # only against a hang; nothing is asserted on speed
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            log.seek(0)
+            pytest.fail(f"carryover serve exited with {process.returncode}:\n{log.read()}")
+        try:
+            if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    log.seek(0)
+    pytest.fail(f"carryover serve never became ready:\n{log.read()}")
+
+
+def test_the_generated_client_walks_the_seed_conversation(
+    client_package: ModuleType, server: str
+) -> None:
+    from carryover_client import AuthenticatedClient  # type: ignore[import-not-found]
+    from carryover_client.api.conversations import (  # type: ignore[import-not-found]
+        create_conversation,
+        get_context,
+        get_conversation,
+    )
+    from carryover_client.api.runs import create_run, get_run  # type: ignore[import-not-found]
+    from carryover_client.models import (  # type: ignore[import-not-found]
+        AssistantMessage,
+        Context,
+        Conversation,
+        ConversationCreate,
+        ProblemDetails,
+        Run,
+        RunCreate,
+        RunCreateOnFailure,
+        RunStatus,
+        TextBlock,
+        UserMessage,
+    )
+    from carryover_client.types import Unset  # type: ignore[import-not-found]
+
+    with AuthenticatedClient(base_url=server, token=API_KEY, raise_on_unexpected_status=True
+                             ) as client:
+        created = create_conversation.sync_detailed(
+            client=client, body=ConversationCreate(system_prompt="You are concise.")
+        )
+        assert created.status_code == 201
+        conversation = created.parsed
+        assert isinstance(conversation, Conversation)
+        assert created.headers["location"] == f"/conversations/{conversation.id}"
+        assert created.headers["etag"] == conversation.etag
+        assert conversation.system_prompt == "You are concise."
+        assert conversation.message_count == 0 and conversation.active_run_id is None
+
+        # a bare string prompt
+        first = create_run.sync(
+            conversation.id, client=client, body=RunCreate(prompts=["What is nvim?"])
+        )
+        assert isinstance(first, Run)
+        assert first.status == RunStatus.COMPLETED and first.stored is True
+        assert first.on_failure.value == "keep"
+        assert isinstance(first.final, AssistantMessage)
+        [answer] = first.final.content
+        assert isinstance(answer, TextBlock)
+        assert answer.text == 'Echo: I saw 1 message. You said: "What is nvim?"'
+        assert isinstance(first.context, Context) and len(first.context.messages) == 2
+
+        # a typed user message, conditional on the state the first run stored, minimal answer
+        second = create_run.sync_detailed(
+            conversation.id, client=client,
+            body=RunCreate(
+                prompts=[UserMessage(content=[TextBlock(text="How does it differ from vim?")])],
+                on_failure=RunCreateOnFailure.KEEP,
+            ),
+            if_match=first.etag, prefer="return=minimal",
+        )
+        assert second.status_code == 201
+        run = second.parsed
+        assert isinstance(run, Run)
+        assert second.headers["etag"] == run.etag and run.base_etag == first.etag
+        assert isinstance(run.context, Unset)  # left out by Prefer: return=minimal
+        assert isinstance(run.final, AssistantMessage)
+        reply = run.final.content[0]
+        assert isinstance(reply, TextBlock)
+        assert reply.text == 'Echo: I saw 3 messages. You said: "How does it differ from vim?"'
+        [prompt] = run.prompts
+        assert isinstance(prompt, UserMessage)
+        assert [m.__class__ for m in run.new_messages] == [UserMessage, AssistantMessage]
+
+        # a stale If-Match is a typed problem
+        stale = create_run.sync_detailed(
+            conversation.id, client=client, body=RunCreate(prompts=["again"]),
+            if_match=first.etag,
+        )
+        assert stale.status_code == 412
+        assert isinstance(stale.parsed, ProblemDetails)
+        assert stale.parsed.type_ == "https://carryover.dev/problems/precondition-failed"
+
+        stored = get_context.sync_detailed(conversation.id, client=client)
+        assert stored.status_code == 200 and stored.headers["etag"] == run.etag
+        context = stored.parsed
+        assert isinstance(context, Context)
+        assert context.system_prompt == "You are concise." and context.summary == ""
+        kinds = [m.__class__ for m in context.messages]
+        assert kinds == [UserMessage, AssistantMessage, UserMessage, AssistantMessage]
+        user_texts = [m.content[0].text for m in context.messages if isinstance(m, UserMessage)]
+        assert user_texts == ["What is nvim?", "How does it differ from vim?"]
+        last = context.messages[-1]
+        assert isinstance(last, AssistantMessage) and last.content[0].text == reply.text
+        assert last.usage.output_tokens > 0
+
+        unchanged = get_context.sync_detailed(conversation.id, client=client,
+                                              if_none_match=run.etag)
+        assert unchanged.status_code == 304
+
+        record = get_run.sync(conversation.id, run.run_id, client=client)
+        assert isinstance(record, Run) and record.status == RunStatus.COMPLETED
+        assert record.final is not None and record.final.content[0].text == reply.text
+
+        meta = get_conversation.sync(conversation.id, client=client)
+        assert isinstance(meta, Conversation)
+        assert (meta.message_count, meta.run_count, meta.etag) == (4, 2, run.etag)
