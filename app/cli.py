@@ -1,10 +1,15 @@
-"""The ``carryover`` command: ``serve``, ``migrate`` and ``openapi`` (SPEC §6).
+"""The ``carryover`` command: ``serve``, ``migrate``, ``keys`` and ``openapi`` (SPEC §6).
 
 - ``carryover serve [--host H] [--port P] [--workers N]`` migrates the database to head, then
   serves the app factory ``app.api.app:create_app`` with uvicorn. It refuses a non-loopback
-  host when no API keys are configured, unless ``CARRYOVER_ALLOW_UNAUTHENTICATED_PUBLIC`` is set.
+  host when no API keys are configured (none in ``CARRYOVER_API_KEYS``, none active in the
+  database), unless ``CARRYOVER_ALLOW_UNAUTHENTICATED_PUBLIC`` is set.
 - ``carryover migrate [--downgrade REVISION]`` only migrates (to head, or down to REVISION,
   e.g. ``base``).
+- ``carryover keys create --tenant NAME`` creates an API key bound to a tenant and prints it
+  (once: only its SHA-256 and a short prefix are stored); ``carryover keys list [--tenant NAME]``
+  shows id, tenant, prefix, created and revoked; ``carryover keys revoke ID`` revokes one (a
+  running server refuses it within ``CARRYOVER_API_KEY_CACHE_SECONDS``). Each migrates first.
 - ``carryover openapi [--output PATH] [--check]`` writes the app's OpenAPI document as stable
   JSON (sorted keys, two-space indent, trailing newline), or checks the committed one.
 
@@ -21,18 +26,23 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import ValidationError
 
-from .config import Settings, get_settings, is_loopback, validation_messages
+from .config import TENANT_NAME, Settings, get_settings, is_loopback, validation_messages
 from .observability import RedactSecrets, configure_logging, logging_config
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+
+    from app.store.keys import KeyStore
+
+T = TypeVar("T")
 
 APP_FACTORY = "app.api.app:create_app"
 DEFAULT_OPENAPI_PATH = Path("openapi/openapi.json")
@@ -79,6 +89,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="downgrade to REVISION instead of upgrading to head ('base' empties the schema)",
     )
 
+    keys = commands.add_parser(
+        "keys", help="create, list and revoke API keys",
+        description="API keys kept in the database, each bound to a tenant. They work next to "
+        "CARRYOVER_API_KEYS; once any key exists, every request needs one.",
+    )
+    actions = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    create = actions.add_parser("create", help="create a key for a tenant and print it once")
+    create.add_argument("--tenant", required=True, type=_tenant, help="the tenant it acts as")
+    listing = actions.add_parser("list", help="list keys (never the keys themselves)")
+    listing.add_argument("--tenant", type=_tenant, help="only this tenant's keys")
+    revoke = actions.add_parser("revoke", help="revoke a key by its id")
+    revoke.add_argument("id", help="the key's id, as 'keys list' shows it")
+
     openapi = commands.add_parser("openapi", help="write the OpenAPI document")
     openapi.add_argument(
         "--output",
@@ -107,6 +130,15 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def _tenant(text: str) -> str:
+    if not TENANT_NAME.match(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a tenant is 1-64 letters, digits, '.', '_' or '-', starting with a "
+            "letter or digit"
+        )
+    return text
 
 
 def load_settings(**overrides: Any) -> Settings:
@@ -147,13 +179,22 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def describe(settings: Settings) -> str:
-    """What ``serve`` says at start: where, which agent, which database, which access rule."""
+def describe(settings: Settings, db_keys: int | None = 0) -> str:
+    """What ``serve`` says at start: where, which agent, which database, which access rule.
+
+    ``db_keys``: active keys in the database, ``None`` when they could not be counted.
+    """
     profile = settings.profile()
     names = ", ".join(sorted(settings.profiles()))
     workers = f"{settings.workers} worker" + ("s" if settings.workers != 1 else "")
+    stored = f", {db_keys} key(s) in the database" if db_keys else ""
     if settings.api_keys:
-        access = f"API keys for {len(settings.api_keys.tenants)} tenant(s)"
+        access = f"API keys for {len(settings.api_keys.tenants)} tenant(s){stored}"
+    elif db_keys:
+        access = f"API keys required ({db_keys} key(s) in the database)"
+    elif db_keys is None:
+        access = ("the database's API keys could not be counted; requests need a key if it "
+                  "holds any")
     elif settings.allow_unauthenticated_public and not is_loopback(settings.host):
         access = "NO authentication (CARRYOVER_ALLOW_UNAUTHENTICATED_PUBLIC is set)"
     else:
@@ -174,18 +215,24 @@ def describe(settings: Settings) -> str:
 
 def serve(args: argparse.Namespace) -> int:
     settings = load_settings(host=args.host, port=args.port, workers=args.workers)
-    refusal = settings.exposure_problem()
-    if refusal:
-        raise CliError(refusal, status=2)
+    db_keys: int | None = None
+    if settings.exposure_problem():
+        # Not safe on this host unless the database holds keys: ask it before migrating.
+        db_keys = _count_keys(settings, missing_ok=False)
+        refusal = settings.exposure_problem(db_keys=db_keys or 0)
+        if refusal:
+            raise CliError(refusal, status=2)
     secrets = settings.secret_values()
     configure_logging(settings.log_level, settings.log_format, secrets)
     _migrate(settings)
+    if db_keys is None:
+        db_keys = _count_keys(settings, missing_ok=True)
     metrics_dir: str | None = None
     if settings.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         # Each worker keeps its own counters; prometheus-client aggregates them from files.
         metrics_dir = tempfile.mkdtemp(prefix="carryover-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
-    print(describe(settings), flush=True)
+    print(describe(settings, db_keys), flush=True)
 
     import uvicorn
 
@@ -206,12 +253,91 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _count_keys(settings: Settings, *, missing_ok: bool) -> int | None:
+    """Active API keys in the database. When it cannot be asked: ``None`` with ``missing_ok``,
+    else a refusal (a server that cannot tell whether it is protected does not go public)."""
+    from app.store.keys import active_key_count
+
+    try:
+        return asyncio.run(asyncio.wait_for(active_key_count(settings.database_url), 15))
+    except Exception as exc:
+        if missing_ok:
+            return None
+        redact = RedactSecrets(settings.secret_values())
+        raise CliError(
+            f"refusing to listen on {settings.host!r}: CARRYOVER_API_KEYS is empty and the API "
+            f"keys in {settings.database_url_display} could not be counted: "
+            f"{redact.redact(str(exc)) or type(exc).__name__}",
+            status=2,
+        ) from exc
+
+
 def migrate_command(args: argparse.Namespace) -> int:
     settings = load_settings()
     configure_logging(settings.log_level, settings.log_format, settings.secret_values())
     _migrate(settings, args.downgrade)
     target = f"down to {args.downgrade}" if args.downgrade else "to head"
     print(f"migrated {settings.database_url_display} {target}")
+    return 0
+
+
+# --- keys ------------------------------------------------------------------------------------
+
+
+def _timestamp(value: datetime | None) -> str:
+    return value.strftime("%Y-%m-%dT%H:%M:%SZ") if value is not None else "-"
+
+
+async def _with_keys(settings: Settings, action: Callable[[KeyStore], Awaitable[T]]) -> T:
+    from app.store.db import make_engine
+    from app.store.keys import KeyStore
+
+    engine = make_engine(settings.database_url)
+    try:
+        return await action(KeyStore(engine))
+    finally:
+        await engine.dispose()
+
+
+def keys_command(args: argparse.Namespace) -> int:
+    settings = load_settings()
+    # the migration's INFO lines would bury the key and the table
+    level = "DEBUG" if settings.log_level == "DEBUG" else "WARNING"
+    configure_logging(level, settings.log_format, settings.secret_values())
+    _migrate(settings)
+    if args.keys_command == "create":
+        created = asyncio.run(_with_keys(settings, lambda store: store.create(args.tenant)))
+        print(
+            f"created API key {created.stored.id} for tenant {created.stored.tenant!r} "
+            f"(prefix {created.stored.prefix}). This is the only time it is shown: store it "
+            "now. Send it as 'Authorization: Bearer <key>'.",
+            file=sys.stderr,
+        )
+        print(created.key, flush=True)
+        return 0
+    if args.keys_command == "list":
+        keys = asyncio.run(_with_keys(settings, lambda store: store.list_keys(args.tenant)))
+        rows = [("ID", "TENANT", "PREFIX", "CREATED", "REVOKED")] + [
+            (k.id, k.tenant, k.prefix, _timestamp(k.created_at), _timestamp(k.revoked_at))
+            for k in keys
+        ]
+        widths = [max(len(row[i]) for row in rows) for i in range(5)]
+        for row in rows:
+            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+        return 0
+    revoked = asyncio.run(_with_keys(settings, lambda store: store.revoke(args.id)))
+    if revoked is None:
+        raise CliError(f"no API key with id {args.id!r} (see 'carryover keys list')")
+    stored, now = revoked
+    if not now:
+        print(f"API key {stored.id} of tenant {stored.tenant!r} was already revoked at "
+              f"{_timestamp(stored.revoked_at)}")
+        return 0
+    print(
+        f"revoked API key {stored.id} of tenant {stored.tenant!r} at "
+        f"{_timestamp(stored.revoked_at)}; running servers refuse it within "
+        f"{settings.api_key_cache_seconds:g} seconds"
+    )
     return 0
 
 
@@ -273,7 +399,9 @@ def openapi_command(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"serve": serve, "migrate": migrate_command, "openapi": openapi_command}
+COMMANDS = {
+    "serve": serve, "migrate": migrate_command, "keys": keys_command, "openapi": openapi_command,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
