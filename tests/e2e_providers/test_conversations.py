@@ -59,6 +59,8 @@ async def test_anthropic_thinking_and_tools_over_several_runs(
 
     assert anthropic_fake.rejections == []
     assert len(anthropic_fake.message_requests) == 6
+    # thinking on for every request, inside tool loops too (each loop began with thinking)
+    assert all(r.json["thinking"]["type"] == "enabled" for r in anthropic_fake.message_requests)
 
     messages = context["messages"]
     assert kinds(messages) == [

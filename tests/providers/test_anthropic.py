@@ -6,6 +6,7 @@ import base64
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 
 from app.agent.messages import (
@@ -322,13 +323,27 @@ async def test_fake_refuses_changed_or_missing_thinking(
         expected = {
             "changed signature": (changed_sig, "Invalid `signature` in `thinking` block"),
             "changed text": (changed_text, "Invalid `signature` in `thinking` block"),
-            "missing": (missing, "Expected `thinking` or `redacted_thinking`, but found"),
         }
         for label, (message, text) in expected.items():
             failed = await failure(p, req(UserMessage.text("x"), message, result("toolu_t")))
             assert failed.error is not None, label
             assert failed.error.kind == "fatal" and failed.error.status == 400, label
             assert text in failed.error.message, label
+        # The fake refuses a tool loop whose assistant turn lost its thinking...
+        body = {"model": "claude-fake", "max_tokens": 4096,
+                "thinking": {"type": "enabled", "budget_tokens": 2048},
+                "messages": build_messages((UserMessage.text("x"), missing, result("toolu_t")))}
+        async with httpx.AsyncClient() as http:
+            refused = await http.post(
+                f"{anthropic_fake.base_url}/v1/messages", json=body,
+                headers={"x-api-key": anthropic_fake.api_key, "anthropic-version": "2023-06-01"})
+        assert refused.status_code == 400
+        assert "Expected `thinking` or `redacted_thinking`, but found" in refused.text
+        # ... so the provider sends such a request without thinking (one thinking
+        # configuration per tool loop), and it is accepted
+        anthropic_fake.add(Reply([Text("ok")]))
+        await answer(p, req(UserMessage.text("x"), missing, result("toolu_t")))
+        assert "thinking" not in anthropic_fake.message_requests[-1].json
     finally:
         await p.aclose()
 

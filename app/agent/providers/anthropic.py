@@ -26,6 +26,13 @@ another provider), ``{}`` is sent: there is no way to send the raw string, and `
 Anthropic itself reports for a call without input. The paired ``tool_result`` (normally an
 error about the arguments from the tool runner) still tells the model what went wrong.
 
+Thinking (``thinking_budget``): one thinking configuration per tool loop, as Anthropic requires.
+DECISION: a request that continues a tool loop whose assistant turn does not start with a
+thinking block (the loop was begun by another provider, or by a profile without thinking, and
+its run ended after the tool results) is sent without ``thinking``: with it, Anthropic refuses
+the request ("a final assistant message must start with a thinking block"), and the stored
+history cannot be changed to satisfy it. Thinking is back on from the next turn.
+
 Streaming: every raw SSE event is translated (``ping`` and unknown events ignored). The
 stored ``arguments`` of a streamed call is the concatenation of its ``input_json_delta``
 fragments, verbatim: that is what the model wrote. A call that streamed no fragment gets
@@ -87,7 +94,10 @@ from .base import (
     UsageUpdate,
 )
 
-__all__ = ["AnthropicProvider", "build_messages", "build_tools", "tool_input"]
+__all__ = [
+    "AnthropicProvider", "build_messages", "build_tools", "continues_unthinking_loop",
+    "tool_input",
+]
 
 OVERFLOW_STOP = "model_context_window_exceeded"
 
@@ -192,6 +202,21 @@ def build_messages(messages: Sequence[AnyMessage]) -> list[dict[str, Any]]:
         else:
             turns.append({"role": role, "content": blocks})
     return turns
+
+
+def continues_unthinking_loop(turns: Sequence[dict[str, Any]]) -> bool:
+    """Do ``turns`` end inside a tool loop whose assistant turn has no thinking block first?
+
+    That is: the last (user) turn holds ``tool_result`` blocks and the assistant turn before it
+    does not start with ``thinking`` / ``redacted_thinking`` — Anthropic then refuses a
+    request with thinking enabled.
+    """
+    if len(turns) < 2 or turns[-1]["role"] != "user":
+        return False
+    if not any(b.get("type") == "tool_result" for b in turns[-1]["content"]):
+        return False
+    assistant = turns[-2]["content"]
+    return not assistant or assistant[0].get("type") not in ("thinking", "redacted_thinking")
 
 
 def build_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
@@ -371,7 +396,7 @@ class AnthropicProvider:
             params["system"] = request.system_prompt
         if request.tools:
             params["tools"] = build_tools(request.tools)
-        if self.thinking_budget:
+        if self.thinking_budget and not continues_unthinking_loop(params["messages"]):
             params["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget}
         return params
 
