@@ -244,3 +244,45 @@ async def test_a_large_thinking_budget_without_max_output_tokens(
     sent = anthropic_fake.message_requests[0].json
     assert sent["max_tokens"] > sent["thinking"]["budget_tokens"] == 16_000
     assert attempts(body)[0]["content"][0]["signature"] == A.sign("Deep.")
+
+
+async def test_a_streamed_run_carries_the_providers_deltas(
+    serve: Serve, anthropic_fake: A.AnthropicFake, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``Accept: text/event-stream``: thinking, text and tool-call argument deltas as the fake
+    streams them, each completed message, the tool events, then the run's record."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", anthropic_fake.api_key)
+    profile = AgentProfile(provider="anthropic", model=CLAUDE, base_url=anthropic_fake.base_url,
+                           thinking_budget=1024, max_output_tokens=4096)
+    anthropic_fake.add(
+        A.Reply([A.Thinking("Wait first."), A.ToolUse("wait", partial_json='{"seconds": 0}')],
+                chunk_size=5),
+        A.Reply([A.Thinking(""), A.Text("Waited.")]),
+    )
+    async with serve(agents={"claude": profile}) as client:
+        conv = await Conversation.create(client)
+        response = await client.post(
+            f"/conversations/{conv.id}/runs", headers={"Accept": "text/event-stream"},
+            json={"prompts": ["Wait."], "agent": "claude"})
+        events = [
+            (chunk.split("\n")[0].removeprefix("event: "),
+             json.loads(chunk.split("\n")[1].removeprefix("data: ")))
+            for chunk in response.text.strip().split("\n\n")
+        ]
+        record = await conv.record(events[-1][1]["run_id"])
+
+    assert response.status_code == 201
+    names = [name for name, _ in events]
+    assert names[0] == "run.started" and names[-1] == "run.finished"
+    deltas = [data for name, data in events if name == "delta"]
+    assert "".join(d["text"] for d in deltas if d["kind"] == "thinking") == "Wait first."
+    assert "".join(d["text"] for d in deltas if d["kind"] == "tool_call_arguments") == (
+        '{"seconds": 0}')
+    assert [d["text"] for d in deltas if d["kind"] == "text"] == ["Wait", "ed."]  # 4 a chunk
+    assert names.count("tool.started") == names.count("tool.finished") == 1
+    messages = [data for name, data in events if name == "message"]
+    assert messages == record["new_messages"]
+    finished = events[-1][1]
+    assert finished["status"] == "completed" and finished["final"] == record["final"]
+    assert finished["final"]["content"][0] == {"type": "thinking", "thinking": "",
+                                               "signature": A.sign("")}

@@ -459,3 +459,21 @@ async def test_a_bad_key_fails_the_run_without_retrying_or_leaking_it(
     everything = json.dumps([body, record, context, transcript])
     for secret in (bad, "QZXJ", "WVUT"):
         assert secret not in everything
+
+
+async def test_a_missing_key_is_refused_before_anything_runs(
+    serve: Serve, anthropic_fake: A.AnthropicFake,
+) -> None:
+    """No key at all is a configuration problem, not a run: 503, no run record, no request."""
+    async with serve(agents={"claude": claude(anthropic_fake)}) as client:
+        conv = await Conversation.create(client)
+        response = await client.post(f"/conversations/{conv.id}/runs",
+                                     json={"prompts": ["Hello."], "agent": "claude"})
+        runs = await client.get(f"/conversations/{conv.id}/runs")
+        context = await conv.context()
+
+    assert response.status_code == 503
+    assert response.headers["content-type"].startswith("application/problem+json")
+    assert "ANTHROPIC_API_KEY" in response.json()["detail"]
+    assert runs.json()["items"] == [] and context["messages"] == []
+    assert anthropic_fake.requests == []
