@@ -107,5 +107,8 @@ def create_app(settings: Settings | None = None, *, agents: AgentPool | None = N
 
 
 def openapi_document() -> dict[str, Any]:
-    """The document the app serves, without starting it (``carryover openapi`` writes it)."""
-    return create_app(Settings()).openapi()
+    """The document the app serves, without starting it, as ``carryover openapi`` writes it:
+    from the default settings, so the environment (and its secrets) never reach it."""
+    from app.cli import default_settings
+
+    return create_app(default_settings()).openapi()

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from fastapi.routing import APIRoute
 
-from app.api.app import create_app
+from app.api.app import create_app, openapi_document
 from app.api.routes import conversations, health, runs, transcript
 from app.cli import default_settings, openapi_json
 
@@ -134,6 +134,7 @@ def test_the_document_is_stable_sorted_json() -> None:
     committed = COMMITTED.read_text(encoding="utf-8")
     assert committed == openapi_json(json.loads(committed))
     assert openapi_json(served()) == openapi_json(served())  # built twice, the same
+    assert openapi_document() == served()
 
 
 # --- what it says ---------------------------------------------------------------------------
