@@ -20,7 +20,7 @@ from app.store.repository import IfMatch, Repository
 from .auth import DEFAULT_TENANT as DEFAULT_TENANT  # re-exported
 from .auth import TENANT_SCOPE_KEY, Authenticator
 from .etags import parse_condition
-from .problems import BAD_CURSOR, Problem, limit_exceeded
+from .problems import BAD_CURSOR, BAD_HEADER, Problem, limit_exceeded
 from .schemas import CONVERSATION_ID_PATTERN
 
 
@@ -95,6 +95,54 @@ def if_match_value(header: str | None) -> IfMatch | None:
     if condition.any:
         return "*"
     return [str(tag) for tag in condition.tags]
+
+
+# --- Prefer (RFC 7240) --------------------------------------------------------------------
+
+_TOKEN = r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+_QUOTED = r'"(?:[^"\\\x00-\x08\x0a-\x1f\x7f]|\\[\t\x20-\x7e\x80-\xff])*"'
+_VALUE = rf"[ \t]*=[ \t]*({_TOKEN}|{_QUOTED})"
+_PARAMETER = rf"{_TOKEN}(?:[ \t]*=[ \t]*(?:{_TOKEN}|{_QUOTED}))?"
+_PREFERENCE = re.compile(rf"({_TOKEN})(?:{_VALUE})?(?:[ \t]*;(?:[ \t]*{_PARAMETER})?)*")
+
+
+def parse_prefer(header: str | None) -> dict[str, str]:
+    """The preferences of a ``Prefer`` header: name (lower case) → value (``""`` without one).
+
+    Preferences the service does not know are returned too, for the caller to ignore, as
+    RFC 7240 §2 requires; a value that does not follow the header's grammar
+    (``#preference``, ``preference = token [ "=" word ] *( ";" parameter )``) is 400
+    ``bad-header`` naming the position. The first occurrence of a preference wins.
+    """
+    if header is None:
+        return {}
+    found: dict[str, str] = {}
+    i, n = 0, len(header)
+    while i < n:
+        if header[i] in " \t,":  # whitespace and empty list elements
+            i += 1
+            continue
+        match = _PREFERENCE.match(header, i)
+        if match is None:
+            shown = header[i:i + 20]
+            raise Problem(BAD_HEADER, f"Prefer: expected a preference (token[=value][; ...]) "
+                          f"at position {i}, got {shown!r}", header="Prefer")
+        value = match.group(2) or ""
+        if value.startswith('"'):
+            value = re.sub(r"\\(.)", r"\1", value[1:-1])
+        found.setdefault(match.group(1).lower(), value)
+        i = match.end()
+        while i < n and header[i] in " \t":
+            i += 1
+        if i < n and header[i] != ",":
+            raise Problem(BAD_HEADER, f"Prefer: expected ',' or the end at position {i}, got "
+                          f"{header[i:i + 20]!r}", header="Prefer")
+    return found
+
+
+def prefers_minimal(header: str | None) -> bool:
+    """``Prefer: return=minimal`` (values compared without case)."""
+    return parse_prefer(header).get("return", "").lower() == "minimal"
 
 
 # --- cursors -----------------------------------------------------------------------------

@@ -290,6 +290,10 @@ def _error_path(
     if not loc:
         return ""
     path = str(loc[0])
+    if loc[0] in ("header", "query", "path", "cookie") and len(loc) > 1:
+        # the parameter's name (a header's may be capitalised: it is no union label)
+        path += f".{loc[1]}"
+        loc = loc[1:]
     current: Any = body if loc[0] == "body" else None
     tag_skipped = False
     for segment in loc[1:]:
@@ -339,13 +343,33 @@ def validation_errors(exc: RequestValidationError) -> list[dict[str, str]]:
     """FastAPI's errors as ``{"path", "message"}`` items, in order, without duplicates."""
     body = getattr(exc, "body", None)
     items: list[dict[str, str]] = []
-    for error in exc.errors():
+    errors = list(exc.errors())
+    for error in [e for e in errors if not _wrong_branch(e, errors)]:
         path = _error_path(tuple(error.get("loc", ())), body, error.get("type", ""),
                            error.get("ctx") or {})
         item = {"path": path, "message": str(error.get("msg", "invalid"))}
         if item not in items:
             items.append(item)
     return items
+
+
+def _wrong_branch(error: Mapping[str, Any], errors: Sequence[Mapping[str, Any]]) -> bool:
+    """A union member that does not even have the value's JSON type (``str`` for an object
+    prompt) when another member got further: its "should be a valid string" would only hide
+    the error that matters (``body.prompts[0].content[0].type``)."""
+    loc = tuple(error.get("loc", ()))
+    if not loc or not str(error.get("type", "")).endswith("_type"):
+        return False
+    label, prefix = loc[-1], loc[:-1]
+    if not isinstance(label, str) or not (label in _TYPE_LABELS or label[:1].isupper()):
+        return False
+    return any(
+        tuple(other.get("loc", ()))[:len(prefix)] == prefix
+        and len(other.get("loc", ())) > len(prefix)
+        and tuple(other.get("loc", ()))[len(prefix)] != label
+        and not str(other.get("type", "")).endswith("_type")
+        for other in errors
+    )
 
 
 def _is_json_media_type(content_type: str) -> bool:
@@ -368,6 +392,10 @@ def _from_validation(request: Request, exc: RequestValidationError) -> Problem:
             UNSUPPORTED_MEDIA_TYPE,
             f"the request body must be application/json, not {content_type.split(';')[0]}",
         )
+    raw = getattr(exc, "body", None)
+    if body_error and not content_type and isinstance(raw, bytes) and raw:
+        return Problem(UNSUPPORTED_MEDIA_TYPE,
+                       "the request has a body but no Content-Type: send it as application/json")
     return validation_error(validation_errors(exc))
 
 

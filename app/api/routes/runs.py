@@ -43,6 +43,7 @@ from ..deps import (
     encode_cursor,
     if_match_value,
     page_limit,
+    prefers_minimal,
 )
 from ..headers import ETAG_HEADER, LOCATION_HEADER, RETRY_AFTER_HEADER
 from ..limits import check_prompts
@@ -92,10 +93,7 @@ def _location(conversation_id: str, run_id: str) -> str:
 
 
 def _minimal(prefer: str | None) -> bool:
-    if not prefer:
-        return False
-    preferences = {p.strip().lower() for part in prefer.split(",") for p in part.split(";")}
-    return "return=minimal" in preferences
+    return prefers_minimal(prefer)  # 400 bad-header for a Prefer that breaks RFC 7240's grammar
 
 
 def _idempotency_key(value: str | None) -> str | None:
@@ -342,6 +340,7 @@ async def compact(
 ) -> Response:
     """Fold all but the current turn into the summary now."""
     body = body or CompactRequest()
+    minimal = _minimal(prefer)
     try:
         view = await svc.runs.compact(tenant, conversation_id, body.agent,
                                       if_match_value(if_match))
@@ -355,7 +354,7 @@ async def compact(
     headers = {"Location": _location(conversation_id, view.model.run_id)}
     if view.etag:
         headers["ETag"] = view.etag
-    return JSONResponse(view.body(minimal=_minimal(prefer)), status_code=201, headers=headers)
+    return JSONResponse(view.body(minimal=minimal), status_code=201, headers=headers)
 
 
 __all__ = ["RUN_IN_PROGRESS", "VALIDATION_ERROR", "router"]

@@ -1,0 +1,114 @@
+"""Security tests run the real app over HTTP (httpx's ASGI transport) with two tenants, on a
+fresh migrated database per test (SQLite and PostgreSQL).
+
+- ``make_settings(**overrides)`` / ``app_factory`` / ``client``: as in ``tests/api``.
+- ``tenants``: one app with ``CARRYOVER_API_KEYS`` for ``acme`` and ``globex``, and a client
+  per caller: ``tenants.acme``, ``tenants.globex``, ``tenants.anonymous`` (no key).
+- ``snapshot(database_url)``: every row of every table, to check a refused request wrote
+  nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from app.api.app import create_app
+from app.config import Settings
+from app.store.db import make_engine, read_transaction
+from app.store.tables import metadata
+from tests.api.conftest import (  # noqa: F401  (fixtures)
+    AppClient,
+    SettingsFactory,
+    app_factory,
+    client,
+    make_settings,
+)
+
+PROBLEM = "https://carryover.dev/problems/"
+ACME_KEY = "acme-key-9f2c0d7e4b1a"
+GLOBEX_KEY = "globex-key-3e8a6c5d2f90"
+API_KEYS = f"acme:{ACME_KEY},globex:{GLOBEX_KEY}"
+
+Rows = dict[str, list[tuple[Any, ...]]]
+
+
+def assert_problem(response: httpx.Response, status: int, slug: str) -> dict[str, Any]:
+    """A problem response of this status and type, with a detail; its body."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/problem+json"), response.text
+    body: dict[str, Any] = response.json()
+    assert body["type"] == PROBLEM + slug, body
+    assert body["status"] == status and body["detail"], body
+    return body
+
+
+async def snapshot(database_url: str) -> Rows:
+    """Every row of every table, in primary key order."""
+    engine = make_engine(database_url)
+    try:
+        rows: Rows = {}
+        async with read_transaction(engine) as conn:
+            for table in metadata.sorted_tables:
+                order = list(table.primary_key.columns) or list(table.columns)
+                result = await conn.execute(select(table).order_by(*order))
+                rows[table.name] = [tuple(row) for row in result.all()]
+        return rows
+    finally:
+        await engine.dispose()
+
+
+def http_client(app: Any, key: str | None = None, **headers: str) -> AppClient:
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    http = AppClient(transport=httpx.ASGITransport(app=app), base_url="http://carryover.test",
+                     headers=headers)
+    http.app = app
+    return http
+
+
+@dataclass
+class Tenants:
+    app: Any
+    settings: Settings
+    acme: AppClient
+    globex: AppClient
+    anonymous: AppClient
+
+    def as_key(self, key: str) -> AppClient:
+        return http_client(self.app, key)
+
+
+StartApp = Callable[..., Any]
+
+
+@pytest.fixture
+def start_app(make_settings: SettingsFactory) -> StartApp:  # noqa: F811
+    """``async with start_app(**settings) as app``: the real app with its lifespan running."""
+
+    @asynccontextmanager
+    async def start(**overrides: Any) -> AsyncIterator[Any]:
+        app = create_app(make_settings(**overrides))
+        async with app.router.lifespan_context(app):
+            yield app
+
+    return start
+
+
+@pytest.fixture
+async def tenants(make_settings: SettingsFactory) -> AsyncIterator[Tenants]:  # noqa: F811
+    settings = make_settings(api_keys=API_KEYS)
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        clients = [http_client(app, ACME_KEY), http_client(app, GLOBEX_KEY), http_client(app)]
+        try:
+            yield Tenants(app, settings, *clients)
+        finally:
+            for http in clients:
+                await http.aclose()
