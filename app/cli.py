@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from .config import TENANT_NAME, Settings, get_settings, is_loopback, validation_messages
 from .observability import RedactSecrets, configure_logging, logging_config
@@ -354,8 +355,11 @@ def default_settings() -> Settings:
 
     class Defaults(Settings):
         @classmethod
-        def settings_customise_sources(cls, settings_cls: Any, init_settings: Any,
-                                       **others: Any) -> tuple[Any, ...]:
+        def settings_customise_sources(
+            cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
             return (init_settings,)
 
     return Defaults()
