@@ -1,0 +1,51 @@
+"""Fixtures of the lifecycle tests: a fresh PostgreSQL database per test module (migrated with
+``app.store.migrate.upgrade``, via the helpers of tests/conftest.py), a SQLite file per test,
+and ``servers``, which starts real ``carryover serve`` processes and kills them when the test
+ends, pass or fail."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from app.store.migrate import upgrade
+
+from ..conftest import (
+    _create_postgres_database,
+    _drop_postgres_database,
+    _postgres_url,
+    _require_postgres,
+    run_blocking,
+)
+from .harness import Servers
+
+
+@pytest.fixture(scope="module")
+def postgres_url(_postgres_dropper: ThreadPoolExecutor) -> Iterator[str]:
+    """A PostgreSQL database of this test module's own, migrated to head."""
+    _require_postgres()
+    name = _create_postgres_database()
+    try:
+        url = _postgres_url(name)
+        run_blocking(lambda: upgrade(url))
+        yield url
+    finally:
+        # Servers are killed after each test; FORCE drops any connection left behind.
+        _postgres_dropper.submit(_drop_postgres_database, name)
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'carryover.db'}"
+
+
+@pytest.fixture
+async def servers(tmp_path: Path) -> AsyncIterator[Servers]:
+    started = Servers(tmp_path)
+    try:
+        yield started
+    finally:
+        started.close()
