@@ -1,9 +1,22 @@
 """A run as one unit of work: lease → load → agent → conditional save (SPEC §4 steps 1-5).
 
 :class:`RunManager` is per process. It starts runs as tasks of their own — so a run goes on
-when the client that asked for it goes away, unless told otherwise — and keeps their leases:
-one loop renews the leases of every run of this process in one statement, learns which of them
-another replica asked to cancel, and marks runs of dead processes ``interrupted``.
+when the client that asked for it goes away, unless told otherwise — and keeps their leases.
+One loop, every :attr:`RunManager.tick`:
+
+- renews the leases of every run of this process in one statement, and learns from the same
+  statement which of them another replica asked to cancel (they are cancelled) and which are no
+  longer this process's (another process found the lease expired and marked the run
+  ``interrupted``; the run is cancelled, and the store refuses its outcome);
+- every ``lease_seconds``, marks runs of dead processes ``interrupted``;
+- every ``min(60 s, idempotency_ttl_seconds)`` (at most as often as that), deletes the
+  idempotency keys past their retention.
+
+Shutdown: when the process is asked to stop (SIGTERM or SIGINT to a server that handles them,
+such as uvicorn), the runs in flight are cancelled at once and recorded ``cancelled`` — their
+clients get that answer and their conversations are free at once, instead of the server waiting
+for runs that may go on for minutes (or being killed and leaving them to their leases). A run
+that is already writing its outcome finishes writing. New runs are refused while stopping.
 """
 
 from __future__ import annotations
@@ -13,11 +26,16 @@ import contextlib
 import hashlib
 import json
 import logging
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
+
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from app.agent.events import RunEvent
 from app.agent.messages import AttemptError, Context, UserMessage
@@ -25,6 +43,8 @@ from app.agent.records import Input, Result
 from app.agent.run import Agent
 from app.api.schemas import RunCreate
 from app.config import Settings
+from app.observability import RUNS, RUNS_IN_PROGRESS
+from app.store.db import make_engine
 from app.store.repository import (
     IdempotencyClaim,
     IfMatch,
@@ -42,6 +62,13 @@ log = logging.getLogger(__name__)
 
 Disconnected = Callable[[], Awaitable[bool]]
 
+#: the signals after which a server stops: runs in flight are cancelled then
+SHUTDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: idempotency keys past their retention are deleted at most this often (seconds)
+PURGE_EVERY = 60.0
+#: tries to record a run's outcome when the database fails transiently (0.2 s, 0.4 s, … apart)
+FINISH_ATTEMPTS = 5
+
 
 class Busy(Exception):
     """Another run holds the conversation (``if_busy: reject``, or waiting timed out)."""
@@ -50,6 +77,10 @@ class Busy(Exception):
         super().__init__(f"run {active_run_id} is in progress")
         self.active_run_id = active_run_id
         self.retry_after = retry_after
+
+
+class ShuttingDown(Exception):
+    """The process is stopping: it starts no new run."""
 
 
 @dataclass
@@ -64,6 +95,9 @@ class ActiveRun:
     done: asyncio.Future[RunView] = field(default_factory=lambda: asyncio.get_running_loop()
                                           .create_future())
     task: asyncio.Task[None] | None = None
+    running: bool = False  # the task has begun (a task cancelled before it begins never does)
+    stop_requested: bool = False  # asked to stop before the task began
+    finishing: bool = False  # the outcome is being written: cancelling now changes nothing
 
 
 @dataclass(frozen=True)
@@ -86,19 +120,34 @@ class RunManager:
         self.settings = settings
         self.owner = f"{uuid.uuid4().hex[:12]}"
         self.active: dict[str, ActiveRun] = {}
+        self.closing = False
+        self.lease_repo = repo  # renewals, sweeps, purges: its own connection once keeping
         self._keeper: asyncio.Task[None] | None = None
+        self._hooked: dict[int, tuple[Any, Any]] = {}
 
     # --- lifecycle -----------------------------------------------------------------------------
 
     async def start_keeper(self) -> None:
         if self._keeper is None:
+            self.lease_repo = self._own_connection()
             self._keeper = asyncio.create_task(self._keep_leases(), name="carryover-leases")
+            self._hook_signals()
+
+    def _own_connection(self) -> Repository:
+        """A repository on a connection of the keeper's own.
+
+        Under load every connection of the shared pool is taken and hundreds of requests queue
+        for one; a renewal queued behind them comes too late, and the runs' leases expire while
+        the runs are alive. (An in-memory SQLite database is one per connection: shared then.)
+        """
+        url = self.repo.engine.url
+        if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+            return self.repo
+        return Repository(make_engine(url, pool_size=1, max_overflow=0))
 
     async def aclose(self) -> None:
         """Cancel this process's runs (they are recorded ``cancelled``) and stop the keeper."""
-        for active in list(self.active.values()):
-            if active.task is not None:
-                active.task.cancel()
+        self.shutdown()
         for active in list(self.active.values()):
             if active.task is not None:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -108,6 +157,57 @@ class RunManager:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._keeper
             self._keeper = None
+        if self.lease_repo is not self.repo:
+            await self.lease_repo.engine.dispose()
+            self.lease_repo = self.repo
+        self._unhook_signals()
+
+    def shutdown(self) -> None:
+        """Stop: refuse new runs and cancel the ones in flight (each is recorded cancelled)."""
+        if not self.closing and self.active:
+            log.info("stopping: cancelling %d run(s) in flight", len(self.active))
+        self.closing = True
+        for active in list(self.active.values()):
+            self.stop(active)
+
+    def stop(self, active: ActiveRun) -> None:
+        """Cancel a run of this process, unless it is already writing its outcome."""
+        if active.finishing:
+            return
+        if active.task is None or not active.running:
+            active.stop_requested = True  # the task sees it when it begins
+        else:
+            active.task.cancel()
+
+    def _hook_signals(self) -> None:
+        """Cancel the runs as soon as the server is told to stop.
+
+        Only where a server installed its own handler for the signal (uvicorn does, to stop
+        gracefully): that handler still runs. Without one, nothing is changed.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
+        loop = asyncio.get_running_loop()
+        for sig in SHUTDOWN_SIGNALS:
+            previous = signal.getsignal(sig)
+            if not callable(previous) or previous is signal.default_int_handler:
+                continue
+
+            def handler(signum: int, frame: FrameType | None,
+                        previous: Callable[[int, FrameType | None], Any] = previous) -> None:
+                loop.call_soon_threadsafe(self.shutdown)
+                previous(signum, frame)
+
+            signal.signal(sig, handler)
+            self._hooked[sig] = (previous, handler)
+
+    def _unhook_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig, (previous, handler) in self._hooked.items():
+            if signal.getsignal(sig) is handler:
+                signal.signal(sig, previous)
+        self._hooked.clear()
 
     @property
     def tick(self) -> float:
@@ -115,25 +215,53 @@ class RunManager:
         return min(1.0, self.settings.lease_seconds / 3)
 
     async def _keep_leases(self) -> None:
-        sweeps = 0
+        swept = purged = time.monotonic()
+        purge_every = min(PURGE_EVERY, float(self.settings.idempotency_ttl_seconds))
         while True:
             await asyncio.sleep(self.tick)
             try:
-                ids = list(self.active)
-                if ids:
-                    cancelled = await self.repo.renew_leases(
-                        ids, owner=self.owner, lease_seconds=self.settings.lease_seconds
-                    )
-                    for run_id in cancelled:
-                        active = self.active.get(run_id)
-                        if active is not None and active.task is not None:
-                            active.task.cancel()
-                sweeps += 1
-                if sweeps * self.tick >= self.settings.lease_seconds:
-                    sweeps = 0
-                    await self.repo.interrupt_expired()
+                await self._renew()
+                now = time.monotonic()
+                if now - swept >= self.settings.lease_seconds:
+                    swept = now
+                    interrupted = await self.lease_repo.interrupt_expired(alive=set(self.active))
+                    if interrupted:
+                        log.warning("marked %d run(s) of a dead process interrupted",
+                                    interrupted)
+                        RUNS.labels(status="interrupted").inc(interrupted)
+                if now - purged >= purge_every:
+                    purged = now
+                    await self.lease_repo.purge_idempotency_keys()
             except Exception:  # the database may be away for a moment; try again next tick
                 log.exception("lease keeping failed")
+
+    async def _renew(self) -> None:
+        ids = list(self.active)  # finishing ones too: recording may take a while
+        if not ids:
+            return
+        renewal = await self.lease_repo.renew_leases(
+            ids, owner=self.owner, lease_seconds=self.settings.lease_seconds
+        )
+        for run_id in ids:
+            active = self.active.get(run_id)
+            if active is None:
+                continue
+            if run_id not in renewal.renewed:
+                if active.finishing:
+                    continue  # it finished (or is finishing) meanwhile
+                log.warning("run %s lost its lease (marked interrupted elsewhere); stopping it",
+                            run_id)
+                self.stop(active)
+            elif run_id in renewal.cancel_requested:
+                self.stop(active)
+
+    def _register(self, active: ActiveRun) -> None:
+        self.active[active.run_id] = active
+        RUNS_IN_PROGRESS.inc()
+
+    def _unregister(self, run_id: str) -> None:
+        if self.active.pop(run_id, None) is not None:
+            RUNS_IN_PROGRESS.dec()
 
     # --- runs --------------------------------------------------------------------------------
 
@@ -149,6 +277,8 @@ class RunManager:
         stream: bool = False,
     ) -> ActiveRun | Replayed:
         """Take the conversation's lease and start the run; 4xx conditions raise before."""
+        if self.closing:
+            raise ShuttingDown("the server is stopping")
         agent = self.agents.get(body.agent)
         prompts = body.user_messages()
         claim = None
@@ -175,18 +305,29 @@ class RunManager:
             if remaining <= 0:
                 raise Busy(started.active_run_id, retry_after=self.settings.lease_seconds)
             await asyncio.sleep(min(self.tick / 4, remaining))
+            if self.closing:
+                raise ShuttingDown("the server is stopping")
+        self._took_over(started)
 
         active = ActiveRun(
             tenant=tenant, conversation_id=conversation_id, run_id=run_id, started=started,
             events=asyncio.Queue() if stream else None,
         )
-        self.active[run_id] = active
+        self._register(active)
         active.task = asyncio.create_task(
             self._execute(active, agent, prompts, body, minimal=minimal,
                           idempotent=claim is not None),
             name=f"carryover-run-{run_id}",
         )
+        if self.closing:  # stopping began while the lease was being taken: end it at once
+            self.stop(active)
         return active
+
+    @staticmethod
+    def _took_over(started: StartedRun) -> None:
+        if started.interrupted is not None:
+            log.warning("run %s of a dead process was marked interrupted", started.interrupted)
+            RUNS.labels(status="interrupted").inc()
 
     async def _execute(
         self, active: ActiveRun, agent: Agent, prompts: tuple[UserMessage, ...], body: RunCreate,
@@ -194,27 +335,40 @@ class RunManager:
     ) -> None:
         loaded = active.started.loaded
         assert loaded is not None
+        finish: asyncio.Future[RunView] | None = None
+        active.running = True
         try:
             try:
+                if active.stop_requested:
+                    raise asyncio.CancelledError
                 result = await self._run_agent(active, agent, loaded.context, prompts)
             except asyncio.CancelledError:  # cancelled before the agent took over
                 result = _cancelled(loaded.context)
             except Exception as exc:  # a bug: the run still ends, recorded, lease released
                 log.exception("run %s failed unexpectedly", active.run_id)
                 result = _internal(loaded.context, exc)
-            view = await asyncio.shield(
+            active.finishing = True
+            finish = asyncio.ensure_future(
                 self._finish(active, loaded, result, body, minimal=minimal, idempotent=idempotent)
             )
+            try:
+                view = await asyncio.shield(finish)
+            except asyncio.CancelledError:
+                # Cancelled while the outcome is being written (the event loop is closing):
+                # the write goes on, and its answer is still the run's answer.
+                finish.add_done_callback(lambda done: _settle(active.done, done))
+                raise
             active.done.set_result(view)
         except BaseException as exc:
-            if not active.done.done():
+            settled_later = finish is not None and isinstance(exc, asyncio.CancelledError)
+            if not active.done.done() and not settled_later:
                 active.done.set_exception(
                     exc if isinstance(exc, Exception) else RuntimeError("the run was aborted")
                 )
             if not isinstance(exc, Exception):
                 raise
         finally:
-            self.active.pop(active.run_id, None)
+            self._unregister(active.run_id)
             if active.events is not None:
                 active.events.put_nowait(None)
 
@@ -239,11 +393,28 @@ class RunManager:
         def respond(outcome: RunOutcome) -> tuple[int, dict[str, Any]]:
             return 201, run_view(run, result, outcome).body(minimal=minimal)
 
-        outcome = await self.repo.finish_run(
-            active.tenant, active.conversation_id, active.run_id,
-            base=loaded, result=result, store=store, respond=respond if idempotent else None,
-        )
-        observe_result(outcome.status, result, run.created_at, outcome.finished_at)
+        for attempt in range(FINISH_ATTEMPTS):
+            try:
+                outcome = await self.repo.finish_run(
+                    active.tenant, active.conversation_id, active.run_id, base=loaded,
+                    result=result, store=store, respond=respond if idempotent else None,
+                )
+                break
+            except (OperationalError, InterfaceError) as exc:
+                # The database was away or (SQLite) locked past its busy timeout: the outcome
+                # is one transaction, so try it again rather than lose the run. (Had a first
+                # attempt committed after all, the next one reads what it recorded.)
+                if attempt + 1 == FINISH_ATTEMPTS:
+                    raise
+                log.warning("recording run %s failed (%s); trying again", active.run_id,
+                            type(exc).__name__)
+                await asyncio.sleep(0.2 * 2**attempt)
+        if outcome.status == "interrupted":
+            # It lost its lease: another process marked it interrupted (and counted it).
+            log.warning("run %s finished after its lease was lost; nothing was stored",
+                        active.run_id)
+        else:
+            observe_result(outcome.status, result, run.created_at, outcome.finished_at)
         return run_view(run, result, outcome)
 
     async def wait(
@@ -256,22 +427,24 @@ class RunManager:
             try:
                 return await asyncio.wait_for(asyncio.shield(active.done), timeout=self.tick / 2)
             except TimeoutError:
-                if await disconnected() and active.task is not None:
-                    active.task.cancel()
+                if await disconnected():
+                    self.stop(active)
                     return await asyncio.shield(active.done)
 
     async def cancel(self, tenant: str, conversation_id: str, run_id: str) -> None:
         """Ask a run to stop, wherever it runs; this process's runs stop at once."""
         await self.repo.request_cancel(tenant, conversation_id, run_id)
         active = self.active.get(run_id)
-        if active is not None and active.tenant == tenant and active.task is not None:
-            active.task.cancel()
+        if active is not None and active.tenant == tenant:
+            self.stop(active)
 
     async def compact(
         self, tenant: str, conversation_id: str, agent_name: str, if_match: IfMatch | None
     ) -> RunView:
         """Compact now, as a run without prompts: it takes the lease like any run and leaves
         a run record with its compaction."""
+        if self.closing:
+            raise ShuttingDown("the server is stopping")
         body = RunCreate(prompts=["(compact)"], agent=agent_name)
         agent = self.agents.get(agent_name)
         run_id = str(uuid.uuid4())
@@ -282,20 +455,33 @@ class RunManager:
         )
         if started.active_run_id is not None:
             raise Busy(started.active_run_id, retry_after=self.settings.lease_seconds)
+        self._took_over(started)
         assert started.loaded is not None
         active = ActiveRun(tenant, conversation_id, run_id, started, None)
-        self.active[run_id] = active
+        self._register(active)
         try:
             try:
                 result = await agent.compact(started.loaded.context)
             except Exception as exc:
                 log.exception("compaction %s failed unexpectedly", run_id)
                 result = _internal(started.loaded.context, exc)
+            active.finishing = True
             return await asyncio.shield(self._finish(
                 active, started.loaded, result, body, minimal=False, idempotent=False
             ))
         finally:
-            self.active.pop(run_id, None)
+            self._unregister(run_id)
+
+
+def _settle(target: asyncio.Future[RunView], source: asyncio.Future[RunView]) -> None:
+    if target.done():
+        return
+    if source.cancelled():
+        target.set_exception(RuntimeError("the run was aborted"))
+    elif (exc := source.exception()) is not None:
+        target.set_exception(exc)
+    else:
+        target.set_result(source.result())
 
 
 def _cancelled(context: Context) -> Result:
@@ -310,4 +496,4 @@ def _internal(context: Context, exc: Exception) -> Result:
     )
 
 
-__all__ = ["ActiveRun", "Busy", "Replayed", "RunManager", "request_hash"]
+__all__ = ["ActiveRun", "Busy", "Replayed", "RunManager", "ShuttingDown", "request_hash"]

@@ -13,7 +13,7 @@ not depend on how long the conversation is.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -26,7 +26,7 @@ from app.agent.codec import dump_context, dump_message, dump_messages, load_cont
 from app.agent.messages import AnyMessage, AssistantMessage, Context, UserMessage
 from app.agent.records import Compaction, Result
 
-from .changes import TranscriptItem, plan_context_write, run_transcript
+from .changes import ContextWrite, TranscriptItem, plan_context_write, run_transcript
 from .db import read_transaction, write_transaction
 from .errors import (
     AlreadyExists,
@@ -108,6 +108,15 @@ class StartedRun:
     loaded: Loaded | None = None
     active_run_id: str | None = None
     replay: IdempotentReplay | None = None
+    interrupted: str | None = None  # a run of a dead process whose lease this one took over
+
+
+@dataclass(frozen=True)
+class Renewal:
+    """What :meth:`Repository.renew_leases` found."""
+
+    renewed: frozenset[str]  # runs still running under this owner, leases extended
+    cancel_requested: frozenset[str]  # of those, the ones another replica asked to cancel
 
 
 @dataclass(frozen=True)
@@ -362,12 +371,14 @@ class Repository:
         expired marks its run ``interrupted`` and is taken over). Then the run row, the lease and
         the idempotency key are written and the context is read under them.
         """
-        now = utcnow()
+        interrupted: str | None = None
         async with write_transaction(self.engine) as conn:
             stmt = select(conversations).where(*_conversation_key(tenant, conv_id))
             if conn.dialect.name == "postgresql":
                 stmt = stmt.with_for_update()
             found = (await conn.execute(stmt)).mappings().first()
+            # The time once the locks are held: waiting for them must not eat into the lease.
+            now = utcnow()
             if found is None:
                 raise NotFound(f"conversation {conv_id!r} not found")
             conv = Conversation(**found)
@@ -389,9 +400,13 @@ class Repository:
                     )
                 ).first()
                 if holder is not None and holder.status == "running":
-                    if holder.lease_expires_at is not None and holder.lease_expires_at > now:
+                    expired = holder.lease_expires_at is None or holder.lease_expires_at <= now
+                    # The holder may renew its lease meanwhile: the interrupt is conditional.
+                    if not expired or not await _interrupt(
+                        conn, tenant, conv_id, conv.active_run_id, now
+                    ):
                         return StartedRun(active_run_id=conv.active_run_id)
-                    await _interrupt(conn, tenant, conv_id, conv.active_run_id, now)
+                    interrupted = conv.active_run_id
 
             await conn.execute(
                 update(conversations)
@@ -428,42 +443,57 @@ class Repository:
             first_position=rows[0].position if rows else conv.next_position,
             next_position=conv.next_position,
         )
-        return StartedRun(run=Run(**values), loaded=loaded)
+        return StartedRun(run=Run(**values), loaded=loaded, interrupted=interrupted)
 
     async def renew_leases(
         self, run_ids: Sequence[str], *, owner: str, lease_seconds: float
-    ) -> list[str]:
-        """Extend the leases of this process's running runs; returns those asked to cancel."""
-        if not run_ids:
-            return []
-        now = utcnow()
-        mine = [runs.c.run_id.in_(list(run_ids)), runs.c.lease_owner == owner,
-                runs.c.status == "running"]
-        async with write_transaction(self.engine) as conn:
-            await conn.execute(
-                update(runs).where(*mine)
-                .values(lease_expires_at=now + timedelta(seconds=lease_seconds))
-            )
-            cancelled = (
-                await conn.execute(select(runs.c.run_id).where(*mine, runs.c.cancel_requested))
-            ).scalars().all()
-        return list(cancelled)
+    ) -> Renewal:
+        """Extend the leases of this process's running runs, in one statement for all of them.
 
-    async def interrupt_expired(self) -> int:
-        """Mark runs whose lease expired (their process died) ``interrupted``; free their
-        conversations. Returns how many runs were marked."""
-        now = utcnow()
+        Returns which leases were renewed (a run missing from them is no longer this process's
+        to finish: another process found its lease expired and marked it ``interrupted``) and
+        which of the renewed runs another replica asked to cancel.
+        """
+        if not run_ids:
+            return Renewal(renewed=frozenset(), cancel_requested=frozenset())
         async with write_transaction(self.engine) as conn:
-            expired = (
+            rows = (
                 await conn.execute(
-                    select(runs.c.tenant, runs.c.conversation_id, runs.c.run_id).where(
-                        runs.c.status == "running", runs.c.lease_expires_at < now
-                    )
+                    update(runs)
+                    .where(runs.c.run_id.in_(list(run_ids)), runs.c.lease_owner == owner,
+                           runs.c.status == "running")
+                    .values(lease_expires_at=utcnow() + timedelta(seconds=lease_seconds))
+                    .returning(runs.c.run_id, runs.c.cancel_requested)
                 )
             ).all()
-            for row in expired:
-                await _interrupt(conn, row.tenant, row.conversation_id, row.run_id, now)
-        return len(expired)
+        return Renewal(
+            renewed=frozenset(row.run_id for row in rows),
+            cancel_requested=frozenset(row.run_id for row in rows if row.cancel_requested),
+        )
+
+    async def interrupt_expired(self, *, alive: Collection[str] = ()) -> int:
+        """Mark runs whose lease expired (their process died) ``interrupted``; free their
+        conversations. Returns how many runs were marked.
+
+        ``alive``: runs the caller is running itself and knows to be alive (a process never
+        interrupts its own runs because its renewals were late; other processes may).
+        """
+        async with read_transaction(self.engine) as conn:
+            expired = (
+                await conn.execute(
+                    select(runs.c.tenant, runs.c.conversation_id, runs.c.run_id)
+                    .where(runs.c.status == "running", runs.c.lease_expires_at < utcnow())
+                    .order_by(runs.c.tenant, runs.c.conversation_id, runs.c.run_id)
+                )
+            ).all()
+        expired = [row for row in expired if row.run_id not in alive]
+        marked = 0
+        # One short transaction each: no transaction holds the locks of several conversations.
+        for row in expired:
+            async with write_transaction(self.engine) as conn:
+                marked += await _interrupt(conn, row.tenant, row.conversation_id, row.run_id,
+                                           utcnow())
+        return marked
 
     async def request_cancel(self, tenant: str, conv_id: str, run_id: str) -> Run:
         """Flag a running run for cancellation; the process running it stops it.
@@ -484,10 +514,12 @@ class Repository:
         return run
 
     async def purge_idempotency_keys(self) -> int:
-        """Delete idempotency keys past their retention."""
+        """Delete idempotency keys past their retention (keys of runs still in flight stay until
+        their answer is kept; a dead run's key is released when the run is interrupted)."""
         async with write_transaction(self.engine) as conn:
             done = await conn.execute(
-                delete(idempotency_keys).where(idempotency_keys.c.expires_at < utcnow())
+                delete(idempotency_keys).where(idempotency_keys.c.expires_at < utcnow(),
+                                               idempotency_keys.c.response.is_not(None))
             )
         return int(done.rowcount or 0)
 
@@ -510,9 +542,30 @@ class Repository:
         new messages, final and compactions go to the audit tables and the transcript gets every
         admitted prompt, attempt, tool result and compaction. The run's lease is released,
         and ``respond`` (given for requests with an Idempotency-Key) says what answer to keep.
+
+        Only a run still ``running`` finishes: one that lost its lease and was marked
+        ``interrupted`` meanwhile writes nothing at all, and learns how it was recorded.
         """
         plan = plan_context_write(base.context, base.first_position, base.next_position, result)
         entries = run_transcript(result, len(base.context.messages), plan)
+        try:
+            return await self._finish_run(
+                tenant, conv_id, run_id, base=base, result=result, store=store, respond=respond,
+                plan=plan, entries=entries,
+            )
+        except _NotRunning:
+            # The lease fences the write: only a run still ``running`` finishes. A run whose
+            # lease expired and that another process marked ``interrupted`` (its process was
+            # paused or cut off from the database meanwhile) stores nothing (the transaction
+            # was rolled back) and stays as it was marked.
+            async with read_transaction(self.engine) as conn:
+                return await _no_longer_running(conn, tenant, conv_id, run_id)
+
+    async def _finish_run(
+        self, tenant: str, conv_id: str, run_id: str, *, base: Loaded, result: Result,
+        store: bool, respond: Callable[[RunOutcome], tuple[int, dict[str, Any]]] | None,
+        plan: ContextWrite, entries: Sequence[TranscriptItem],
+    ) -> RunOutcome:
         now = utcnow()
         key = _conversation_key(tenant, conv_id)
         same_incarnation = conversations.c.incarnation == base.incarnation
@@ -521,6 +574,7 @@ class Repository:
             (conversations.c.active_run_id == run_id, None), else_=conversations.c.active_run_id
         )
 
+        # Lock order, here as everywhere: the conversation row first, then the run row.
         async with write_transaction(self.engine) as conn:
             row = None
             if store:
@@ -573,7 +627,8 @@ class Repository:
             result_etag = etag if stored else None
             finished = await conn.execute(
                 update(runs)
-                .where(*_child_key(runs, tenant, conv_id), runs.c.run_id == run_id)
+                .where(*_child_key(runs, tenant, conv_id), runs.c.run_id == run_id,
+                       runs.c.status == "running")
                 .values(
                     status=status,
                     stored=stored,
@@ -585,7 +640,7 @@ class Repository:
                 )
             )
             if not finished.rowcount:
-                raise NotFound(f"run {run_id!r} not found")
+                raise _NotRunning  # rolls the transaction back
 
             await _insert_audit(conn, tenant, conv_id, run_id, result)
             first_seq = row.transcript_seq - len(entries) + 1
@@ -743,7 +798,7 @@ async def _claimed(
     row = (await conn.execute(select(idempotency_keys).where(*key))).mappings().first()
     if row is None:
         return None
-    if row["expires_at"] <= now:
+    if row["expires_at"] <= now and row["response"] is not None:
         await conn.execute(delete(idempotency_keys).where(*key))
         return None
     if row["request_hash"] != claim.request_hash:
@@ -762,16 +817,31 @@ async def _claimed(
 
 async def _interrupt(
     conn: AsyncConnection, tenant: str, conv_id: str, run_id: str, now: datetime
-) -> None:
-    """A run whose process died: ``interrupted``, nothing stored, conversation freed."""
+) -> bool:
+    """A run whose process died: ``interrupted``, nothing stored, conversation freed.
+
+    Conditional on the run still running with its lease expired (PostgreSQL re-checks that on
+    the current row when a renewal or the run's own finish committed meanwhile); False when it
+    did not hold, and then nothing is changed.
+    """
     error = {"kind": "internal", "message": "the process running this run went away",
              "status": None, "code": "interrupted"}
-    await conn.execute(
+    if conn.dialect.name == "postgresql":
+        # Lock order: the conversation row first, then the run row (as start_run and
+        # finish_run take them), so that an interrupt never deadlocks with either.
+        await conn.execute(
+            select(conversations.c.id).where(*_conversation_key(tenant, conv_id))
+            .with_for_update()
+        )
+    marked = await conn.execute(
         update(runs)
         .where(*_child_key(runs, tenant, conv_id), runs.c.run_id == run_id,
-               runs.c.status == "running")
+               runs.c.status == "running",
+               or_(runs.c.lease_expires_at.is_(None), runs.c.lease_expires_at <= now))
         .values(status="interrupted", finished_at=now, lease_expires_at=None, error=error)
     )
+    if not marked.rowcount:
+        return False
     await conn.execute(
         update(conversations)
         .where(*_conversation_key(tenant, conv_id), conversations.c.active_run_id == run_id)
@@ -784,6 +854,29 @@ async def _interrupt(
             idempotency_keys.c.response.is_(None),
         )
     )
+    return True
+
+
+class _NotRunning(Exception):
+    """The run being finished is no longer ``running`` (or no longer exists)."""
+
+
+async def _no_longer_running(
+    conn: AsyncConnection, tenant: str, conv_id: str, run_id: str
+) -> RunOutcome:
+    """What a run that may no longer finish learns: how it was recorded (``interrupted``, or
+    its own outcome when a first attempt to finish did commit), and the stored ETag."""
+    run = (
+        await conn.execute(
+            select(runs.c.status, runs.c.stored, runs.c.result_etag, runs.c.finished_at)
+            .where(*_child_key(runs, tenant, conv_id), runs.c.run_id == run_id)
+        )
+    ).first()
+    conv = await _conversation(conn, tenant, conv_id)
+    if run is None or conv is None:
+        raise NotFound(f"run {run_id!r} not found")
+    return RunOutcome(status=run.status, stored=run.stored, etag=conv.etag,
+                      result_etag=run.result_etag, finished_at=run.finished_at)
 
 
 async def _records(
@@ -927,6 +1020,7 @@ __all__ = [
     "IfMatch",
     "Loaded",
     "OnFailure",
+    "Renewal",
     "Repository",
     "RunOutcome",
     "RunRecord",

@@ -21,7 +21,7 @@ from app.agent.events import (
     ToolStarted,
 )
 from app.agent.providers import base as provider_events
-from app.service.runs import ActiveRun, Busy, Replayed
+from app.service.runs import ActiveRun, Busy, Replayed, RunManager, ShuttingDown
 from app.service.views import record_view
 from app.store.errors import (
     Conflict,
@@ -52,6 +52,7 @@ from ..problems import (
     IDEMPOTENCY_KEY_IN_FLIGHT,
     IDEMPOTENCY_KEY_MISMATCH,
     NOT_FOUND,
+    NOT_READY,
     PRECONDITION_FAILED,
     RUN_IN_PROGRESS,
     RUN_NOT_ACTIVE,
@@ -112,6 +113,11 @@ def _not_found(conversation_id: str) -> Problem:
     return Problem(NOT_FOUND, f"conversation {conversation_id!r} not found")
 
 
+def _stopping() -> Problem:
+    return Problem(NOT_READY, "this server is stopping and starts no new run; try another "
+                   "replica or again shortly", headers={"Retry-After": "1"})
+
+
 @router.post(
     "/conversations/{conversation_id}/runs",
     status_code=201,
@@ -166,6 +172,8 @@ async def create_run(
     except IdempotencyInFlight as exc:
         raise Problem(IDEMPOTENCY_KEY_IN_FLIGHT, str(exc), run_id=exc.run_id,
                       headers={"Retry-After": "1"}) from None
+    except ShuttingDown:
+        raise _stopping() from None
 
     if isinstance(started, Replayed):
         replay = started.body
@@ -221,7 +229,7 @@ def _event_payload(event: RunEvent) -> tuple[str, Any] | None:
 
 
 async def _events(
-    manager: Any, active: ActiveRun, on_disconnect: str, minimal: bool
+    manager: RunManager, active: ActiveRun, on_disconnect: str, minimal: bool
 ) -> AsyncIterator[bytes]:
     """The run as server-sent events. A client that goes away cancels the run only with
     ``on_disconnect: cancel``; the run's task is separate from this response."""
@@ -242,8 +250,8 @@ async def _events(
         view = await asyncio.shield(active.done)
         yield _sse("run.finished", view.body(minimal=minimal))
     except asyncio.CancelledError:
-        if on_disconnect == "cancel" and active.task is not None:
-            active.task.cancel()
+        if on_disconnect == "cancel":
+            manager.stop(active)
         raise
 
 
@@ -351,6 +359,8 @@ async def compact(
                       current_etag=exc.current_etag) from None
     except Busy as exc:
         raise run_in_progress(exc.active_run_id, int(exc.retry_after)) from None
+    except ShuttingDown:
+        raise _stopping() from None
     headers = {"Location": _location(conversation_id, view.model.run_id)}
     if view.etag:
         headers["ETag"] = view.etag

@@ -1,0 +1,174 @@
+"""Cancelling runs: from another process (SPEC §4 ``POST …/cancel`` "from any replica") and by a
+client that goes away (``on_disconnect``), streaming or not."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from .harness import (
+    Servers,
+    background_run,
+    client,
+    create_conversation,
+    run_ends,
+    sse_events,
+    started_run,
+    stored_context,
+    user_texts,
+)
+
+
+@pytest.mark.parametrize("on_failure", ["keep", "discard"])
+async def test_cancel_on_another_server(
+    on_failure: str, postgres_url: str, servers: Servers
+) -> None:
+    a, b = await servers.start(postgres_url, 2)
+    async with client(b) as http:
+        conv, created = await create_conversation(http)
+        running = background_run(a, conv, "/sleep 60 cancel me", on_failure=on_failure)
+        run_id = await started_run(http, conv)
+
+        asked = await http.post(f"/conversations/{conv}/runs/{run_id}/cancel")
+        asked_at = time.monotonic()
+        assert asked.status_code == 202, asked.text
+        assert asked.json()["run_id"] == run_id
+
+        answer = await asyncio.wait_for(running, 15)
+        took = time.monotonic() - asked_at
+        print(f"cancelled on the other server {took:.2f}s after the request")
+        assert answer.status_code == 201, answer.text
+        body = answer.json()
+        assert body["run_id"] == run_id and body["status"] == "cancelled"
+        assert body["error"]["type"].endswith("/run-cancelled")
+        record = await run_ends(http, conv, run_id)
+        assert record["status"] == "cancelled" and record["stored"] == body["stored"]
+
+        context, etag = await stored_context(http, conv)
+        assert etag == body["etag"]
+        if on_failure == "keep":  # §3.2: after admission the prompt is in the context
+            assert body["stored"] is True
+            assert user_texts(context["messages"]) == ["/sleep 60 cancel me"]
+        else:  # the stored state stays as before the run
+            assert body["stored"] is False
+            assert context["messages"] == [] and etag == created
+        # the attempt that was cut off is in the run record either way
+        assert [m["stop_reason"] for m in record["new_messages"]
+                if m["type"] == "assistant"] == ["aborted"]
+
+        again = await http.post(f"/conversations/{conv}/runs/{run_id}/cancel")
+        assert again.status_code == 409 and again.json()["type"].endswith("/run-not-active")
+        # the conversation is free again
+        after = await http.post(f"/conversations/{conv}/runs", json={"prompts": ["next"]})
+        assert after.status_code == 201 and after.json()["status"] == "completed"
+
+
+async def test_cancel_during_a_tool_batch_on_another_server(
+    postgres_url: str, servers: Servers
+) -> None:
+    """A streamed run cancelled from another server while its tool runs: the stream ends with
+    ``run.finished`` saying ``cancelled``; on_failure keep stores the call without a result,
+    replayable under the one exception SPEC §1 allows, and the next run closes the batch."""
+    a, b = await servers.start(postgres_url, 2)
+    async with client(b) as http:
+        conv, _ = await create_conversation(http)
+        events: list[str] = []
+        async with client(a) as http_a, http_a.stream(
+            "POST", f"/conversations/{conv}/runs", headers={"Accept": "text/event-stream"},
+            json={"prompts": ['/tool wait {"seconds": 60}']},
+        ) as response:
+            async for event, data in sse_events(response):
+                events.append(event)
+                if event == "run.started":
+                    run_id = data["run_id"]
+                elif event == "tool.started":
+                    asked = await http.post(f"/conversations/{conv}/runs/{run_id}/cancel")
+                    assert asked.status_code == 202
+                elif event == "run.finished":
+                    finished = data
+        assert events[-1] == "run.finished" and "tool.finished" not in events
+        assert finished["status"] == "cancelled" and finished["stored"] is True
+        context, etag = await stored_context(http, conv, allow_open_batch=True)
+        assert etag == finished["etag"]
+        assert [m["type"] for m in context["messages"]] == ["user", "assistant"]
+
+        nxt = await http.post(f"/conversations/{conv}/runs", json={"prompts": ["go on"]})
+        assert nxt.status_code == 201 and nxt.json()["status"] == "completed"
+        context, _ = await stored_context(http, conv)  # closed: replayable, no exception
+        assert [m["type"] for m in context["messages"]] == [
+            "user", "assistant", "tool_result", "user", "assistant"]
+        assert context["messages"][2]["is_error"] is True
+
+
+async def _disconnect_json(server: Any, conv: str, prompt: str, on_disconnect: str) -> str:
+    """Start a non-streaming run, then close the connection while it runs; its run id."""
+    running = background_run(server, conv, prompt, on_disconnect=on_disconnect)
+    async with client(server) as http:
+        run_id = await started_run(http, conv)
+    running.cancel()  # closes the connection mid-request
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    return run_id
+
+
+async def _disconnect_stream(server: Any, conv: str, prompt: str, on_disconnect: str) -> str:
+    """Start a streaming run, read ``run.started``, then close the connection; its run id."""
+    async with client(server) as http, http.stream(
+        "POST", f"/conversations/{conv}/runs", headers={"Accept": "text/event-stream"},
+        json={"prompts": [prompt], "on_disconnect": on_disconnect},
+    ) as response:
+        assert response.status_code == 201
+        async for event, data in sse_events(response):
+            assert event == "run.started"
+            return str(data["run_id"])
+    raise AssertionError("no run.started event")
+
+
+@pytest.mark.parametrize("how", ["json", "stream"])
+async def test_a_client_that_goes_away_cancels_only_when_asked(
+    how: str, postgres_url: str, servers: Servers
+) -> None:
+    [server] = await servers.start(postgres_url)
+    disconnect = _disconnect_json if how == "json" else _disconnect_stream
+    async with client(server) as http:
+        conv, created = await create_conversation(http)
+
+        # on_disconnect: cancel — the run stops when the client goes away
+        run_id = await disconnect(server, conv, "/sleep 60 gone", "cancel")
+        record = await run_ends(http, conv, run_id, within=15)
+        assert record["status"] == "cancelled"
+        context, _ = await stored_context(http, conv)
+        assert user_texts(context["messages"]) == ["/sleep 60 gone"]  # on_failure keep
+
+        # on_disconnect: continue (the default) — the run completes and is stored
+        run_id = await disconnect(server, conv, "/sleep 1 stay", "continue")
+        record = await run_ends(http, conv, run_id, within=15)
+        assert record["status"] == "completed" and record["stored"] is True
+        context, etag = await stored_context(http, conv)
+        assert user_texts(context["messages"]) == ["/sleep 60 gone", "/sleep 1 stay"]
+        assert etag == record["etag"] != created
+
+
+async def test_cancels_racing_the_end_of_a_run_leave_its_answer_whole(
+    postgres_url: str, servers: Servers
+) -> None:
+    """Many cancels racing the end of a short run: its answer is a run record, never a 500."""
+    [server] = await servers.start(postgres_url)
+    async with client(server) as http:
+        conv, _ = await create_conversation(http)
+        for _ in range(5):
+            running = background_run(server, conv, "/sleep 0.2 race")
+            run_id = await started_run(http, conv)
+
+            async def cancel(run_id: str = run_id) -> httpx.Response:
+                return await http.post(f"/conversations/{conv}/runs/{run_id}/cancel")
+
+            cancels = await asyncio.gather(*(cancel() for _ in range(10)))
+            answer = await running
+            assert answer.status_code == 201, answer.text
+            assert answer.json()["status"] in ("cancelled", "completed")
+            assert {c.status_code for c in cancels} <= {202, 409}

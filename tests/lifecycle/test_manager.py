@@ -1,0 +1,228 @@
+"""The run manager and the lease queries in-process, on both engines: the races the process
+tests can only hit by chance (a cancel while the outcome is written, a stop before the run's
+task began, a lease lost to another process), shutdown, and the in-progress gauge."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import update
+
+from app.api.schemas import RunCreate
+from app.config import Settings
+from app.observability import RUNS_IN_PROGRESS
+from app.service.agents import AgentPool
+from app.service.runs import ActiveRun, RunManager, ShuttingDown
+from app.store.db import write_transaction
+from app.store.repository import Repository
+from app.store.tables import runs, utcnow
+
+
+@pytest.fixture
+async def manager(repo: Repository, database_url: str) -> AsyncIterator[RunManager]:
+    settings = Settings(database_url=database_url, lease_seconds=2.0, busy_wait_seconds=5.0)
+    pool = AgentPool(settings)
+    runs_ = RunManager(repo, pool, settings)
+    try:
+        yield runs_
+    finally:
+        await runs_.aclose()
+        await pool.aclose()
+
+
+async def _start(manager: RunManager, conv: str, prompt: str, **body: Any) -> ActiveRun:
+    started = await manager.start("default", conv, RunCreate(prompts=[prompt], **body),
+                                  if_match=None)
+    assert isinstance(started, ActiveRun)
+    return started
+
+
+async def _answer(manager: RunManager, active: ActiveRun) -> dict[str, Any]:
+    view = await asyncio.wait_for(
+        manager.wait(active, on_disconnect="continue", disconnected=None), 20
+    )
+    return view.body()
+
+
+def _gauge() -> float:
+    return RUNS_IN_PROGRESS._value.get()  # type: ignore[attr-defined, no-any-return]
+
+
+async def test_a_cancel_while_the_outcome_is_written_keeps_the_answer(
+    manager: RunManager, repo: Repository, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await repo.create_conversation("default", "c1")
+    writing, release = asyncio.Event(), asyncio.Event()
+    finish = repo.finish_run
+
+    async def slow_finish(*args: Any, **kwargs: Any) -> Any:
+        writing.set()
+        await release.wait()
+        return await finish(*args, **kwargs)
+
+    monkeypatch.setattr(repo, "finish_run", slow_finish)
+    active = await _start(manager, "c1", "hello")
+    await asyncio.wait_for(writing.wait(), 10)
+    await manager.cancel("default", "c1", active.run_id)  # the row still says running
+    manager.stop(active)
+    release.set()
+    body = await _answer(manager, active)
+    assert body["status"] == "completed" and body["stored"] is True
+
+
+async def test_a_run_stopped_before_its_task_began_ends_cancelled(
+    manager: RunManager, repo: Repository
+) -> None:
+    await repo.create_conversation("default", "c1")
+    before = _gauge()
+    active = await _start(manager, "c1", "/sleep 30 never")
+    assert _gauge() == before + 1
+    manager.stop(active)  # no await in between: the task has not begun
+    body = await _answer(manager, active)
+    assert body["status"] == "cancelled" and body["stored"] is False  # nothing was admitted
+    assert _gauge() == before and not manager.active
+    conv = await repo.get_conversation("default", "c1")
+    assert conv is not None and conv.active_run_id is None
+
+
+async def test_a_run_that_lost_its_lease_is_stopped_and_stores_nothing(
+    manager: RunManager, repo: Repository
+) -> None:
+    await repo.create_conversation("default", "c1")
+    loaded = await repo.load_context("default", "c1")
+    active = await _start(manager, "c1", "/sleep 30 paused")
+    # as if this process had been paused past its lease: another process marks it interrupted
+    async with write_transaction(repo.engine) as conn:
+        await conn.execute(update(runs).where(runs.c.run_id == active.run_id)
+                           .values(lease_expires_at=utcnow() - timedelta(seconds=1)))
+    assert await repo.interrupt_expired() == 1
+    await manager.start_keeper()  # its next renewal finds the run is no longer its own
+    body = await _answer(manager, active)
+    assert body["status"] == "interrupted" and body["stored"] is False
+    assert body["etag"] == loaded.etag
+    record = await repo.get_run("default", "c1", active.run_id)
+    assert record is not None and record.run.status == "interrupted"
+    assert record.new_messages == ()
+    assert (await repo.load_context("default", "c1")).context.messages == ()
+    assert await repo.list_transcript("default", "c1") == []
+
+
+async def test_finish_is_fenced_by_the_lease(repo: Repository) -> None:
+    """The store refuses the outcome of a run another process marked interrupted, even when
+    nothing was written since (the conditional write alone would let it through)."""
+    from app.agent.messages import AssistantMessage, TextBlock, UserMessage
+    from app.agent.records import Result
+
+    await repo.create_conversation("default", "c1")
+    prompt = UserMessage.text("late")
+    started = await repo.start_run(
+        "default", "c1", run_id="r1", if_match=None, prompts=(prompt,), agent="default",
+        on_failure="keep", owner="me", lease_seconds=0.001,
+    )
+    assert started.loaded is not None
+    await asyncio.sleep(0.01)
+    assert await repo.interrupt_expired() == 1
+    answer = AssistantMessage(content=(TextBlock(text="too late"),), provider="echo",
+                              model="echo", stop_reason="end_turn")
+    context = started.loaded.context.model_copy(update={"messages": (prompt, answer)})
+    result = Result(status="completed", context=context, new_messages=(prompt, answer),
+                    final=answer)
+    outcome = await repo.finish_run("default", "c1", "r1", base=started.loaded, result=result,
+                                    store=True)
+    assert outcome.status == "interrupted" and outcome.stored is False
+    assert outcome.etag == started.loaded.etag
+    stored = await repo.load_context("default", "c1")
+    assert stored.etag == started.loaded.etag and stored.context.messages == ()
+
+
+async def test_renewal_is_one_statement_that_reports_cancels_and_losses(
+    repo: Repository
+) -> None:
+    for conv in ("c1", "c2", "c3"):
+        await repo.create_conversation("default", conv)
+        await repo.start_run("default", conv, run_id=f"r-{conv}", if_match=None, prompts=(),
+                             agent="default", on_failure="keep", owner="me", lease_seconds=30)
+    await repo.request_cancel("default", "c2", "r-c2")
+    async with write_transaction(repo.engine) as conn:  # r-c3 went to another process
+        await conn.execute(update(runs).where(runs.c.run_id == "r-c3")
+                           .values(lease_owner="someone else"))
+    renewal = await repo.renew_leases(["r-c1", "r-c2", "r-c3"], owner="me", lease_seconds=30)
+    assert renewal.renewed == {"r-c1", "r-c2"}
+    assert renewal.cancel_requested == {"r-c2"}
+
+
+async def test_shutdown_cancels_runs_and_refuses_new_ones(
+    manager: RunManager, repo: Repository
+) -> None:
+    await repo.create_conversation("default", "c1")
+    await repo.create_conversation("default", "c2")
+    active = await _start(manager, "c1", "/sleep 30 in flight")
+    await asyncio.sleep(0.2)
+    manager.shutdown()
+    body = await _answer(manager, active)
+    assert body["status"] == "cancelled" and body["stored"] is True  # keep: prompt admitted
+    with pytest.raises(ShuttingDown):
+        await _start(manager, "c2", "too late")
+    conv = await repo.get_conversation("default", "c1")
+    assert conv is not None and conv.active_run_id is None
+
+
+async def test_keys_of_runs_in_flight_outlive_their_retention(repo: Repository) -> None:
+    from app.store.errors import IdempotencyInFlight
+    from app.store.repository import IdempotencyClaim
+
+    await repo.create_conversation("default", "c1")
+    claim = IdempotencyClaim(key="k", request_hash="h", ttl_seconds=1)
+    started = await repo.start_run(
+        "default", "c1", run_id="r1", if_match=None, prompts=(), agent="default",
+        on_failure="keep", owner="me", lease_seconds=30, idempotency=claim,
+    )
+    assert started.loaded is not None
+    await asyncio.sleep(1.1)
+    assert await repo.purge_idempotency_keys() == 0  # still running: the key stays, and
+    with pytest.raises(IdempotencyInFlight):  # a repeat is still "in flight", not a new request
+        await repo.start_run(
+            "default", "c1", run_id="r2", if_match=None, prompts=(), agent="default",
+            on_failure="keep", owner="me", lease_seconds=30, idempotency=claim,
+        )
+    from app.agent.records import Result
+
+    await repo.finish_run("default", "c1", "r1", base=started.loaded,
+                          result=Result(status="completed", context=started.loaded.context),
+                          store=True, respond=lambda outcome: (201, {"status": outcome.status}))
+    assert await repo.purge_idempotency_keys() == 1
+
+
+async def test_takeovers_and_sweeps_of_expired_leases_do_not_deadlock(
+    repo: Repository
+) -> None:
+    """After a crash, clients taking conversations over and sweepers marking the same runs
+    interrupted lock rows in one order: none of them fails."""
+    convs = [f"c{i}" for i in range(20)]
+    for conv in convs:
+        await repo.create_conversation("default", conv)
+        await repo.start_run("default", conv, run_id=f"dead-{conv}", if_match=None, prompts=(),
+                             agent="default", on_failure="keep", owner="dead",
+                             lease_seconds=0.001)
+    await asyncio.sleep(0.01)
+
+    async def take(conv: str) -> None:
+        started = await repo.start_run(
+            "default", conv, run_id=f"new-{conv}", if_match=None, prompts=(), agent="default",
+            on_failure="keep", owner="alive", lease_seconds=30,
+        )
+        assert started.run is not None
+
+    results = await asyncio.gather(
+        *(take(conv) for conv in convs), *(repo.interrupt_expired() for _ in range(4)),
+        return_exceptions=True,
+    )
+    assert [r for r in results if isinstance(r, BaseException)] == []
+    assert sum(r for r in results if isinstance(r, int)) <= len(convs)
+    for conv in convs:
+        record = await repo.get_run("default", conv, f"dead-{conv}")
+        assert record is not None and record.run.status == "interrupted"
