@@ -16,6 +16,8 @@ Every transaction is opened with :func:`write_transaction` or :func:`read_transa
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -92,12 +94,36 @@ def is_sqlite(engine: AsyncEngine | AsyncConnection) -> bool:
 async def write_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
     """One write transaction: ``BEGIN IMMEDIATE`` on SQLite, ``BEGIN`` on PostgreSQL.
 
-    Commits when the block ends normally, rolls back if it raises.
+    Commits when the block ends normally, rolls back if it raises. On SQLite the writers of one
+    engine queue for the write lock in order, in this process: SQLite's busy handler polls, so
+    under load a writer among many could lose every poll until ``busy_timeout`` and fail with
+    "database is locked"; the busy timeout is left to arbitrate between processes.
     """
-    async with engine.connect() as conn:
+    if engine.dialect.name != "sqlite":
+        async with engine.connect() as conn:
+            await conn.execution_options(**{_WRITE_OPTION: True})
+            async with conn.begin():
+                yield conn
+        return
+    async with _sqlite_writer(engine), engine.connect() as conn:
         await conn.execution_options(**{_WRITE_OPTION: True})
         async with conn.begin():
             yield conn
+
+
+_writers: weakref.WeakKeyDictionary[Any, tuple[asyncio.AbstractEventLoop, asyncio.Lock]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _sqlite_writer(engine: AsyncEngine) -> asyncio.Lock:
+    """The engine's write lock on the running event loop."""
+    loop = asyncio.get_running_loop()
+    found = _writers.get(engine.sync_engine)
+    if found is None or found[0] is not loop:
+        found = (loop, asyncio.Lock())
+        _writers[engine.sync_engine] = found
+    return found[1]
 
 
 @asynccontextmanager
