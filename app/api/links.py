@@ -10,11 +10,17 @@ middleware gives on every operation.
   security requirement is optional), 413 on every request that may carry a body, and 400/415
   on every operation that takes a JSON body. Declared here once, so no route can forget them.
 
+- **Exact bodies**: a discriminated union's tag (``type`` of every message, block and image
+  source) is required in each member, as OpenAPI's discriminator demands and the server
+  enforces (pydantic leaves it optional because the models give it a default); base64 image
+  data carries the pattern the server checks.
+
 Applied to the schema FastAPI generates, after the problem documentation; idempotent.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from fastapi import FastAPI
@@ -110,8 +116,38 @@ def _add_responses(operation: dict[str, Any], extra: dict[int | str, dict[str, A
         responses.setdefault(str(status), response)
 
 
+#: what ``base64.b64decode(data, validate=True)`` accepts: the alphabet, in padded quartets
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+
+
+def _require_discriminators(node: Any, components: dict[str, Any]) -> None:
+    if isinstance(node, list):
+        for item in node:
+            _require_discriminators(item, components)
+        return
+    if not isinstance(node, dict):
+        return
+    discriminator = node.get("discriminator")
+    if isinstance(discriminator, dict):
+        tag = discriminator.get("propertyName")
+        for ref in discriminator.get("mapping", {}).values():
+            member = components.get(str(ref).rsplit("/", 1)[-1])
+            if member is not None and tag in member.get("properties", {}):
+                required = member.setdefault("required", [])
+                if tag not in required:
+                    required.insert(0, tag)
+    for value in node.values():
+        _require_discriminators(value, components)
+
+
 def document_extras(schema: dict[str, Any]) -> None:
-    """Add the links and the middleware's answers to ``schema`` (in place)."""
+    """Add the links, the middleware's answers and the exact body rules to ``schema``
+    (in place)."""
+    components = schema.get("components", {}).get("schemas", {})
+    _require_discriminators(schema, components)
+    data = components.get("Base64Source", {}).get("properties", {}).get("data")
+    if isinstance(data, dict):
+        data.update({"pattern": BASE64_PATTERN, "contentEncoding": "base64"})
     for path, operations in schema.get("paths", {}).items():
         for method, operation in operations.items():
             if not isinstance(operation, dict) or "responses" not in operation:
@@ -119,7 +155,7 @@ def document_extras(schema: dict[str, Any]) -> None:
             for status, response in operation["responses"].items():
                 links = LINKS.get((path, method, status))
                 if links:
-                    response["links"] = links
+                    response["links"] = copy.deepcopy(links)  # a document's own, to edit
             if path == "/metrics":
                 # a key when keys are configured, unless CARRYOVER_PUBLIC_METRICS is set
                 operation["security"] = [{"HTTPBearer": []}, {}]

@@ -89,6 +89,19 @@ SSE_DESCRIPTION = (
 )
 
 
+#: one server-sent event, as OpenAPI 3.1 describes an event stream (the schema of each event)
+SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "event": {"type": "string", "enum": ["run.started", "delta", "message", "tool.started",
+                                             "tool.finished", "compaction", "run.finished"]},
+        "data": {"type": "string", "contentMediaType": "application/json",
+                 "description": "The event's JSON payload; for run.finished, the Run"},
+    },
+    "required": ["event", "data"],
+}
+
+
 def _location(conversation_id: str, run_id: str) -> str:
     return f"/conversations/{conversation_id}/runs/{run_id}"
 
@@ -126,7 +139,7 @@ def _stopping() -> Problem:
         201: {
             "description": "The run started and ended; its record. " + SSE_DESCRIPTION,
             "headers": {"Location": LOCATION_HEADER, "ETag": ETAG_HEADER},
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "content": {"text/event-stream": {"schema": SSE_EVENT}},
         },
         409: {
             "description": "Another run is in progress (`run-in-progress`), or the first "
