@@ -301,12 +301,8 @@ class RunManager:
                 return Replayed(started.replay.status_code, started.replay.response)
             if started.active_run_id is None:
                 break
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise Busy(started.active_run_id, retry_after=self.settings.lease_seconds)
-            await asyncio.sleep(min(self.tick / 4, remaining))
-            if self.closing:
-                raise ShuttingDown("the server is stopping")
+            await self._wait_until_free(tenant, conversation_id, started.active_run_id,
+                                        deadline)
         self._took_over(started)
 
         active = ActiveRun(
@@ -322,6 +318,23 @@ class RunManager:
         if self.closing:  # stopping began while the lease was being taken: end it at once
             self.stop(active)
         return active
+
+    async def _wait_until_free(
+        self, tenant: str, conversation_id: str, holder: str, deadline: float
+    ) -> None:
+        """``if_busy: wait``: poll with reads (cheap, and concurrent even on SQLite) until the
+        conversation looks free; Busy once the deadline passed."""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise Busy(holder, retry_after=self.settings.lease_seconds)
+            await asyncio.sleep(min(self.tick / 4, remaining))
+            if self.closing:
+                raise ShuttingDown("the server is stopping")
+            found = await self.repo.lease_holder(tenant, conversation_id)
+            if found is None:
+                return  # free (or its holder's lease expired): try to take it
+            holder = found
 
     @staticmethod
     def _took_over(started: StartedRun) -> None:

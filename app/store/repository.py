@@ -445,6 +445,28 @@ class Repository:
         )
         return StartedRun(run=Run(**values), loaded=loaded, interrupted=interrupted)
 
+    async def lease_holder(self, tenant: str, conv_id: str) -> str | None:
+        """The run holding the conversation under a live lease; None when it is free, the lease
+        expired, or the conversation is gone. A read: requests waiting for the conversation
+        (``if_busy: wait``) poll it, and only try to take the lease when it looks free."""
+        holder = and_(runs.c.tenant == conversations.c.tenant,
+                      runs.c.conversation_id == conversations.c.id,
+                      runs.c.run_id == conversations.c.active_run_id)
+        async with read_transaction(self.engine) as conn:
+            row = (
+                await conn.execute(
+                    select(conversations.c.active_run_id, runs.c.status, runs.c.lease_expires_at)
+                    .select_from(conversations.outerjoin(runs, holder))
+                    .where(*_conversation_key(tenant, conv_id))
+                )
+            ).first()
+        if row is None or row.active_run_id is None or row.status != "running":
+            return None
+        if row.lease_expires_at is None or row.lease_expires_at <= utcnow():
+            return None
+        active: str = row.active_run_id
+        return active
+
     async def renew_leases(
         self, run_ids: Sequence[str], *, owner: str, lease_seconds: float
     ) -> Renewal:

@@ -48,6 +48,8 @@ def server_env(database_url: str, port: int, **settings: Any) -> dict[str, str]:
     values.update(settings)
     env.update({f"CARRYOVER_{k.upper()}": str(v) for k, v in values.items() if v is not None})
     env["PYTHONUNBUFFERED"] = "1"
+    # the servers import the same app as the tests, wherever the tree is
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     return env
 
 

@@ -5,12 +5,13 @@ task began, a lease lost to another process), shutdown, and the in-progress gaug
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import event, update
 
 from app.api.schemas import RunCreate
 from app.config import Settings
@@ -150,9 +151,55 @@ async def test_renewal_is_one_statement_that_reports_cancels_and_losses(
     async with write_transaction(repo.engine) as conn:  # r-c3 went to another process
         await conn.execute(update(runs).where(runs.c.run_id == "r-c3")
                            .values(lease_owner="someone else"))
-    renewal = await repo.renew_leases(["r-c1", "r-c2", "r-c3"], owner="me", lease_seconds=30)
+    with _statements(repo) as executed:
+        renewal = await repo.renew_leases(["r-c1", "r-c2", "r-c3"], owner="me",
+                                          lease_seconds=30)
     assert renewal.renewed == {"r-c1", "r-c2"}
     assert renewal.cancel_requested == {"r-c2"}
+    # one statement for every run of the process, however many (BEGIN aside)
+    assert [s.split()[0] for s in executed if not s.startswith("BEGIN")] == ["UPDATE"]
+
+
+@contextmanager
+def _statements(repo: Repository) -> Iterator[list[str]]:
+    executed: list[str] = []
+
+    def after(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        executed.append(statement.strip())
+
+    event.listen(repo.engine.sync_engine, "after_cursor_execute", after)
+    try:
+        yield executed
+    finally:
+        event.remove(repo.engine.sync_engine, "after_cursor_execute", after)
+
+
+async def test_waiting_for_a_busy_conversation_polls_with_reads(
+    manager: RunManager, repo: Repository
+) -> None:
+    """``if_busy: wait`` tries to take the lease once, then reads until the conversation looks
+    free: waiters do not queue writes (on SQLite every write takes the one write lock)."""
+    await repo.create_conversation("default", "c1")
+    held = await repo.start_run("default", "c1", run_id="holder", if_match=None, prompts=(),
+                                agent="default", on_failure="keep", owner="other",
+                                lease_seconds=30)
+    assert held.loaded is not None
+    assert await repo.lease_holder("default", "c1") == "holder"
+    with _statements(repo) as executed:
+        waiting = asyncio.create_task(_start(manager, "c1", "after you", if_busy="wait"))
+        await asyncio.sleep(1.0)
+        attempts = [s for s in executed if "FOR UPDATE" in s or s == "BEGIN IMMEDIATE"]
+        assert len(attempts) == 1  # the first try; the polls since were reads
+        assert sum(s.startswith("SELECT") for s in executed) > 2
+        assert not waiting.done()
+        from app.agent.records import Result
+
+        await repo.finish_run("default", "c1", "holder", base=held.loaded, store=False,
+                              result=Result(status="completed", context=held.loaded.context))
+        assert await repo.lease_holder("default", "c1") is None
+        active = await asyncio.wait_for(waiting, 10)
+    body = await _answer(manager, active)
+    assert body["status"] == "completed" and body["base_etag"] == held.loaded.etag
 
 
 async def test_shutdown_cancels_runs_and_refuses_new_ones(
