@@ -8,7 +8,9 @@ One loop, every :attr:`RunManager.tick`:
   statement which of them another replica asked to cancel (they are cancelled) and which are no
   longer this process's (another process found the lease expired and marked the run
   ``interrupted``; the run is cancelled, and the store refuses its outcome);
-- every ``lease_seconds``, marks runs of dead processes ``interrupted``;
+- marks runs of dead processes (their lease expired) ``interrupted``: a read on the
+  ``(status, lease_expires_at)`` index, and a short write per run found, so a dead process's
+  runs end within about ``lease_seconds + tick`` of its last renewal;
 - every ``min(60 s, idempotency_ttl_seconds)`` (at most as often as that), deletes the
   idempotency keys past their retention.
 
@@ -215,20 +217,17 @@ class RunManager:
         return min(1.0, self.settings.lease_seconds / 3)
 
     async def _keep_leases(self) -> None:
-        swept = purged = time.monotonic()
+        purged = time.monotonic()
         purge_every = min(PURGE_EVERY, float(self.settings.idempotency_ttl_seconds))
         while True:
             await asyncio.sleep(self.tick)
             try:
                 await self._renew()
+                interrupted = await self.lease_repo.interrupt_expired(alive=set(self.active))
+                if interrupted:
+                    log.warning("marked %d run(s) of a dead process interrupted", interrupted)
+                    RUNS.labels(status="interrupted").inc(interrupted)
                 now = time.monotonic()
-                if now - swept >= self.settings.lease_seconds:
-                    swept = now
-                    interrupted = await self.lease_repo.interrupt_expired(alive=set(self.active))
-                    if interrupted:
-                        log.warning("marked %d run(s) of a dead process interrupted",
-                                    interrupted)
-                        RUNS.labels(status="interrupted").inc(interrupted)
                 if now - purged >= purge_every:
                     purged = now
                     await self.lease_repo.purge_idempotency_keys()

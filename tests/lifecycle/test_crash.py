@@ -82,13 +82,15 @@ async def test_sigkill_mid_run_interrupts_frees_and_keeps_what_completed(
         # the others are found by the keeper of the live server and marked interrupted
         for conv, run_id in killed.items():
             record = await run_ends(http, conv, run_id, within=LEASE_SECONDS + 10)
+            marked_after = time.monotonic() - killed_at
             assert record["status"] == "interrupted"
             assert record["stored"] is False and record["etag"] is None
             assert record["error"]["type"].endswith("/run-interrupted")
             assert record["finished_at"] is not None
             assert record["new_messages"] == [] and record["final"] is None
             assert user_texts(record["prompts"]) == ["/sleep 3 killed"]
-        print(f"conversation free {freed_after:.2f}s after SIGKILL (lease {LEASE_SECONDS}s)")
+        print(f"conversation free {freed_after:.2f}s, all runs marked interrupted "
+              f"{marked_after:.2f}s after SIGKILL (lease {LEASE_SECONDS}s)")
 
         # the key of the idempotent request that died is released: sending it again runs it
         again = await http.post(f"/conversations/{convs[0]}/runs", headers=key,
