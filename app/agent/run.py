@@ -312,7 +312,8 @@ class Agent:
             answer = await self._stream(request, emit, None)
         except ProviderError as exc:
             raise _RunFailed(_error(exc, prefix="compaction failed: ")) from None
-        summary = text_of(answer).strip()
+        # NUL cannot be stored in a PostgreSQL text column; a summary never needs one.
+        summary = text_of(answer).replace("\x00", "").strip()
         if not summary:
             raise _RunFailed(AttemptError(
                 kind="fatal", message="compaction failed: the provider wrote an empty summary",

@@ -246,3 +246,10 @@ async def test_echo_sleep_directive_can_be_cancelled() -> None:
     result = await asyncio.wait_for(task, 5)
     assert result.status == "cancelled"
     assert result.final is not None and result.final.stop_reason == "aborted"
+
+
+async def test_a_summary_never_carries_nul_characters() -> None:
+    # PostgreSQL text columns cannot hold NUL; the summary is the one field a provider writes.
+    provider = ScriptedProvider(script=["ok"], summaries=["the\x00 gist"])
+    result = await agent_for(provider).compact(history(3))
+    assert result.context.summary == "the gist"
