@@ -83,6 +83,11 @@ def load_tool(path: str, *, timeout: float | None = None) -> Tool:
 class ToolRegistry:
     tools: dict[str, Tool] = field(default_factory=dict)
     default_timeout: float = 60.0
+    _specs: tuple[ToolSpec, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Schemas are built once: every provider request of every run sends them.
+        object.__setattr__(self, "_specs", tuple(t.spec for t in self.tools.values()))
 
     @classmethod
     def from_paths(cls, paths: Iterable[str], *, default_timeout: float = 60.0) -> ToolRegistry:
@@ -96,7 +101,7 @@ class ToolRegistry:
 
     @property
     def specs(self) -> tuple[ToolSpec, ...]:
-        return tuple(t.spec for t in self.tools.values())
+        return self._specs
 
     async def call(self, call: ToolCallBlock) -> ToolResultMessage:
         """Run one call to completion; every failure becomes an ``is_error`` result."""
