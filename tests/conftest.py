@@ -186,3 +186,25 @@ async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
 @pytest.fixture
 def repo(engine: AsyncEngine) -> Repository:
     return Repository(engine)
+
+
+# --- an invariant of the whole suite -------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def every_result_is_replayable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every Result any test produces — through the agent, the service or HTTP — keeps a
+    replayable context (SPEC §1); only a run that did not complete may leave a tool batch open
+    (SPEC §3.4), and the next run closes it."""
+    from app.agent.records import Result
+    from app.agent.replay import validate_context
+    from app.agent.run import Agent
+
+    guarded = Agent._guarded
+
+    async def checked(self: Agent, *args: object, **kwargs: object) -> Result:
+        result = await guarded(self, *args, **kwargs)  # type: ignore[arg-type]
+        validate_context(result.context, allow_open_batch=result.status != "completed")
+        return result
+
+    monkeypatch.setattr(Agent, "_guarded", checked)
