@@ -235,10 +235,8 @@ async def test_tool_batch_failure_replayable_attempt_and_recorded_results_stay_i
     assert result.final is not None and result.final.tool_calls
 
 
-async def test_tool_batch_failure_the_next_run_closes_the_open_batch_first() -> None:
-    registry, _ = blocking_tools()
-    provider = ScriptedProvider(script=[Calls((("c1", "slow", "{}"),)), "after the batch"])
-    agent = agent_for(provider, tools=registry)
+async def cancelled_during_tool_batch(agent: Agent) -> Result:
+    """Run on "go" and cancel the run's task once its tool batch has started."""
     started = asyncio.Event()
 
     async def on_event(event: RunEvent) -> None:
@@ -251,7 +249,14 @@ async def test_tool_batch_failure_the_next_run_closes_the_open_batch_first() -> 
     await asyncio.wait_for(started.wait(), 5)
     await asyncio.sleep(0)
     task.cancel()
-    cancelled = await task
+    return await asyncio.wait_for(task, 5)
+
+
+async def test_tool_batch_failure_the_next_run_closes_the_open_batch_first() -> None:
+    registry, _ = blocking_tools()
+    provider = ScriptedProvider(script=[Calls((("c1", "slow", "{}"),)), "after the batch"])
+    agent = agent_for(provider, tools=registry)
+    cancelled = await cancelled_during_tool_batch(agent)
     assert cancelled.status == "cancelled"
 
     result = await run(agent, cancelled.context, "continue")
@@ -316,19 +321,7 @@ async def test_cancel_during_tool_batch_cancels_the_tools() -> None:
     registry, _ = blocking_tools()
     provider = ScriptedProvider(script=[Calls((("c1", "slow", "{}"),))])
     agent = agent_for(provider, tools=registry)
-    started = asyncio.Event()
-
-    async def on_event(event: RunEvent) -> None:
-        if isinstance(event, ToolStarted):
-            started.set()
-
-    task = asyncio.create_task(agent.run(
-        Input(context=Context(), prompts=(UserMessage.text("go"),)), on_event=on_event
-    ))
-    await asyncio.wait_for(started.wait(), 5)
-    await asyncio.sleep(0)
-    task.cancel()
-    result = await asyncio.wait_for(task, 5)
+    result = await cancelled_during_tool_batch(agent)
 
     assert result.status == "cancelled"
     assert [m.type for m in result.context.messages] == ["user", "assistant"]
