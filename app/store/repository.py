@@ -227,28 +227,7 @@ class Repository:
             conv = await _conversation(conn, tenant, conv_id)
             if conv is None:
                 raise NotFound(f"conversation {conv_id!r} not found")
-            rows = (
-                await conn.execute(
-                    select(context_messages.c.position, context_messages.c.body)
-                    .where(*_child_key(context_messages, tenant, conv_id))
-                    .order_by(context_messages.c.position)
-                )
-            ).all()
-        context = load_context(
-            {
-                "system_prompt": conv.system_prompt,
-                "summary": conv.summary,
-                "messages": [row.body for row in rows],
-            }
-        )
-        return Loaded(
-            context=context,
-            etag=conv.etag,
-            version=conv.version,
-            incarnation=conv.incarnation,
-            first_position=rows[0].position if rows else conv.next_position,
-            next_position=conv.next_position,
-        )
+            return await _read_context(conn, conv)
 
     async def replace_context(
         self,
@@ -427,22 +406,7 @@ class Repository:
                     response=None, created_at=now,
                     expires_at=now + timedelta(seconds=idempotency.ttl_seconds),
                 ))
-            rows = (
-                await conn.execute(
-                    select(context_messages.c.position, context_messages.c.body)
-                    .where(*_child_key(context_messages, tenant, conv_id))
-                    .order_by(context_messages.c.position)
-                )
-            ).all()
-        loaded = Loaded(
-            context=load_context({
-                "system_prompt": conv.system_prompt, "summary": conv.summary,
-                "messages": [row.body for row in rows],
-            }),
-            etag=conv.etag, version=conv.version, incarnation=conv.incarnation,
-            first_position=rows[0].position if rows else conv.next_position,
-            next_position=conv.next_position,
-        )
+            loaded = await _read_context(conn, conv)
         return StartedRun(run=Run(**values), loaded=loaded, interrupted=interrupted)
 
     async def lease_holder(self, tenant: str, conv_id: str) -> str | None:
@@ -951,6 +915,30 @@ async def _records(
         )
         for run in page
     ]
+
+
+async def _read_context(conn: AsyncConnection, conv: Conversation) -> Loaded:
+    """The stored context of ``conv`` (its row already read in this transaction)."""
+    rows = (
+        await conn.execute(
+            select(context_messages.c.position, context_messages.c.body)
+            .where(*_child_key(context_messages, conv.tenant, conv.id))
+            .order_by(context_messages.c.position)
+        )
+    ).all()
+    context = load_context({
+        "system_prompt": conv.system_prompt,
+        "summary": conv.summary,
+        "messages": [row.body for row in rows],
+    })
+    return Loaded(
+        context=context,
+        etag=conv.etag,
+        version=conv.version,
+        incarnation=conv.incarnation,
+        first_position=rows[0].position if rows else conv.next_position,
+        next_position=conv.next_position,
+    )
 
 
 async def _conversation(conn: AsyncConnection, tenant: str, conv_id: str) -> Conversation | None:
