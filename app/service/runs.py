@@ -397,7 +397,11 @@ class RunManager:
         self, active: ActiveRun, loaded: Loaded, result: Result, body: RunCreate, *,
         minimal: bool, idempotent: bool,
     ) -> RunView:
-        changed = result.context != loaded.context
+        # A run only appends and compacts (app/agent/run.py), so this says whether the context
+        # changed without comparing every message of a long conversation.
+        changed = bool(result.compactions) or (
+            len(result.context.messages) != len(loaded.context.messages)
+        )
         store = changed and (result.status == "completed" or body.on_failure == "keep")
         run = active.started.run
         assert run is not None
