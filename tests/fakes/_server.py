@@ -19,7 +19,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -200,3 +200,10 @@ class FakeServer:
             h.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             h.close_connection = True  # the client went away (cancelled): fine
+
+
+def pieces(text: str, size: int) -> Iterator[str]:
+    """``text`` cut into chunks of ``size`` characters, as a stream would deliver it."""
+    size = max(1, size)
+    for start in range(0, len(text), size):
+        yield text[start:start + size]

@@ -38,6 +38,7 @@ from typing import Any
 import pytest
 
 from ._server import FakeServer, JSONAnswer, RecordedRequest, SSEAnswer, sse
+from ._server import pieces as _pieces
 
 __all__ = [
     "AnthropicFake",
@@ -564,12 +565,6 @@ class AnthropicFake(FakeServer):
             events.append(sse({"type": "message_stop"}, "message_stop"))
         return SSEAnswer(events, headers=answer.headers, cut_after=answer.cut_after,
                          end_after=answer.end_after, delay=answer.delay)
-
-
-def _pieces(text: str, size: int) -> Iterator[str]:
-    size = max(1, size)
-    for start in range(0, len(text), size):
-        yield text[start:start + size]
 
 
 @pytest.fixture

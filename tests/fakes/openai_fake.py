@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 
 from ._server import FakeServer, JSONAnswer, RecordedRequest, SSEAnswer, sse
+from ._server import pieces as _pieces
 
 __all__ = [
     "Error",
@@ -388,12 +389,6 @@ class OpenAIFake(FakeServer):
             events.append(sse("[DONE]"))
         return SSEAnswer(events, headers=answer.headers, cut_after=answer.cut_after,
                          end_after=answer.end_after, delay=answer.delay)
-
-
-def _pieces(text: str, size: int) -> Iterator[str]:
-    size = max(1, size)
-    for start in range(0, len(text), size):
-        yield text[start:start + size]
 
 
 @pytest.fixture

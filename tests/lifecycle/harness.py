@@ -246,34 +246,28 @@ async def run_ends(
     return await eventually(probe, within=within, what=f"run {run_id} to end")
 
 
-async def all_runs(http: httpx.AsyncClient, conv: str) -> list[dict[str, Any]]:
+async def all_pages(http: httpx.AsyncClient, path: str) -> list[dict[str, Any]]:
+    """Every item of a cursor-paged listing."""
     items: list[dict[str, Any]] = []
     cursor = None
     while True:
         params: dict[str, Any] = {"limit": 200}
         if cursor:
             params["cursor"] = cursor
-        page = await http.get(f"/conversations/{conv}/runs", params=params)
+        page = await http.get(path, params=params)
         assert page.status_code == 200, page.text
         items += page.json()["items"]
         cursor = page.json()["next_cursor"]
         if not cursor:
             return items
+
+
+async def all_runs(http: httpx.AsyncClient, conv: str) -> list[dict[str, Any]]:
+    return await all_pages(http, f"/conversations/{conv}/runs")
 
 
 async def all_transcript(http: httpx.AsyncClient, conv: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = []
-    cursor = None
-    while True:
-        params: dict[str, Any] = {"limit": 200}
-        if cursor:
-            params["cursor"] = cursor
-        page = await http.get(f"/conversations/{conv}/transcript", params=params)
-        assert page.status_code == 200, page.text
-        items += page.json()["items"]
-        cursor = page.json()["next_cursor"]
-        if not cursor:
-            return items
+    return await all_pages(http, f"/conversations/{conv}/transcript")
 
 
 def user_texts(messages: Iterable[dict[str, Any]]) -> list[str]:
