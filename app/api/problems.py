@@ -166,6 +166,11 @@ def run_in_progress(active_run_id: str, retry_after: int = 1) -> Problem:
     )
 
 
+def conversation_not_found(conversation_id: str) -> Problem:
+    """404 for a conversation that does not exist — or belongs to another tenant."""
+    return Problem(NOT_FOUND, f"conversation {conversation_id!r} not found")
+
+
 def limit_exceeded(limit: str, maximum: int, actual: int | None = None) -> Problem:
     """422 naming the configured limit (e.g. ``max_prompts_per_run``) and its value."""
     got = f" (got {actual})" if actual is not None else ""

@@ -30,10 +30,10 @@ from ..headers import ETAG_HEADER, LOCATION_HEADER
 from ..limits import check_context, check_text
 from ..problems import (
     CONVERSATION_EXISTS,
-    NOT_FOUND,
     PRECONDITION_FAILED,
     PRECONDITION_REQUIRED,
     Problem,
+    conversation_not_found,
     problem_responses,
     unreplayable_context,
 )
@@ -49,10 +49,6 @@ def conversation_body(conv: tables.Conversation, run_count: int) -> Conversation
         transcript_count=conv.transcript_seq, active_run_id=conv.active_run_id,
         created_at=conv.created_at, updated_at=conv.updated_at,
     )
-
-
-def not_found(conversation_id: str) -> Problem:
-    return Problem(NOT_FOUND, f"conversation {conversation_id!r} not found")
 
 
 @router.post(
@@ -115,7 +111,7 @@ async def get_conversation(
     """Metadata: ETag, counts, timestamps and the active run. Never the context itself."""
     conv = await svc.repo.get_conversation(tenant, conversation_id)
     if conv is None:
-        raise not_found(conversation_id)
+        raise conversation_not_found(conversation_id)
     counts = await svc.repo.run_counts(tenant, [conv.id])
     response.headers["ETag"] = conv.etag
     return conversation_body(conv, counts.get(conv.id, 0))
@@ -141,7 +137,7 @@ async def delete_conversation(
         raise Problem(PRECONDITION_FAILED, "If-Match does not match the stored context",
                       current_etag=exc.current_etag) from None
     if not deleted:
-        raise not_found(conversation_id)
+        raise conversation_not_found(conversation_id)
     return Response(status_code=204)
 
 
@@ -166,7 +162,7 @@ async def get_context(
         # Answer 304 from the conversation row alone, without reading the messages.
         conv = await svc.repo.get_conversation(tenant, conversation_id)
         if conv is None:
-            raise not_found(conversation_id)
+            raise conversation_not_found(conversation_id)
         outcome = evaluate_preconditions(
             if_match=None, if_none_match=if_none_match, current=conv.etag, safe_method=True
         )
@@ -177,7 +173,7 @@ async def get_context(
     try:
         loaded = await svc.repo.load_context(tenant, conversation_id)
     except NotFound:
-        raise not_found(conversation_id) from None
+        raise conversation_not_found(conversation_id) from None
     return JSONResponse(loaded.context.model_dump(mode="json"), headers={"ETag": loaded.etag})
 
 
@@ -227,7 +223,7 @@ async def put_context(
         # exist, and If-None-Match then fails when it names the current ETag (or is "*").
         conv = await svc.repo.get_conversation(tenant, conversation_id)
         if conv is None:
-            raise not_found(conversation_id)
+            raise conversation_not_found(conversation_id)
         outcome = evaluate_preconditions(if_match=if_match, if_none_match=if_none_match,
                                          current=conv.etag, safe_method=False)
         if outcome != "proceed":
@@ -238,7 +234,7 @@ async def put_context(
             return JSONResponse(context.model_dump(mode="json"), headers={"ETag": etag})
         etag = await svc.repo.replace_context(tenant, conversation_id, context, create=True)
     except NotFound:
-        raise not_found(conversation_id) from None
+        raise conversation_not_found(conversation_id) from None
     except PreconditionFailed as exc:
         raise await precondition_failed(exc.current_etag) from None
     return JSONResponse(

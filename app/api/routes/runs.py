@@ -58,6 +58,7 @@ from ..problems import (
     RUN_NOT_ACTIVE,
     VALIDATION_ERROR,
     Problem,
+    conversation_not_found,
     problem_responses,
     run_in_progress,
 )
@@ -122,10 +123,6 @@ def _idempotency_key(value: str | None) -> str | None:
     return key
 
 
-def _not_found(conversation_id: str) -> Problem:
-    return Problem(NOT_FOUND, f"conversation {conversation_id!r} not found")
-
-
 def _stopping() -> Problem:
     return Problem(NOT_READY, "this server is stopping and starts no new run; try another "
                    "replica or again shortly", headers={"Retry-After": "1"})
@@ -174,7 +171,7 @@ async def create_run(
             idempotency_key=_idempotency_key(idempotency_key), minimal=minimal, stream=stream,
         )
     except NotFound:
-        raise _not_found(conversation_id) from None
+        raise conversation_not_found(conversation_id) from None
     except PreconditionFailed as exc:
         raise Problem(PRECONDITION_FAILED, "If-Match does not match the stored context; "
                       "nothing ran", current_etag=exc.current_etag) from None
@@ -284,7 +281,7 @@ async def list_runs(
             tenant, conversation_id, after=after, limit=size + 1
         )
     except NotFound:
-        raise _not_found(conversation_id) from None
+        raise conversation_not_found(conversation_id) from None
     more = len(records) > size
     records = records[:size]
     # Records leave out ``context`` (not ``"context": null``), as a minimal POST answer does.
@@ -366,7 +363,7 @@ async def compact(
         view = await svc.runs.compact(tenant, conversation_id, body.agent,
                                       if_match_value(if_match))
     except NotFound:
-        raise _not_found(conversation_id) from None
+        raise conversation_not_found(conversation_id) from None
     except PreconditionFailed as exc:
         raise Problem(PRECONDITION_FAILED, "If-Match does not match the stored context",
                       current_etag=exc.current_etag) from None

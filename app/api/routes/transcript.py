@@ -16,7 +16,7 @@ from ..deps import (
     encode_cursor,
     page_limit,
 )
-from ..problems import NOT_FOUND, Problem, problem_responses
+from ..problems import conversation_not_found, problem_responses
 from ..schemas import TranscriptEntry, TranscriptPage
 
 router = APIRouter(tags=["transcript"])
@@ -38,7 +38,7 @@ async def get_transcript(
         rows = await svc.repo.list_transcript(tenant, conversation_id, after_seq=after,
                                               limit=size + 1)
     except NotFound:
-        raise Problem(NOT_FOUND, f"conversation {conversation_id!r} not found") from None
+        raise conversation_not_found(conversation_id) from None
     more = len(rows) > size
     rows = rows[:size]
     return TranscriptPage(
