@@ -76,9 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="apply migrations, then serve HTTP")
     serve.add_argument("--host", help="interface to listen on (default: CARRYOVER_HOST, 127.0.0.1)")
-    serve.add_argument(
-        "--port", type=_port, help="TCP port (default: CARRYOVER_PORT, 8000)"
-    )
+    serve.add_argument("--port", type=_port, help="TCP port (default: CARRYOVER_PORT, 8000)")
     serve.add_argument(
         "--workers", type=_positive, help="worker processes (default: CARRYOVER_WORKERS, 1)"
     )
@@ -91,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     keys = commands.add_parser(
-        "keys", help="create, list and revoke API keys",
+        "keys",
+        help="create, list and revoke API keys",
         description="API keys kept in the database, each bound to a tenant. They work next to "
         "CARRYOVER_API_KEYS; once any key exists, every request needs one.",
     )
@@ -194,8 +193,7 @@ def describe(settings: Settings, db_keys: int | None = 0) -> str:
     elif db_keys:
         access = f"API keys required ({db_keys} key(s) in the database)"
     elif db_keys is None:
-        access = ("the database's API keys could not be counted; requests need a key if it "
-                  "holds any")
+        access = "the database's API keys could not be counted; requests need a key if it holds any"
     elif settings.allow_unauthenticated_public and not is_loopback(settings.host):
         access = "NO authentication (CARRYOVER_ALLOW_UNAUTHENTICATED_PUBLIC is set)"
     else:
@@ -204,8 +202,7 @@ def describe(settings: Settings, db_keys: int | None = 0) -> str:
     base = f", base URL {profile.base_url}" if profile.base_url else ""
     return "\n".join(
         [
-            f"Carryover {_version()} listening on {_url(settings.host, settings.port)} "
-            f"({workers})",
+            f"Carryover {_version()} listening on {_url(settings.host, settings.port)} ({workers})",
             f"  agent profile 'default': provider {profile.provider}{model}{base}",
             f"  agent profiles: {names}",
             f"  database: {settings.database_url_display}",
@@ -331,8 +328,10 @@ def keys_command(args: argparse.Namespace) -> int:
         raise CliError(f"no API key with id {args.id!r} (see 'carryover keys list')")
     stored, now = revoked
     if not now:
-        print(f"API key {stored.id} of tenant {stored.tenant!r} was already revoked at "
-              f"{_timestamp(stored.revoked_at)}")
+        print(
+            f"API key {stored.id} of tenant {stored.tenant!r} was already revoked at "
+            f"{_timestamp(stored.revoked_at)}"
+        )
         return 0
     print(
         f"revoked API key {stored.id} of tenant {stored.tenant!r} at "
@@ -356,8 +355,11 @@ def default_settings() -> Settings:
     class Defaults(Settings):
         @classmethod
         def settings_customise_sources(
-            cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
-            env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
             file_secret_settings: PydanticBaseSettingsSource,
         ) -> tuple[PydanticBaseSettingsSource, ...]:
             return (init_settings,)
@@ -404,7 +406,10 @@ def openapi_command(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {
-    "serve": serve, "migrate": migrate_command, "keys": keys_command, "openapi": openapi_command,
+    "serve": serve,
+    "migrate": migrate_command,
+    "keys": keys_command,
+    "openapi": openapi_command,
 }
 
 

@@ -442,8 +442,7 @@ class Settings(_ProfileFields, BaseSettings):
     def _database_url(cls, value: str) -> str:
         if not re.match(r"^(sqlite|postgresql)(\+\w+)?://", value):
             raise ValueError(
-                "database_url must be a sqlite:/// or postgresql:// URL, got "
-                f"{_mask_url(value)!r}"
+                f"database_url must be a sqlite:/// or postgresql:// URL, got {_mask_url(value)!r}"
             )
         return value
 

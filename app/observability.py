@@ -69,7 +69,9 @@ PROVIDER_ATTEMPTS = Counter(
     registry=REGISTRY,
 )
 TOOL_CALLS = Counter(
-    "carryover_tool_calls", "Tool calls, by tool and outcome.", ["tool", "outcome"],
+    "carryover_tool_calls",
+    "Tool calls, by tool and outcome.",
+    ["tool", "outcome"],
     registry=REGISTRY,
 )
 COMPACTIONS = Counter(

@@ -176,7 +176,8 @@ async def bench(args: argparse.Namespace, url: str, leader: int) -> None:
             began = time.monotonic()
             try:
                 answer = await http.post(
-                    f"/conversations/{conv}/runs", headers={"Prefer": "return=minimal"},
+                    f"/conversations/{conv}/runs",
+                    headers={"Prefer": "return=minimal"},
                     json={"prompts": [f"/sleep {args.sleep} bench run {i}"]},
                 )
                 statuses[str(answer.status_code) + " " + answer.json().get("status", "")] += 1
@@ -201,32 +202,45 @@ async def bench(args: argparse.Namespace, url: str, leader: int) -> None:
     print(f"database:                 {args.database_display}")
     print(f"workers:                  {args.workers}")
     print(f"answers:                  {dict(statuses)}")
-    print(f"peak in flight (gauge):   {sampler.peak_gauge:.0f}  "
-          f"(carryover_runs_in_progress, {sampler.samples} samples)")
+    print(
+        f"peak in flight (gauge):   {sampler.peak_gauge:.0f}  "
+        f"(carryover_runs_in_progress, {sampler.samples} samples)"
+    )
     print(f"peak outstanding (client):{sampler.peak_outstanding:>4}")
     print(f"total time:               {total:.2f} s  (ideal: {args.sleep:.2f} s)")
     print(f"  all started after:      {peak_at - started:.2f} s  (first sample at the peak)")
-    print(f"run time p50/p95/max:     {statistics.median(ordered):.2f} / "
-          f"{ordered[int(len(ordered) * 0.95) - 1]:.2f} / {ordered[-1]:.2f} s")
-    print(f"server CPU:               {cpu:.2f} s  ({cpu / args.runs * 1000:.1f} ms per run, "
-          f"sampling included)")
-    print(f"server RSS idle/peak/after: {mib(idle_rss)} / {mib(sampler.peak_rss)} / "
-          f"{mib(after_rss)}  (peak - idle per run: "
-          f"{(sampler.peak_rss - idle_rss) / max(1, args.runs):.0f} KiB)")
+    print(
+        f"run time p50/p95/max:     {statistics.median(ordered):.2f} / "
+        f"{ordered[int(len(ordered) * 0.95) - 1]:.2f} / {ordered[-1]:.2f} s"
+    )
+    print(
+        f"server CPU:               {cpu:.2f} s  ({cpu / args.runs * 1000:.1f} ms per run, "
+        f"sampling included)"
+    )
+    print(
+        f"server RSS idle/peak/after: {mib(idle_rss)} / {mib(sampler.peak_rss)} / "
+        f"{mib(after_rss)}  (peak - idle per run: "
+        f"{(sampler.peak_rss - idle_rss) / max(1, args.runs):.0f} KiB)"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=200, help="concurrent runs (default 200)")
-    parser.add_argument("--sleep", type=float, default=5.0,
-                        help="seconds each echo run sleeps (default 5)")
-    parser.add_argument("--database-url", default=None,
-                        help="PostgreSQL URL (default: a SQLite file in a temporary directory)")
+    parser.add_argument(
+        "--sleep", type=float, default=5.0, help="seconds each echo run sleeps (default 5)"
+    )
+    parser.add_argument(
+        "--database-url",
+        default=None,
+        help="PostgreSQL URL (default: a SQLite file in a temporary directory)",
+    )
     parser.add_argument("--workers", type=int, default=1, help="server worker processes")
     parser.add_argument("--lease-seconds", type=float, default=5.0)
     parser.add_argument("--keep-log", metavar="PATH", help="copy the server's log there")
-    parser.add_argument("--sample", type=float, default=0.1,
-                        help="seconds between /metrics samples")
+    parser.add_argument(
+        "--sample", type=float, default=0.1, help="seconds between /metrics samples"
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="carryover-bench-") as tmp:
@@ -234,18 +248,36 @@ def main() -> None:
         args.database_display = re.sub(r"://([^:/@]*):[^@/]*@", r"://\1:***@", database)
         port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("CARRYOVER_")}
-        env.update({
-            "CARRYOVER_DATABASE_URL": database, "CARRYOVER_PORT": str(port),
-            "CARRYOVER_PROVIDER": "echo", "CARRYOVER_LOG_LEVEL": "WARNING",
-            "CARRYOVER_LEASE_SECONDS": str(args.lease_seconds),
-            "CARRYOVER_MAX_PAGE_SIZE": "200",
-        })
+        env.update(
+            {
+                "CARRYOVER_DATABASE_URL": database,
+                "CARRYOVER_PORT": str(port),
+                "CARRYOVER_PROVIDER": "echo",
+                "CARRYOVER_LOG_LEVEL": "WARNING",
+                "CARRYOVER_LEASE_SECONDS": str(args.lease_seconds),
+                "CARRYOVER_MAX_PAGE_SIZE": "200",
+            }
+        )
         log = Path(tmp) / "server.log"
-        argv = [sys.executable, "-m", "app.cli", "serve", "--port", str(port),
-                "--workers", str(args.workers)]
+        argv = [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--workers",
+            str(args.workers),
+        ]
         with open(log, "wb") as out:
-            proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         url = f"http://127.0.0.1:{port}"
         try:
             asyncio.run(wait_ready(url, proc, log))
@@ -257,8 +289,11 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        errors = [line for line in log.read_text(errors="replace").splitlines()
-                  if "ERROR" in line or "locked" in line]
+        errors = [
+            line
+            for line in log.read_text(errors="replace").splitlines()
+            if "ERROR" in line or "locked" in line
+        ]
         if errors:
             print(f"server log: {len(errors)} error line(s), first: {errors[0][:200]}")
         if args.keep_log:

@@ -36,10 +36,16 @@ from .providers.base import (
 )
 
 _STOP_REASONS: dict[str, StopReason] = {
-    "end_turn": "end_turn", "stop": "end_turn",
-    "tool_use": "tool_use", "tool_calls": "tool_use", "function_call": "tool_use",
-    "max_tokens": "max_tokens", "length": "max_tokens",
-    "stop_sequence": "stop_sequence", "refusal": "refusal", "pause_turn": "pause_turn",
+    "end_turn": "end_turn",
+    "stop": "end_turn",
+    "tool_use": "tool_use",
+    "tool_calls": "tool_use",
+    "function_call": "tool_use",
+    "max_tokens": "max_tokens",
+    "length": "max_tokens",
+    "stop_sequence": "stop_sequence",
+    "refusal": "refusal",
+    "pause_turn": "pause_turn",
     "content_filter": "content_filter",
 }
 
@@ -115,10 +121,13 @@ class AttemptBuilder:
             elif b.kind == "redacted_thinking":
                 out.append(RedactedThinkingBlock(data="".join(b.text)))
             else:
-                out.append(ToolCallBlock(
-                    id=b.call_id or f"call_{index}", name=b.name or "unknown",
-                    arguments="".join(b.text),
-                ))
+                out.append(
+                    ToolCallBlock(
+                        id=b.call_id or f"call_{index}",
+                        name=b.name or "unknown",
+                        arguments="".join(b.text),
+                    )
+                )
         return tuple(out)
 
     @property
@@ -137,16 +146,24 @@ class AttemptBuilder:
         if reason == "end_turn" and any(isinstance(b, ToolCallBlock) for b in content):
             reason = "tool_use"  # some compatible servers report "stop" with tool calls
         return AssistantMessage(
-            content=content, provider=self.provider, model=self.model,
-            response_id=self.response_id, stop_reason=reason, usage=self.usage,
+            content=content,
+            provider=self.provider,
+            model=self.model,
+            response_id=self.response_id,
+            stop_reason=reason,
+            usage=self.usage,
             provider_data=self.provider_data,
         )
 
     def failed(self, error: AttemptError) -> AssistantMessage:
         """The attempt as far as it got, ended by ``error`` (an abort or a failure)."""
         return AssistantMessage(
-            content=self._content(), provider=self.provider, model=self.model,
+            content=self._content(),
+            provider=self.provider,
+            model=self.model,
             response_id=self.response_id,
             stop_reason="aborted" if error.kind == "aborted" else "error",
-            usage=self.usage, provider_data=self.provider_data, error=error,
+            usage=self.usage,
+            provider_data=self.provider_data,
+            error=error,
         )

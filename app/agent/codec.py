@@ -20,8 +20,18 @@ _MESSAGES = TypeAdapter(tuple[Message, ...])
 
 # Discriminator values pydantic inserts into error locations; they are not part of the path.
 _TAGS = frozenset(
-    {"user", "assistant", "tool_result", "text", "image", "thinking", "redacted_thinking",
-     "tool_call", "base64", "url"}
+    {
+        "user",
+        "assistant",
+        "tool_result",
+        "text",
+        "image",
+        "thinking",
+        "redacted_thinking",
+        "tool_call",
+        "base64",
+        "url",
+    }
 )
 
 
@@ -53,9 +63,7 @@ def format_path(loc: Sequence[int | str], prefix: str = "", *, union_root: bool 
     return out
 
 
-def _first_error(
-    exc: ValidationError, prefix: str = "", *, union_root: bool = False
-) -> CodecError:
+def _first_error(exc: ValidationError, prefix: str = "", *, union_root: bool = False) -> CodecError:
     err = exc.errors(include_url=False)[0]
     loc = list(err["loc"])
     message = err["msg"]
@@ -65,7 +73,8 @@ def _first_error(
         tag = ctx.get("tag")
         expected = ctx.get("expected_tags") or _expected_tags(loc)
         message = (
-            f"unknown type {tag!r}; expected one of {expected}" if tag is not None
+            f"unknown type {tag!r}; expected one of {expected}"
+            if tag is not None
             else f"missing 'type'; expected one of {expected}"
         )
     return CodecError(format_path(loc, prefix, union_root=union_root), message)

@@ -135,8 +135,16 @@ class AttemptError(_Value):
 
 
 StopReason = Literal[
-    "end_turn", "tool_use", "max_tokens", "stop_sequence", "refusal", "pause_turn",
-    "content_filter", "error", "aborted", "other",
+    "end_turn",
+    "tool_use",
+    "max_tokens",
+    "stop_sequence",
+    "refusal",
+    "pause_turn",
+    "content_filter",
+    "error",
+    "aborted",
+    "other",
 ]
 
 

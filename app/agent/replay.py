@@ -65,8 +65,9 @@ def validate_messages(messages: Sequence[AnyMessage], *, allow_open_batch: bool 
             expected = pending.pop(message.tool_call_id)
             if message.tool_name != expected:
                 raise ReplayError(
-                    i, f"tool_result {message.tool_call_id!r} names tool {message.tool_name!r}, "
-                    f"but the call was to {expected!r}"
+                    i,
+                    f"tool_result {message.tool_call_id!r} names tool {message.tool_name!r}, "
+                    f"but the call was to {expected!r}",
                 )
             continue
         if pending:
@@ -85,16 +86,15 @@ def validate_messages(messages: Sequence[AnyMessage], *, allow_open_batch: bool 
                 pending[call.id] = call.name
             batch_owner = i
     if pending and not (allow_open_batch and open_batch(messages) is not None):
-        raise ReplayError(
-            batch_owner, f"tool_call(s) {sorted(pending)} are never answered"
-        )
+        raise ReplayError(batch_owner, f"tool_call(s) {sorted(pending)} are never answered")
 
 
 def _check_assistant(index: int, message: AssistantMessage) -> None:
     if not message.replayable:
         raise ReplayError(
-            index, f"assistant attempt ended with stop_reason {message.stop_reason!r}; "
-            "failed or aborted attempts are run records, not context"
+            index,
+            f"assistant attempt ended with stop_reason {message.stop_reason!r}; "
+            "failed or aborted attempts are run records, not context",
         )
 
 

@@ -103,9 +103,14 @@ class _State:
 
     def result(self, status: RunStatus, error: AttemptError | None = None) -> Result:
         return Result(
-            status=status, context=self.context, new_messages=tuple(self.new_messages),
-            final=self.final, compactions=tuple(self.compactions), usage=self.usage,
-            error=error, admitted=self.admitted,
+            status=status,
+            context=self.context,
+            new_messages=tuple(self.new_messages),
+            final=self.final,
+            compactions=tuple(self.compactions),
+            usage=self.usage,
+            error=error,
+            admitted=self.admitted,
         )
 
 
@@ -154,16 +159,12 @@ class Agent:
             return state.result("cancelled", CANCELLED)
         return state.result("completed")
 
-    async def _run(
-        self, state: _State, prompts: tuple[UserMessage, ...], emit: _Emitter
-    ) -> None:
+    async def _run(self, state: _State, prompts: tuple[UserMessage, ...], emit: _Emitter) -> None:
         cfg = self.config
         await self._close_open_batch(state, emit)
         if prompts:
             ctx = state.context
-            projected = estimate(
-                ctx.system_prompt, ctx.summary, (*ctx.messages, *prompts)
-            )
+            projected = estimate(ctx.system_prompt, ctx.summary, (*ctx.messages, *prompts))
             if projected > cfg.compact_at * cfg.context_window and ctx.messages:
                 await self._compact(state, emit, "threshold", keep_last=False)
             state.append(*prompts)
@@ -176,10 +177,13 @@ class Agent:
             if not calls:
                 return
             await self._tool_batch(state, emit, calls)
-        raise _RunFailed(AttemptError(
-            kind="fatal", message=f"the model kept calling tools for {cfg.max_turns} turns",
-            code="max_turns",
-        ))
+        raise _RunFailed(
+            AttemptError(
+                kind="fatal",
+                message=f"the model kept calling tools for {cfg.max_turns} turns",
+                code="max_turns",
+            )
+        )
 
     async def _close_open_batch(self, state: _State, emit: _Emitter) -> None:
         """Answer the calls a failed run left open, so the context is replayable again."""
@@ -295,17 +299,21 @@ class Agent:
         cfg = self.config
         before = state.context
         cut = compaction.choose_cut(
-            before, reason, keep_tokens=int(cfg.keep_after_compaction * cfg.context_window),
+            before,
+            reason,
+            keep_tokens=int(cfg.keep_after_compaction * cfg.context_window),
             keep_last=keep_last,
         )
         if cut is None:
             if reason == "manual":
                 return  # nothing to fold: compacting now is a no-op, not an error
-            raise _RunFailed(AttemptError(
-                kind="overflow" if reason == "overflow" else "fatal",
-                message="the context cannot be compacted further: nothing is left to fold",
-                code="nothing_to_compact",
-            ))
+            raise _RunFailed(
+                AttemptError(
+                    kind="overflow" if reason == "overflow" else "fatal",
+                    message="the context cannot be compacted further: nothing is left to fold",
+                    code="nothing_to_compact",
+                )
+            )
         folded = before.messages[:cut]
         request = compaction.summary_request(before.summary, folded, model=cfg.model)
         try:
@@ -315,12 +323,18 @@ class Agent:
         # NUL cannot be stored in a PostgreSQL text column; a summary never needs one.
         summary = text_of(answer).replace("\x00", "").strip()
         if not summary:
-            raise _RunFailed(AttemptError(
-                kind="fatal", message="compaction failed: the provider wrote an empty summary",
-            ))
+            raise _RunFailed(
+                AttemptError(
+                    kind="fatal",
+                    message="compaction failed: the provider wrote an empty summary",
+                )
+            )
         after = before.model_copy(update={"summary": summary, "messages": before.messages[cut:]})
         record = Compaction(
-            reason=reason, folded=folded, previous_summary=before.summary, summary=summary,
+            reason=reason,
+            folded=folded,
+            previous_summary=before.summary,
+            summary=summary,
             tokens_before=estimate(before.system_prompt, before.summary, before.messages),
             tokens_after=estimate(after.system_prompt, after.summary, after.messages),
             usage=answer.usage,
@@ -337,7 +351,8 @@ def for_provider(messages: tuple[AnyMessage, ...], provider: str) -> tuple[AnyMe
     for message in messages:
         if isinstance(message, AssistantMessage) and message.provider != provider:
             content = tuple(
-                b for b in message.content
+                b
+                for b in message.content
                 if not isinstance(b, ThinkingBlock | RedactedThinkingBlock)
             )
             if not content:

@@ -61,7 +61,8 @@ def calibration(system_prompt: str, summary: str, messages: Sequence[AnyMessage]
         message = messages[i]
         if isinstance(message, AssistantMessage) and message.usage.input_tokens > 0:
             estimated = (
-                heuristic_text_tokens(system_prompt) + heuristic_text_tokens(summary)
+                heuristic_text_tokens(system_prompt)
+                + heuristic_text_tokens(summary)
                 + sum(heuristic_tokens(m) for m in messages[:i])
             )
             reported = message.usage.input_tokens
@@ -74,7 +75,8 @@ def calibration(system_prompt: str, summary: str, messages: Sequence[AnyMessage]
 def estimate(system_prompt: str, summary: str, messages: Sequence[AnyMessage]) -> int:
     """Estimated input tokens of a request carrying this system prompt, summary and messages."""
     raw = (
-        heuristic_text_tokens(system_prompt) + heuristic_text_tokens(summary)
+        heuristic_text_tokens(system_prompt)
+        + heuristic_text_tokens(summary)
         + sum(heuristic_tokens(m) for m in messages)
     )
     return int(raw * calibration(system_prompt, summary, messages))

@@ -145,8 +145,10 @@ def _render(value: Any) -> str:
 
 def error_result(call: ToolCallBlock, message: str) -> ToolResultMessage:
     return ToolResultMessage(
-        tool_call_id=call.id, tool_name=call.name,
-        content=(TextBlock(text=message),), is_error=True,
+        tool_call_id=call.id,
+        tool_name=call.name,
+        content=(TextBlock(text=message),),
+        is_error=True,
     )
 
 

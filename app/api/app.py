@@ -98,8 +98,15 @@ def create_app(settings: Settings | None = None, *, agents: AgentPool | None = N
             CORSMiddleware,
             allow_origins=list(settings.cors_origins),
             allow_methods=["GET", "POST", "PUT", "DELETE", "OPTIONS"],
-            allow_headers=["Authorization", "Content-Type", "If-Match", "If-None-Match",
-                           "Prefer", "Idempotency-Key", "Accept"],
+            allow_headers=[
+                "Authorization",
+                "Content-Type",
+                "If-Match",
+                "If-None-Match",
+                "Prefer",
+                "Idempotency-Key",
+                "Accept",
+            ],
             expose_headers=["ETag", "Location", "Retry-After", "Idempotent-Replayed"],
         )
     app.add_middleware(MetricsMiddleware)

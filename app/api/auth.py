@@ -41,8 +41,9 @@ log = logging.getLogger(__name__)
 DEFAULT_TENANT = "default"
 #: where the middleware leaves the authenticated tenant for the ``tenant`` dependency
 TENANT_SCOPE_KEY = "carryover.tenant"
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect",
-                          "/redoc"})
+PUBLIC_PATHS = frozenset(
+    {"/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+)
 METRICS_PATH = "/metrics"
 #: a presented key longer than this is refused without a lookup
 MAX_KEY_LENGTH = 512
@@ -139,8 +140,11 @@ class Authenticator:
             raise
         except Exception as exc:
             log.warning("could not check an API key: %s", type(exc).__name__)
-            raise Problem(NOT_READY, "the API key could not be checked: the database is not "
-                          "available", headers={"Retry-After": "1"}) from None
+            raise Problem(
+                NOT_READY,
+                "the API key could not be checked: the database is not available",
+                headers={"Retry-After": "1"},
+            ) from None
         if tenant is None:
             raise _unauthorized("the API key is not valid (unknown or revoked)", invalid=True)
         return tenant
@@ -154,8 +158,10 @@ class Authenticator:
             if db_keys:
                 sources.append(f"{db_keys} in the database")
             return "API keys required (" + ", ".join(sources) + ")"
-        return ("no API keys configured: no authentication, every request is tenant 'default' "
-                "(the first 'carryover keys create' turns authentication on)")
+        return (
+            "no API keys configured: no authentication, every request is tenant 'default' "
+            "(the first 'carryover keys create' turns authentication on)"
+        )
 
 
 async def announce_access(auth: Authenticator) -> None:
@@ -167,8 +173,11 @@ async def announce_access(auth: Authenticator) -> None:
     try:
         db_keys = await auth.refresh()
     except Exception as exc:
-        log.warning("access: could not count the API keys in the database (%s); requests "
-                    "will be refused until it answers", type(exc).__name__)
+        log.warning(
+            "access: could not count the API keys in the database (%s); requests "
+            "will be refused until it answers",
+            type(exc).__name__,
+        )
         return
     log.info("access: %s", auth.describe(db_keys))
 

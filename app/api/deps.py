@@ -45,7 +45,7 @@ ServicesDep = Annotated[Services, Depends(services)]
 _bearer = HTTPBearer(
     auto_error=False,
     description="An API key bound to a tenant (`carryover keys create --tenant NAME`, or "
-                "`CARRYOVER_API_KEYS`). Required once keys are configured.",
+    "`CARRYOVER_API_KEYS`). Required once keys are configured.",
 )
 
 
@@ -67,8 +67,11 @@ TenantDep = Annotated[str, Depends(tenant)]
 
 ConversationPath = Annotated[
     str,
-    Path(pattern=CONVERSATION_ID_PATTERN, max_length=128,
-         description="Conversation id: 1-128 of A-Z a-z 0-9 . _ : -, starting alphanumeric"),
+    Path(
+        pattern=CONVERSATION_ID_PATTERN,
+        max_length=128,
+        description="Conversation id: 1-128 of A-Z a-z 0-9 . _ : -, starting alphanumeric",
+    ),
 ]
 RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
 RunIdPath = Annotated[
@@ -77,13 +80,18 @@ RunIdPath = Annotated[
 
 IfMatchHeader = Annotated[
     str | None,
-    Header(alias="If-Match", description="Proceed only if the stored context has one of these "
-                                         "strong ETags (RFC 9110); `*` matches any"),
+    Header(
+        alias="If-Match",
+        description="Proceed only if the stored context has one of these "
+        "strong ETags (RFC 9110); `*` matches any",
+    ),
 ]
 IfNoneMatchHeader = Annotated[
     str | None,
-    Header(alias="If-None-Match", description="GET: answer 304 if the ETag still matches. "
-                                              "PUT: `*` creates only if absent"),
+    Header(
+        alias="If-None-Match",
+        description="GET: answer 304 if the ETag still matches. PUT: `*` creates only if absent",
+    ),
 ]
 
 
@@ -124,9 +132,13 @@ def parse_prefer(header: str | None) -> dict[str, str]:
             continue
         match = _PREFERENCE.match(header, i)
         if match is None:
-            shown = header[i:i + 20]
-            raise Problem(BAD_HEADER, f"Prefer: expected a preference (token[=value][; ...]) "
-                          f"at position {i}, got {shown!r}", header="Prefer")
+            shown = header[i : i + 20]
+            raise Problem(
+                BAD_HEADER,
+                f"Prefer: expected a preference (token[=value][; ...]) "
+                f"at position {i}, got {shown!r}",
+                header="Prefer",
+            )
         value = match.group(2) or ""
         if value.startswith('"'):
             value = re.sub(r"\\(.)", r"\1", value[1:-1])
@@ -135,8 +147,11 @@ def parse_prefer(header: str | None) -> dict[str, str]:
         while i < n and header[i] in " \t":
             i += 1
         if i < n and header[i] != ",":
-            raise Problem(BAD_HEADER, f"Prefer: expected ',' or the end at position {i}, got "
-                          f"{header[i:i + 20]!r}", header="Prefer")
+            raise Problem(
+                BAD_HEADER,
+                f"Prefer: expected ',' or the end at position {i}, got {header[i : i + 20]!r}",
+                header="Prefer",
+            )
     return found
 
 
@@ -191,6 +206,9 @@ CursorQuery = Annotated[
 ]
 LimitQuery = Annotated[
     int | None,
-    Query(ge=1, description="Page size: at most `max_page_size` (200 unless configured; more "
-                            "is a 422 `limit-exceeded`), 50 when left out"),
+    Query(
+        ge=1,
+        description="Page size: at most `max_page_size` (200 unless configured; more "
+        "is a 422 `limit-exceeded`), 50 when left out",
+    ),
 ]

@@ -136,8 +136,9 @@ def parse_condition(value: HeaderValue, header: str = "If-Match") -> ETagConditi
                 raise _bad(header, text, f"a weak tag starts with 'W/' (position {start})")
             found = text[start : start + 10]
             raise _bad(
-                header, text,
-                f"expected an entity-tag (\"...\" or W/\"...\") at position {start}, got {found!r}",
+                header,
+                text,
+                f'expected an entity-tag ("..." or W/"...") at position {start}, got {found!r}',
             )
         close = text.find('"', i + 1)
         if close < 0:
@@ -146,7 +147,8 @@ def parse_condition(value: HeaderValue, header: str = "If-Match") -> ETagConditi
         bad = next((j for j, c in enumerate(opaque) if not _is_etagc(c)), None)
         if bad is not None:
             raise _bad(
-                header, text,
+                header,
+                text,
                 f"character {opaque[bad]!r} is not allowed in an entity-tag "
                 f"(position {i + 1 + bad})",
             )

@@ -6,7 +6,7 @@ from typing import Any
 
 ETAG_HEADER: dict[str, Any] = {
     "description": "Strong ETag of the stored context (never repeats for a conversation id, "
-                   "even across delete and re-create)",
+    "even across delete and re-create)",
     "schema": {"type": "string"},
 }
 LOCATION_HEADER: dict[str, Any] = {

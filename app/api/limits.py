@@ -39,8 +39,7 @@ def _check_messages(settings: Settings, messages: Iterable[AnyMessage], where: s
     for i, message in enumerate(messages):
         for j, block in enumerate(message.content):
             if isinstance(block, TextBlock) and len(block.text) > settings.max_text_chars:
-                problem = limit_exceeded("max_text_chars", settings.max_text_chars,
-                                         len(block.text))
+                problem = limit_exceeded("max_text_chars", settings.max_text_chars, len(block.text))
                 problem.extras["path"] = f"{where}[{i}].content[{j}].text"
                 raise problem
             if isinstance(block, ImageBlock) and isinstance(block.source, Base64Source):
@@ -58,11 +57,15 @@ def check_text(settings: Settings, value: str, path: str) -> None:
         problem.extras["path"] = path
         raise problem
     if "\x00" in value:
-        raise validation_error([{
-            "path": path,
-            "message": f"must not contain NUL (\\u0000) characters (found at character "
-                       f"{value.index(chr(0))})",
-        }])
+        raise validation_error(
+            [
+                {
+                    "path": path,
+                    "message": f"must not contain NUL (\\u0000) characters (found at character "
+                    f"{value.index(chr(0))})",
+                }
+            ]
+        )
 
 
 def check_prompts(settings: Settings, prompts: tuple[UserMessage, ...]) -> None:
@@ -126,16 +129,22 @@ def json_text_problem(content_type: bytes | None, body: bytes) -> Problem | None
     try:
         body.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return Problem(MALFORMED_JSON, f"the request body is not valid UTF-8: byte "
-                       f"0x{body[exc.start]:02x} at offset {exc.start} ({exc.reason})")
+        return Problem(
+            MALFORMED_JSON,
+            f"the request body is not valid UTF-8: byte "
+            f"0x{body[exc.start]:02x} at offset {exc.start} ({exc.reason})",
+        )
     if b"\\u" not in body:
         return None
     offset = unpaired_surrogate(body)
     if offset is None:
         return None
-    escape = body[offset:offset + 6].decode("ascii")
-    return Problem(MALFORMED_JSON, f"the request body holds an unpaired UTF-16 surrogate "
-                   f"{escape} at offset {offset}: strings must be valid Unicode")
+    escape = body[offset : offset + 6].decode("ascii")
+    return Problem(
+        MALFORMED_JSON,
+        f"the request body holds an unpaired UTF-16 surrogate "
+        f"{escape} at offset {offset}: strings must be valid Unicode",
+    )
 
 
 class BodyLimitMiddleware:
@@ -190,6 +199,10 @@ class BodyLimitMiddleware:
 
 
 __all__ = [
-    "BodyLimitMiddleware", "Problem", "check_context", "check_prompts", "check_text",
+    "BodyLimitMiddleware",
+    "Problem",
+    "check_context",
+    "check_prompts",
+    "check_text",
     "json_text_problem",
 ]

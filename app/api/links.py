@@ -42,27 +42,37 @@ _SAME_CONVERSATION = "$request.path.conversation_id"
 def _link(operation_id: str, description: str, **parameters: str) -> dict[str, Any]:
     """A link object; ``If_Match`` stands for the request header ``If-Match``."""
     names = {"If_Match": "header.If-Match"}
-    return {"operationId": operation_id, "description": description,
-            "parameters": {names.get(name, name): value for name, value in parameters.items()}}
+    return {
+        "operationId": operation_id,
+        "description": description,
+        "parameters": {names.get(name, name): value for name, value in parameters.items()},
+    }
 
 
 def _conversation_links(source: str) -> dict[str, Any]:
     return {
-        "GetConversation": _link("get_conversation", "The conversation's metadata",
-                                 conversation_id=source),
-        "GetContext": _link("get_context", "The conversation's stored Context",
-                            conversation_id=source),
-        "PutContext": _link("put_context", "Replace the conversation's Context",
-                            conversation_id=source),
-        "CreateRun": _link("create_run", "Run the agent on the conversation",
-                           conversation_id=source),
+        "GetConversation": _link(
+            "get_conversation", "The conversation's metadata", conversation_id=source
+        ),
+        "GetContext": _link(
+            "get_context", "The conversation's stored Context", conversation_id=source
+        ),
+        "PutContext": _link(
+            "put_context", "Replace the conversation's Context", conversation_id=source
+        ),
+        "CreateRun": _link(
+            "create_run", "Run the agent on the conversation", conversation_id=source
+        ),
         "ListRuns": _link("list_runs", "The conversation's runs", conversation_id=source),
-        "GetTranscript": _link("get_transcript", "The conversation's transcript",
-                               conversation_id=source),
-        "Compact": _link("compact_conversation", "Compact the conversation now",
-                         conversation_id=source),
-        "DeleteConversation": _link("delete_conversation", "Delete the conversation",
-                                    conversation_id=source),
+        "GetTranscript": _link(
+            "get_transcript", "The conversation's transcript", conversation_id=source
+        ),
+        "Compact": _link(
+            "compact_conversation", "Compact the conversation now", conversation_id=source
+        ),
+        "DeleteConversation": _link(
+            "delete_conversation", "Delete the conversation", conversation_id=source
+        ),
     }
 
 
@@ -71,39 +81,65 @@ LINKS: dict[tuple[str, str, str], dict[str, Any]] = {
     ("/conversations", "post", "201"): _conversation_links(_CONVERSATION_ID),
     ("/conversations/{conversation_id}/context", "get", "200"): {
         "ReplaceContext": _link(
-            "put_context", "Replace this context, on the condition that it is still current",
-            conversation_id=_SAME_CONVERSATION, If_Match="$response.header.ETag",
+            "put_context",
+            "Replace this context, on the condition that it is still current",
+            conversation_id=_SAME_CONVERSATION,
+            If_Match="$response.header.ETag",
         ),
         "CreateRun": _link(
-            "create_run", "Run the agent on this context, if it is still current",
-            conversation_id=_SAME_CONVERSATION, If_Match="$response.header.ETag",
+            "create_run",
+            "Run the agent on this context, if it is still current",
+            conversation_id=_SAME_CONVERSATION,
+            If_Match="$response.header.ETag",
         ),
     },
     ("/conversations/{conversation_id}/context", "put", "200"): {
-        "CreateRun": _link("create_run", "Run the agent on the new context",
-                           conversation_id=_SAME_CONVERSATION),
-        "GetContext": _link("get_context", "The stored context",
-                            conversation_id=_SAME_CONVERSATION),
+        "CreateRun": _link(
+            "create_run", "Run the agent on the new context", conversation_id=_SAME_CONVERSATION
+        ),
+        "GetContext": _link(
+            "get_context", "The stored context", conversation_id=_SAME_CONVERSATION
+        ),
     },
     ("/conversations/{conversation_id}/context", "put", "201"): {
-        "CreateRun": _link("create_run", "Run the agent on the new conversation",
-                           conversation_id=_SAME_CONVERSATION),
-        "GetContext": _link("get_context", "The stored context",
-                            conversation_id=_SAME_CONVERSATION),
+        "CreateRun": _link(
+            "create_run",
+            "Run the agent on the new conversation",
+            conversation_id=_SAME_CONVERSATION,
+        ),
+        "GetContext": _link(
+            "get_context", "The stored context", conversation_id=_SAME_CONVERSATION
+        ),
     },
     ("/conversations/{conversation_id}/runs", "post", "201"): {
-        "GetRun": _link("get_run", "This run's record", conversation_id=_RUN_CONVERSATION,
-                        run_id="$response.body#/run_id"),
-        "CancelRun": _link("cancel_run", "Cancel this run", conversation_id=_RUN_CONVERSATION,
-                           run_id="$response.body#/run_id"),
-        "GetContext": _link("get_context", "The stored context after this run",
-                            conversation_id=_RUN_CONVERSATION),
-        "GetTranscript": _link("get_transcript", "The transcript, with this run's entries",
-                               conversation_id=_RUN_CONVERSATION),
+        "GetRun": _link(
+            "get_run",
+            "This run's record",
+            conversation_id=_RUN_CONVERSATION,
+            run_id="$response.body#/run_id",
+        ),
+        "CancelRun": _link(
+            "cancel_run",
+            "Cancel this run",
+            conversation_id=_RUN_CONVERSATION,
+            run_id="$response.body#/run_id",
+        ),
+        "GetContext": _link(
+            "get_context", "The stored context after this run", conversation_id=_RUN_CONVERSATION
+        ),
+        "GetTranscript": _link(
+            "get_transcript",
+            "The transcript, with this run's entries",
+            conversation_id=_RUN_CONVERSATION,
+        ),
     },
     ("/conversations/{conversation_id}/compact", "post", "201"): {
-        "GetRun": _link("get_run", "The compaction's run record",
-                        conversation_id=_RUN_CONVERSATION, run_id="$response.body#/run_id"),
+        "GetRun": _link(
+            "get_run",
+            "The compaction's run record",
+            conversation_id=_RUN_CONVERSATION,
+            run_id="$response.body#/run_id",
+        ),
     },
 }
 
@@ -165,8 +201,7 @@ def document_extras(schema: dict[str, Any]) -> None:
             if method in _BODY_METHODS:
                 _add_responses(operation, problem_responses(PAYLOAD_TOO_LARGE))
             if "requestBody" in operation:
-                _add_responses(operation, problem_responses(MALFORMED_JSON,
-                                                            UNSUPPORTED_MEDIA_TYPE))
+                _add_responses(operation, problem_responses(MALFORMED_JSON, UNSUPPORTED_MEDIA_TYPE))
 
 
 def install_links(app: FastAPI) -> None:

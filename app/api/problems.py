@@ -91,8 +91,16 @@ NOT_READY = _register("not-ready", "Service not ready", 503)
 _BY_HTTP_STATUS: dict[int, ProblemType] = {
     p.status: p
     for p in (
-        UNAUTHORIZED, NOT_FOUND, METHOD_NOT_ALLOWED, NOT_ACCEPTABLE, PAYLOAD_TOO_LARGE,
-        UNSUPPORTED_MEDIA_TYPE, PRECONDITION_FAILED, PRECONDITION_REQUIRED, INTERNAL, NOT_READY,
+        UNAUTHORIZED,
+        NOT_FOUND,
+        METHOD_NOT_ALLOWED,
+        NOT_ACCEPTABLE,
+        PAYLOAD_TOO_LARGE,
+        UNSUPPORTED_MEDIA_TYPE,
+        PRECONDITION_FAILED,
+        PRECONDITION_REQUIRED,
+        INTERNAL,
+        NOT_READY,
     )
 }
 
@@ -181,8 +189,10 @@ def limit_exceeded(limit: str, maximum: int, actual: int | None = None) -> Probl
 
 def payload_too_large(max_bytes: int) -> Problem:
     return Problem(
-        PAYLOAD_TOO_LARGE, f"the request body exceeds {max_bytes} bytes",
-        limit="max_body_bytes", maximum=max_bytes,
+        PAYLOAD_TOO_LARGE,
+        f"the request body exceeds {max_bytes} bytes",
+        limit="max_body_bytes",
+        maximum=max_bytes,
     )
 
 
@@ -194,7 +204,10 @@ class ProblemJSONResponse(JSONResponse):
 
 
 def problem_body(
-    problem_type: ProblemType, detail: str | None = None, *, instance: str | None = None,
+    problem_type: ProblemType,
+    detail: str | None = None,
+    *,
+    instance: str | None = None,
     **extras: Any,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
@@ -350,8 +363,9 @@ def validation_errors(exc: RequestValidationError) -> list[dict[str, str]]:
     items: list[dict[str, str]] = []
     errors = list(exc.errors())
     for error in [e for e in errors if not _wrong_branch(e, errors)]:
-        path = _error_path(tuple(error.get("loc", ())), body, error.get("type", ""),
-                           error.get("ctx") or {})
+        path = _error_path(
+            tuple(error.get("loc", ())), body, error.get("type", ""), error.get("ctx") or {}
+        )
         item = {"path": path, "message": str(error.get("msg", "invalid"))}
         if item not in items:
             items.append(item)
@@ -369,7 +383,7 @@ def _wrong_branch(error: Mapping[str, Any], errors: Sequence[Mapping[str, Any]])
     if not isinstance(label, str) or not (label in _TYPE_LABELS or label[:1].isupper()):
         return False
     return any(
-        tuple(other.get("loc", ()))[:len(prefix)] == prefix
+        tuple(other.get("loc", ()))[: len(prefix)] == prefix
         and len(other.get("loc", ())) > len(prefix)
         and tuple(other.get("loc", ()))[len(prefix)] != label
         and not str(other.get("type", "")).endswith("_type")
@@ -399,8 +413,10 @@ def _from_validation(request: Request, exc: RequestValidationError) -> Problem:
         )
     raw = getattr(exc, "body", None)
     if body_error and not content_type and isinstance(raw, bytes) and raw:
-        return Problem(UNSUPPORTED_MEDIA_TYPE,
-                       "the request has a body but no Content-Type: send it as application/json")
+        return Problem(
+            UNSUPPORTED_MEDIA_TYPE,
+            "the request has a body but no Content-Type: send it as application/json",
+        )
     return validation_error(validation_errors(exc))
 
 
@@ -425,10 +441,14 @@ async def _handle_http(request: Request, exc: Exception) -> Response:
     detail = exc.detail if exc.detail and exc.detail != default_phrase else None
     if exc.status_code == 400 and isinstance(exc.__cause__, RecursionError | UnicodeError):
         # FastAPI's "There was an error parsing the body": say what was wrong with it.
-        reason = ("it nests arrays or objects too deeply"
-                  if isinstance(exc.__cause__, RecursionError) else "it is not valid UTF-8")
+        reason = (
+            "it nests arrays or objects too deeply"
+            if isinstance(exc.__cause__, RecursionError)
+            else "it is not valid UTF-8"
+        )
         return problem_response(
-            MALFORMED_JSON, f"the request body is not valid JSON: {reason}",
+            MALFORMED_JSON,
+            f"the request body is not valid JSON: {reason}",
             instance=request.url.path,
         )
     problem_type = _BY_HTTP_STATUS.get(exc.status_code)
@@ -503,9 +523,7 @@ def _document_problems(schema: dict[str, Any]) -> None:
                 json_schema = content.get("application/json", {}).get("schema", {})
                 if json_schema.get("$ref") == default_ref:
                     response["description"] = VALIDATION_ERROR.title
-                    response["content"] = {
-                        PROBLEM_MEDIA_TYPE: {"schema": {"$ref": _PROBLEM_REF}}
-                    }
+                    response["content"] = {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": _PROBLEM_REF}}}
     # FastAPI's own schemas for that body go once nothing refers to them any more.
     for unused in ("HTTPValidationError", "ValidationError"):
         others = {k: v for k, v in components.items() if k != unused}

@@ -18,8 +18,8 @@ from app.agent.records import Compaction
 CONVERSATION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
 ConversationId = Annotated[
-    str, Field(pattern=CONVERSATION_ID_PATTERN, min_length=1, max_length=128,
-               examples=["support-4711"])
+    str,
+    Field(pattern=CONVERSATION_ID_PATTERN, min_length=1, max_length=128, examples=["support-4711"]),
 ]
 
 
@@ -58,8 +58,9 @@ class ConversationPage(BaseModel):
 
 Prompt = Annotated[
     str | UserMessage,
-    Field(description="A user message, or a bare string meaning one user message with one text "
-                      "block"),
+    Field(
+        description="A user message, or a bare string meaning one user message with one text block"
+    ),
 ]
 
 
@@ -67,12 +68,16 @@ class RunCreate(_Body):
     """Run the agent on new prompts (SPEC §4)."""
 
     prompts: list[Prompt] = Field(min_length=1)
-    agent: str = Field(default="default", min_length=1, max_length=64,
-                       description="Name of the agent profile to run")
+    agent: str = Field(
+        default="default",
+        min_length=1,
+        max_length=64,
+        description="Name of the agent profile to run",
+    )
     on_failure: Literal["keep", "discard"] = Field(
         default="keep",
         description="keep: store a failed run's returned context (no tool is re-run); "
-                    "discard: the stored state stays as before the run",
+        "discard: the stored state stays as before the run",
     )
     if_busy: Literal["reject", "wait"] = "reject"
     on_disconnect: Literal["continue", "cancel"] = "continue"
@@ -82,9 +87,7 @@ class RunCreate(_Body):
         return tuple(UserMessage.text(p) if isinstance(p, str) else p for p in self.prompts)
 
 
-RunStatus = Literal[
-    "running", "completed", "failed", "cancelled", "conflicted", "interrupted"
-]
+RunStatus = Literal["running", "completed", "failed", "cancelled", "conflicted", "interrupted"]
 
 
 class RunProblem(BaseModel):
@@ -110,15 +113,16 @@ class Run(BaseModel):
     stored: bool = Field(description="Did this run's context become the stored state?")
     etag: str | None = Field(
         description="In the answer to a run: the ETag of the stored state after it (also in "
-                    "the ETag header). In a run record: the ETag its context was stored under, "
-                    "null when it was not stored"
+        "the ETag header). In a run record: the ETag its context was stored under, "
+        "null when it was not stored"
     )
     base_etag: str
     on_failure: Literal["keep", "discard"]
     prompts: list[UserMessage]
     context: Context | None = Field(
-        default=None, description="The context this run returned; left out with "
-                                  "`Prefer: return=minimal` and in run listings",
+        default=None,
+        description="The context this run returned; left out with "
+        "`Prefer: return=minimal` and in run listings",
     )
     new_messages: list[Message]
     final: AssistantMessage | None
@@ -142,7 +146,7 @@ class TranscriptEntry(BaseModel):
     failed: bool = Field(description="A failed or aborted assistant attempt")
     body: dict[str, Any] = Field(
         description="The message (prompt, attempt, tool_result), the compaction record, or "
-                    "the replacing context"
+        "the replacing context"
     )
     created_at: datetime
 

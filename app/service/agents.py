@@ -41,8 +41,9 @@ def with_key(profile: AgentProfile, settings: Settings) -> AgentProfile:
     if profile.api_key_env:
         value = os.environ.get(profile.api_key_env, "")
     else:
-        secret = {"openai": settings.openai_api_key,
-                  "anthropic": settings.anthropic_api_key}.get(profile.provider)
+        secret = {"openai": settings.openai_api_key, "anthropic": settings.anthropic_api_key}.get(
+            profile.provider
+        )
         value = secret.get_secret_value() if secret is not None else ""
     if not value.strip():
         return profile
@@ -70,23 +71,28 @@ def build_provider(profile: AgentProfile) -> Provider:
         DEFAULT_ANTHROPIC_MAX_TOKENS + (profile.thinking_budget or 0)
     )
     return AnthropicProvider(
-        api_key=key, base_url=profile.base_url, model=profile.model,
-        max_tokens=max_tokens, thinking_budget=profile.thinking_budget,
+        api_key=key,
+        base_url=profile.base_url,
+        model=profile.model,
+        max_tokens=max_tokens,
+        thinking_budget=profile.thinking_budget,
     )
 
 
 def build_agent(profile: AgentProfile, provider: Provider | None = None) -> Agent:
     tools = ToolRegistry.from_paths(profile.tools, default_timeout=profile.tool_timeout)
-    return Agent(AgentConfig(
-        provider=provider or build_provider(profile),
-        model=profile.model,
-        tools=tools,
-        context_window=profile.context_window,
-        compact_at=profile.compact_at,
-        max_turns=profile.max_turns,
-        max_output_tokens=profile.max_output_tokens,
-        retry=RetryPolicy(max_retries=profile.max_retries),
-    ))
+    return Agent(
+        AgentConfig(
+            provider=provider or build_provider(profile),
+            model=profile.model,
+            tools=tools,
+            context_window=profile.context_window,
+            compact_at=profile.compact_at,
+            max_turns=profile.max_turns,
+            max_output_tokens=profile.max_output_tokens,
+            retry=RetryPolicy(max_retries=profile.max_retries),
+        )
+    )
 
 
 class AgentPool:

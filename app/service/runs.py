@@ -94,8 +94,9 @@ class ActiveRun:
     run_id: str
     started: StartedRun
     events: asyncio.Queue[RunEvent | None] | None
-    done: asyncio.Future[RunView] = field(default_factory=lambda: asyncio.get_running_loop()
-                                          .create_future())
+    done: asyncio.Future[RunView] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
     task: asyncio.Task[None] | None = None
     running: bool = False  # the task has begun (a task cancelled before it begins never does)
     stop_requested: bool = False  # asked to stop before the task began
@@ -195,8 +196,11 @@ class RunManager:
             if not callable(previous) or previous is signal.default_int_handler:
                 continue
 
-            def handler(signum: int, frame: FrameType | None,
-                        previous: Callable[[int, FrameType | None], Any] = previous) -> None:
+            def handler(
+                signum: int,
+                frame: FrameType | None,
+                previous: Callable[[int, FrameType | None], Any] = previous,
+            ) -> None:
                 loop.call_soon_threadsafe(self.shutdown)
                 previous(signum, frame)
 
@@ -248,8 +252,9 @@ class RunManager:
             if run_id not in renewal.renewed:
                 if active.finishing:
                     continue  # it finished (or is finishing) meanwhile
-                log.warning("run %s lost its lease (marked interrupted elsewhere); stopping it",
-                            run_id)
+                log.warning(
+                    "run %s lost its lease (marked interrupted elsewhere); stopping it", run_id
+                )
                 self.stop(active)
             elif run_id in renewal.cancel_requested:
                 self.stop(active)
@@ -283,7 +288,8 @@ class RunManager:
         claim = None
         if idempotency_key is not None:
             claim = IdempotencyClaim(
-                key=idempotency_key, request_hash=request_hash(body),
+                key=idempotency_key,
+                request_hash=request_hash(body),
                 ttl_seconds=self.settings.idempotency_ttl_seconds,
             )
         run_id = str(uuid.uuid4())
@@ -292,26 +298,36 @@ class RunManager:
         )
         while True:
             started = await self.repo.start_run(
-                tenant, conversation_id, run_id=run_id, if_match=if_match, prompts=prompts,
-                agent=body.agent, on_failure=body.on_failure, owner=self.owner,
-                lease_seconds=self.settings.lease_seconds, idempotency=claim,
+                tenant,
+                conversation_id,
+                run_id=run_id,
+                if_match=if_match,
+                prompts=prompts,
+                agent=body.agent,
+                on_failure=body.on_failure,
+                owner=self.owner,
+                lease_seconds=self.settings.lease_seconds,
+                idempotency=claim,
             )
             if started.replay is not None:
                 return Replayed(started.replay.status_code, started.replay.response)
             if started.active_run_id is None:
                 break
-            await self._wait_until_free(tenant, conversation_id, started.active_run_id,
-                                        deadline)
+            await self._wait_until_free(tenant, conversation_id, started.active_run_id, deadline)
         self._took_over(started)
 
         active = ActiveRun(
-            tenant=tenant, conversation_id=conversation_id, run_id=run_id, started=started,
+            tenant=tenant,
+            conversation_id=conversation_id,
+            run_id=run_id,
+            started=started,
             events=asyncio.Queue() if stream else None,
         )
         self._register(active)
         active.task = asyncio.create_task(
-            self._execute(active, agent, prompts, body, minimal=minimal,
-                          idempotent=claim is not None),
+            self._execute(
+                active, agent, prompts, body, minimal=minimal, idempotent=claim is not None
+            ),
             name=f"carryover-run-{run_id}",
         )
         if self.closing:  # stopping began while the lease was being taken: end it at once
@@ -342,8 +358,14 @@ class RunManager:
             RUNS.labels(status="interrupted").inc()
 
     async def _execute(
-        self, active: ActiveRun, agent: Agent, prompts: tuple[UserMessage, ...], body: RunCreate,
-        *, minimal: bool, idempotent: bool,
+        self,
+        active: ActiveRun,
+        agent: Agent,
+        prompts: tuple[UserMessage, ...],
+        body: RunCreate,
+        *,
+        minimal: bool,
+        idempotent: bool,
     ) -> None:
         loaded = active.started.loaded
         assert loaded is not None
@@ -394,8 +416,14 @@ class RunManager:
         return await agent.run(Input(context=context, prompts=prompts), on_event=on_event)
 
     async def _finish(
-        self, active: ActiveRun, loaded: Loaded, result: Result, body: RunCreate, *,
-        minimal: bool, idempotent: bool,
+        self,
+        active: ActiveRun,
+        loaded: Loaded,
+        result: Result,
+        body: RunCreate,
+        *,
+        minimal: bool,
+        idempotent: bool,
     ) -> RunView:
         # A run only appends and compacts (app/agent/run.py), so this says whether the context
         # changed without comparing every message of a long conversation.
@@ -412,8 +440,13 @@ class RunManager:
         for attempt in range(FINISH_ATTEMPTS):
             try:
                 outcome = await self.repo.finish_run(
-                    active.tenant, active.conversation_id, active.run_id, base=loaded,
-                    result=result, store=store, respond=respond if idempotent else None,
+                    active.tenant,
+                    active.conversation_id,
+                    active.run_id,
+                    base=loaded,
+                    result=result,
+                    store=store,
+                    respond=respond if idempotent else None,
                 )
                 break
             except (OperationalError, InterfaceError) as exc:
@@ -422,13 +455,15 @@ class RunManager:
                 # attempt committed after all, the next one reads what it recorded.)
                 if attempt + 1 == FINISH_ATTEMPTS:
                     raise
-                log.warning("recording run %s failed (%s); trying again", active.run_id,
-                            type(exc).__name__)
+                log.warning(
+                    "recording run %s failed (%s); trying again", active.run_id, type(exc).__name__
+                )
                 await asyncio.sleep(0.2 * 2**attempt)
         if outcome.status == "interrupted":
             # It lost its lease: another process marked it interrupted (and counted it).
-            log.warning("run %s finished after its lease was lost; nothing was stored",
-                        active.run_id)
+            log.warning(
+                "run %s finished after its lease was lost; nothing was stored", active.run_id
+            )
         else:
             observe_result(outcome.status, result, run.created_at, outcome.finished_at)
         return run_view(run, result, outcome)
@@ -465,8 +500,14 @@ class RunManager:
         agent = self.agents.get(agent_name)
         run_id = str(uuid.uuid4())
         started = await self.repo.start_run(
-            tenant, conversation_id, run_id=run_id, if_match=if_match, prompts=(),
-            agent=agent_name, on_failure="keep", owner=self.owner,
+            tenant,
+            conversation_id,
+            run_id=run_id,
+            if_match=if_match,
+            prompts=(),
+            agent=agent_name,
+            on_failure="keep",
+            owner=self.owner,
             lease_seconds=self.settings.lease_seconds,
         )
         if started.active_run_id is not None:
@@ -482,9 +523,9 @@ class RunManager:
                 log.exception("compaction %s failed unexpectedly", run_id)
                 result = _internal(started.loaded.context, exc)
             active.finishing = True
-            return await asyncio.shield(self._finish(
-                active, started.loaded, result, body, minimal=False, idempotent=False
-            ))
+            return await asyncio.shield(
+                self._finish(active, started.loaded, result, body, minimal=False, idempotent=False)
+            )
         finally:
             self._unregister(run_id)
 
@@ -501,13 +542,17 @@ def _settle(target: asyncio.Future[RunView], source: asyncio.Future[RunView]) ->
 
 
 def _cancelled(context: Context) -> Result:
-    return Result(status="cancelled", context=context,
-                  error=AttemptError(kind="aborted", message="the run was cancelled"))
+    return Result(
+        status="cancelled",
+        context=context,
+        error=AttemptError(kind="aborted", message="the run was cancelled"),
+    )
 
 
 def _internal(context: Context, exc: Exception) -> Result:
     return Result(
-        status="failed", context=context,
+        status="failed",
+        context=context,
         error=AttemptError(kind="internal", message=f"internal error: {type(exc).__name__}"),
     )
 

@@ -68,7 +68,9 @@ def plan_context_write(
     # still the rule, so rewrite it whole (correct, just not incremental) and say so.
     log.warning(
         "run result does not extend its base context (%d kept messages differ); "
-        "rewriting all %d messages", kept, len(new),
+        "rewriting all %d messages",
+        kept,
+        len(new),
     )
     return ContextWrite(
         delete_before=next_position if old else None,
@@ -128,7 +130,8 @@ def compaction_slots(result: Result, base_len: int) -> list[int]:
     messages = result.new_messages
     # Indices of the run's messages that entered the context (failed attempts never do).
     entered = [
-        i for i, m in enumerate(messages)
+        i
+        for i, m in enumerate(messages)
         if not (isinstance(m, AssistantMessage) and not m.replayable)
     ]
     first_prompt = next(

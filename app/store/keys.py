@@ -69,20 +69,34 @@ class KeyStore:
     async def create(self, tenant: str) -> CreatedKey:
         key = new_key()
         stored = StoredKey(
-            id="key_" + secrets.token_hex(8), tenant=tenant, prefix=key[:DISPLAY_PREFIX_LEN],
-            created_at=utcnow(), revoked_at=None,
+            id="key_" + secrets.token_hex(8),
+            tenant=tenant,
+            prefix=key[:DISPLAY_PREFIX_LEN],
+            created_at=utcnow(),
+            revoked_at=None,
         )
         async with write_transaction(self.engine) as conn:
-            await conn.execute(insert(api_keys).values(
-                id=stored.id, tenant=tenant, key_hash=hash_key(key), prefix=stored.prefix,
-                created_at=stored.created_at, revoked_at=None,
-            ))
+            await conn.execute(
+                insert(api_keys).values(
+                    id=stored.id,
+                    tenant=tenant,
+                    key_hash=hash_key(key),
+                    prefix=stored.prefix,
+                    created_at=stored.created_at,
+                    revoked_at=None,
+                )
+            )
         return CreatedKey(stored, key)
 
     async def list_keys(self, tenant: str | None = None) -> list[StoredKey]:
         """Every key (revoked ones too), oldest first; only ``tenant``'s when given."""
-        query = select(api_keys.c.id, api_keys.c.tenant, api_keys.c.prefix,
-                       api_keys.c.created_at, api_keys.c.revoked_at)
+        query = select(
+            api_keys.c.id,
+            api_keys.c.tenant,
+            api_keys.c.prefix,
+            api_keys.c.created_at,
+            api_keys.c.revoked_at,
+        )
         if tenant is not None:
             query = query.where(api_keys.c.tenant == tenant)
         async with read_transaction(self.engine) as conn:
@@ -98,28 +112,41 @@ class KeyStore:
                 .where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
                 .values(revoked_at=utcnow())
             )
-            row = (await conn.execute(
-                select(api_keys.c.id, api_keys.c.tenant, api_keys.c.prefix,
-                       api_keys.c.created_at, api_keys.c.revoked_at)
-                .where(api_keys.c.id == key_id)
-            )).first()
+            row = (
+                await conn.execute(
+                    select(
+                        api_keys.c.id,
+                        api_keys.c.tenant,
+                        api_keys.c.prefix,
+                        api_keys.c.created_at,
+                        api_keys.c.revoked_at,
+                    ).where(api_keys.c.id == key_id)
+                )
+            ).first()
         return (StoredKey(*row), changed.rowcount == 1) if row is not None else None
 
     async def tenant_for_hash(self, key_hash: str) -> str | None:
         """The tenant of the key with this :func:`hash_key`, unless it is revoked or unknown."""
         async with read_transaction(self.engine) as conn:
-            tenant: str | None = (await conn.execute(
-                select(api_keys.c.tenant)
-                .where(api_keys.c.key_hash == key_hash, api_keys.c.revoked_at.is_(None))
-            )).scalar_one_or_none()
+            tenant: str | None = (
+                await conn.execute(
+                    select(api_keys.c.tenant).where(
+                        api_keys.c.key_hash == key_hash, api_keys.c.revoked_at.is_(None)
+                    )
+                )
+            ).scalar_one_or_none()
         return tenant
 
     async def active_count(self) -> int:
         """How many keys are not revoked."""
         async with read_transaction(self.engine) as conn:
-            count = (await conn.execute(
-                select(func.count()).select_from(api_keys).where(api_keys.c.revoked_at.is_(None))
-            )).scalar_one()
+            count = (
+                await conn.execute(
+                    select(func.count())
+                    .select_from(api_keys)
+                    .where(api_keys.c.revoked_at.is_(None))
+                )
+            ).scalar_one()
         return int(count)
 
 

@@ -317,8 +317,14 @@ class Repository:
     ) -> Run:
         """Record a run that starts (status ``running``), without a lease."""
         values = _run_values(
-            tenant, conv_id, run_id or str(uuid.uuid4()), base_etag=base_etag, prompts=prompts,
-            agent=agent, on_failure=on_failure, now=utcnow(),
+            tenant,
+            conv_id,
+            run_id or str(uuid.uuid4()),
+            base_etag=base_etag,
+            prompts=prompts,
+            agent=agent,
+            on_failure=on_failure,
+            now=utcnow(),
         )
         async with write_transaction(self.engine) as conn:
             try:
@@ -393,19 +399,33 @@ class Repository:
                 .values(active_run_id=run_id)
             )
             values = _run_values(
-                tenant, conv_id, run_id, base_etag=conv.etag, prompts=prompts, agent=agent,
-                on_failure=on_failure, now=now,
+                tenant,
+                conv_id,
+                run_id,
+                base_etag=conv.etag,
+                prompts=prompts,
+                agent=agent,
+                on_failure=on_failure,
+                now=now,
             )
-            values.update(lease_owner=owner,
-                          lease_expires_at=now + timedelta(seconds=lease_seconds))
+            values.update(
+                lease_owner=owner, lease_expires_at=now + timedelta(seconds=lease_seconds)
+            )
             await conn.execute(insert(runs).values(values))
             if idempotency is not None:
-                await conn.execute(insert(idempotency_keys).values(
-                    tenant=tenant, conversation_id=conv_id, key=idempotency.key,
-                    request_hash=idempotency.request_hash, run_id=run_id, status_code=None,
-                    response=None, created_at=now,
-                    expires_at=now + timedelta(seconds=idempotency.ttl_seconds),
-                ))
+                await conn.execute(
+                    insert(idempotency_keys).values(
+                        tenant=tenant,
+                        conversation_id=conv_id,
+                        key=idempotency.key,
+                        request_hash=idempotency.request_hash,
+                        run_id=run_id,
+                        status_code=None,
+                        response=None,
+                        created_at=now,
+                        expires_at=now + timedelta(seconds=idempotency.ttl_seconds),
+                    )
+                )
             loaded = await _read_context(conn, conv)
         return StartedRun(run=Run(**values), loaded=loaded, interrupted=interrupted)
 
@@ -413,9 +433,11 @@ class Repository:
         """The run holding the conversation under a live lease; None when it is free, the lease
         expired, or the conversation is gone. A read: requests waiting for the conversation
         (``if_busy: wait``) poll it, and only try to take the lease when it looks free."""
-        holder = and_(runs.c.tenant == conversations.c.tenant,
-                      runs.c.conversation_id == conversations.c.id,
-                      runs.c.run_id == conversations.c.active_run_id)
+        holder = and_(
+            runs.c.tenant == conversations.c.tenant,
+            runs.c.conversation_id == conversations.c.id,
+            runs.c.run_id == conversations.c.active_run_id,
+        )
         async with read_transaction(self.engine) as conn:
             row = (
                 await conn.execute(
@@ -446,8 +468,11 @@ class Repository:
             rows = (
                 await conn.execute(
                     update(runs)
-                    .where(runs.c.run_id.in_(list(run_ids)), runs.c.lease_owner == owner,
-                           runs.c.status == "running")
+                    .where(
+                        runs.c.run_id.in_(list(run_ids)),
+                        runs.c.lease_owner == owner,
+                        runs.c.status == "running",
+                    )
                     .values(lease_expires_at=utcnow() + timedelta(seconds=lease_seconds))
                     .returning(runs.c.run_id, runs.c.cancel_requested)
                 )
@@ -477,8 +502,9 @@ class Repository:
         # One short transaction each: no transaction holds the locks of several conversations.
         for row in expired:
             async with write_transaction(self.engine) as conn:
-                marked += await _interrupt(conn, row.tenant, row.conversation_id, row.run_id,
-                                           utcnow())
+                marked += await _interrupt(
+                    conn, row.tenant, row.conversation_id, row.run_id, utcnow()
+                )
         return marked
 
     async def request_cancel(self, tenant: str, conv_id: str, run_id: str) -> Run:
@@ -504,8 +530,10 @@ class Repository:
         their answer is kept; a dead run's key is released when the run is interrupted)."""
         async with write_transaction(self.engine) as conn:
             done = await conn.execute(
-                delete(idempotency_keys).where(idempotency_keys.c.expires_at < utcnow(),
-                                               idempotency_keys.c.response.is_not(None))
+                delete(idempotency_keys).where(
+                    idempotency_keys.c.expires_at < utcnow(),
+                    idempotency_keys.c.response.is_not(None),
+                )
             )
         return int(done.rowcount or 0)
 
@@ -536,8 +564,15 @@ class Repository:
         entries = run_transcript(result, len(base.context.messages), plan)
         try:
             return await self._finish_run(
-                tenant, conv_id, run_id, base=base, result=result, store=store, respond=respond,
-                plan=plan, entries=entries,
+                tenant,
+                conv_id,
+                run_id,
+                base=base,
+                result=result,
+                store=store,
+                respond=respond,
+                plan=plan,
+                entries=entries,
             )
         except _NotRunning:
             # The lease fences the write: only a run still ``running`` finishes. A run whose
@@ -548,9 +583,17 @@ class Repository:
                 return await _no_longer_running(conn, tenant, conv_id, run_id)
 
     async def _finish_run(
-        self, tenant: str, conv_id: str, run_id: str, *, base: Loaded, result: Result,
-        store: bool, respond: Callable[[RunOutcome], tuple[int, dict[str, Any]]] | None,
-        plan: ContextWrite, entries: Sequence[TranscriptItem],
+        self,
+        tenant: str,
+        conv_id: str,
+        run_id: str,
+        *,
+        base: Loaded,
+        result: Result,
+        store: bool,
+        respond: Callable[[RunOutcome], tuple[int, dict[str, Any]]] | None,
+        plan: ContextWrite,
+        entries: Sequence[TranscriptItem],
     ) -> RunOutcome:
         now = utcnow()
         key = _conversation_key(tenant, conv_id)
@@ -613,8 +656,11 @@ class Repository:
             result_etag = etag if stored else None
             finished = await conn.execute(
                 update(runs)
-                .where(*_child_key(runs, tenant, conv_id), runs.c.run_id == run_id,
-                       runs.c.status == "running")
+                .where(
+                    *_child_key(runs, tenant, conv_id),
+                    runs.c.run_id == run_id,
+                    runs.c.status == "running",
+                )
                 .values(
                     status=status,
                     stored=stored,
@@ -639,8 +685,10 @@ class Repository:
                 status_code, response = respond(outcome)
                 await conn.execute(
                     update(idempotency_keys)
-                    .where(*_child_key(idempotency_keys, tenant, conv_id),
-                           idempotency_keys.c.run_id == run_id)
+                    .where(
+                        *_child_key(idempotency_keys, tenant, conv_id),
+                        idempotency_keys.c.run_id == run_id,
+                    )
                     .values(status_code=status_code, response=response)
                 )
         return outcome
@@ -649,10 +697,16 @@ class Repository:
         """A run with its new messages, final and compactions."""
         async with read_transaction(self.engine) as conn:
             row = (
-                await conn.execute(
-                    select(runs).where(*_child_key(runs, tenant, conv_id), runs.c.run_id == run_id)
+                (
+                    await conn.execute(
+                        select(runs).where(
+                            *_child_key(runs, tenant, conv_id), runs.c.run_id == run_id
+                        )
+                    )
                 )
-            ).mappings().first()
+                .mappings()
+                .first()
+            )
             if row is None:
                 return None
             [record] = await _records(conn, tenant, conv_id, [Run(**row)])
@@ -744,8 +798,15 @@ def _new_conversation(
 
 
 def _run_values(
-    tenant: str, conv_id: str, run_id: str, *, base_etag: str, prompts: Sequence[UserMessage],
-    agent: str, on_failure: OnFailure, now: datetime,
+    tenant: str,
+    conv_id: str,
+    run_id: str,
+    *,
+    base_etag: str,
+    prompts: Sequence[UserMessage],
+    agent: str,
+    on_failure: OnFailure,
+    now: datetime,
 ) -> dict[str, Any]:
     return {
         "tenant": tenant,
@@ -810,20 +871,26 @@ async def _interrupt(
     the current row when a renewal or the run's own finish committed meanwhile); False when it
     did not hold, and then nothing is changed.
     """
-    error = {"kind": "internal", "message": "the process running this run went away",
-             "status": None, "code": "interrupted"}
+    error = {
+        "kind": "internal",
+        "message": "the process running this run went away",
+        "status": None,
+        "code": "interrupted",
+    }
     if conn.dialect.name == "postgresql":
         # Lock order: the conversation row first, then the run row (as start_run and
         # finish_run take them), so that an interrupt never deadlocks with either.
         await conn.execute(
-            select(conversations.c.id).where(*_conversation_key(tenant, conv_id))
-            .with_for_update()
+            select(conversations.c.id).where(*_conversation_key(tenant, conv_id)).with_for_update()
         )
     marked = await conn.execute(
         update(runs)
-        .where(*_child_key(runs, tenant, conv_id), runs.c.run_id == run_id,
-               runs.c.status == "running",
-               or_(runs.c.lease_expires_at.is_(None), runs.c.lease_expires_at <= now))
+        .where(
+            *_child_key(runs, tenant, conv_id),
+            runs.c.run_id == run_id,
+            runs.c.status == "running",
+            or_(runs.c.lease_expires_at.is_(None), runs.c.lease_expires_at <= now),
+        )
         .values(status="interrupted", finished_at=now, lease_expires_at=None, error=error)
     )
     if not marked.rowcount:
@@ -836,7 +903,8 @@ async def _interrupt(
     # An idempotent request whose run died may be sent again: its key is released.
     await conn.execute(
         delete(idempotency_keys).where(
-            *_child_key(idempotency_keys, tenant, conv_id), idempotency_keys.c.run_id == run_id,
+            *_child_key(idempotency_keys, tenant, conv_id),
+            idempotency_keys.c.run_id == run_id,
             idempotency_keys.c.response.is_(None),
         )
     )
@@ -854,15 +922,21 @@ async def _no_longer_running(
     its own outcome when a first attempt to finish did commit), and the stored ETag."""
     run = (
         await conn.execute(
-            select(runs.c.status, runs.c.stored, runs.c.result_etag, runs.c.finished_at)
-            .where(*_child_key(runs, tenant, conv_id), runs.c.run_id == run_id)
+            select(runs.c.status, runs.c.stored, runs.c.result_etag, runs.c.finished_at).where(
+                *_child_key(runs, tenant, conv_id), runs.c.run_id == run_id
+            )
         )
     ).first()
     conv = await _conversation(conn, tenant, conv_id)
     if run is None or conv is None:
         raise NotFound(f"run {run_id!r} not found")
-    return RunOutcome(status=run.status, stored=run.stored, etag=conv.etag,
-                      result_etag=run.result_etag, finished_at=run.finished_at)
+    return RunOutcome(
+        status=run.status,
+        stored=run.stored,
+        etag=conv.etag,
+        result_etag=run.result_etag,
+        finished_at=run.finished_at,
+    )
 
 
 async def _records(
@@ -887,11 +961,16 @@ async def _records(
         await conn.execute(select(run_finals.c.run_id, run_finals.c.body).where(*of(run_finals)))
     ).all()
     compaction_rows = (
-        await conn.execute(
-            select(run_compactions).where(*of(run_compactions))
-            .order_by(run_compactions.c.run_id, run_compactions.c.seq)
+        (
+            await conn.execute(
+                select(run_compactions)
+                .where(*of(run_compactions))
+                .order_by(run_compactions.c.run_id, run_compactions.c.seq)
+            )
         )
-    ).mappings().all()
+        .mappings()
+        .all()
+    )
     new_messages: dict[str, list[AnyMessage]] = {i: [] for i in ids}
     for row in new_rows:
         new_messages[row.run_id].append(load_message(row.body))
@@ -902,15 +981,24 @@ async def _records(
         finals[row.run_id] = final
     compactions: dict[str, list[Compaction]] = {i: [] for i in ids}
     for c in compaction_rows:
-        compactions[c["run_id"]].append(Compaction.model_validate({
-            "reason": c["reason"], "folded": c["folded"],
-            "previous_summary": c["previous_summary"], "summary": c["summary"],
-            "tokens_before": c["tokens_before"], "tokens_after": c["tokens_after"],
-            "usage": c["usage"],
-        }))
+        compactions[c["run_id"]].append(
+            Compaction.model_validate(
+                {
+                    "reason": c["reason"],
+                    "folded": c["folded"],
+                    "previous_summary": c["previous_summary"],
+                    "summary": c["summary"],
+                    "tokens_before": c["tokens_before"],
+                    "tokens_after": c["tokens_after"],
+                    "usage": c["usage"],
+                }
+            )
+        )
     return [
         RunRecord(
-            run=run, new_messages=tuple(new_messages[run.run_id]), final=finals.get(run.run_id),
+            run=run,
+            new_messages=tuple(new_messages[run.run_id]),
+            final=finals.get(run.run_id),
             compactions=tuple(compactions[run.run_id]),
         )
         for run in page
@@ -926,11 +1014,13 @@ async def _read_context(conn: AsyncConnection, conv: Conversation) -> Loaded:
             .order_by(context_messages.c.position)
         )
     ).all()
-    context = load_context({
-        "system_prompt": conv.system_prompt,
-        "summary": conv.summary,
-        "messages": [row.body for row in rows],
-    })
+    context = load_context(
+        {
+            "system_prompt": conv.system_prompt,
+            "summary": conv.summary,
+            "messages": [row.body for row in rows],
+        }
+    )
     return Loaded(
         context=context,
         etag=conv.etag,
@@ -943,8 +1033,10 @@ async def _read_context(conn: AsyncConnection, conv: Conversation) -> Loaded:
 
 async def _conversation(conn: AsyncConnection, tenant: str, conv_id: str) -> Conversation | None:
     row = (
-        await conn.execute(select(conversations).where(*_conversation_key(tenant, conv_id)))
-    ).mappings().first()
+        (await conn.execute(select(conversations).where(*_conversation_key(tenant, conv_id))))
+        .mappings()
+        .first()
+    )
     return Conversation(**row) if row is not None else None
 
 
@@ -972,8 +1064,12 @@ async def _insert_messages(
         await conn.execute(
             insert(context_messages),
             [
-                {"tenant": tenant, "conversation_id": conv_id, "position": p,
-                 "body": dump_message(m)}
+                {
+                    "tenant": tenant,
+                    "conversation_id": conv_id,
+                    "position": p,
+                    "body": dump_message(m),
+                }
                 for p, m in rows
             ],
         )
@@ -992,9 +1088,16 @@ async def _insert_transcript(
         await conn.execute(
             insert(transcript),
             [
-                {"tenant": tenant, "conversation_id": conv_id, "seq": first_seq + i,
-                 "run_id": run_id, "kind": e.kind, "failed": e.failed, "body": e.body,
-                 "created_at": now}
+                {
+                    "tenant": tenant,
+                    "conversation_id": conv_id,
+                    "seq": first_seq + i,
+                    "run_id": run_id,
+                    "kind": e.kind,
+                    "failed": e.failed,
+                    "body": e.body,
+                    "created_at": now,
+                }
                 for i, e in enumerate(entries)
             ],
         )
@@ -1015,10 +1118,17 @@ async def _insert_audit(
         await conn.execute(
             insert(run_compactions),
             [
-                {**key, "seq": i, "reason": c.reason, "previous_summary": c.previous_summary,
-                 "summary": c.summary, "folded": dump_messages(c.folded),
-                 "tokens_before": c.tokens_before, "tokens_after": c.tokens_after,
-                 "usage": c.usage.model_dump(mode="json")}
+                {
+                    **key,
+                    "seq": i,
+                    "reason": c.reason,
+                    "previous_summary": c.previous_summary,
+                    "summary": c.summary,
+                    "folded": dump_messages(c.folded),
+                    "tokens_before": c.tokens_before,
+                    "tokens_after": c.tokens_after,
+                    "usage": c.usage.model_dump(mode="json"),
+                }
                 for i, c in enumerate(result.compactions)
             ],
         )

@@ -79,7 +79,6 @@ RUN_ID_LEN = 36
 ETAG_LEN = 80
 
 
-
 def _conversation_fk(name: str) -> ForeignKeyConstraint:
     return ForeignKeyConstraint(
         ["tenant", "conversation_id"],

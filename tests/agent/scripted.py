@@ -66,8 +66,10 @@ class ScriptedProvider:
     async def stream(self, request: ProviderRequest) -> AsyncIterator[StreamEvent]:
         if request.purpose == "summary":
             self.summary_requests.append(request)
-            step: Step = self.summaries.pop(0) if self.summaries else (
-                f"summary #{len(self.summary_requests)}"
+            step: Step = (
+                self.summaries.pop(0)
+                if self.summaries
+                else (f"summary #{len(self.summary_requests)}")
             )
         else:
             self.requests.append(request)

@@ -124,9 +124,9 @@ def provider_data() -> st.SearchStrategy[dict[str, Any]]:
         st.dictionaries(texts(max_size=12), json_values(), max_size=5),
         # shapes real providers send back (reasoning items with encrypted content)
         st.builds(
-            lambda rid, enc: {"reasoning": [{"id": rid, "encrypted_content": enc,
-                                             "summary": []}]},
-            texts(), texts(max_size=200),
+            lambda rid, enc: {"reasoning": [{"id": rid, "encrypted_content": enc, "summary": []}]},
+            texts(),
+            texts(max_size=200),
         ),
     )
 
@@ -158,9 +158,12 @@ def raw_arguments() -> st.SearchStrategy[str]:
         st.sampled_from([(",", ":"), (", ", ": "), (" , ", " : ")]),
         st.booleans(),
     )
-    padded = st.builds(lambda s, pre, post: pre + s + post, odd_layouts,
-                       st.sampled_from(["", " ", "\n", "\t "]),
-                       st.sampled_from(["", " ", "\n\n"]))
+    padded = st.builds(
+        lambda s, pre, post: pre + s + post,
+        odd_layouts,
+        st.sampled_from(["", " ", "\n", "\t "]),
+        st.sampled_from(["", " ", "\n\n"]),
+    )
     return st.one_of(
         st.sampled_from(_INVALID_JSON_ARGUMENTS),
         texts(max_size=80),
@@ -204,22 +207,21 @@ def base64_sources(*, large: bool = False) -> st.SearchStrategy[Base64Source]:
 
 def url_sources() -> st.SearchStrategy[UrlSource]:
     urls = st.one_of(
-        st.sampled_from([
-            "https://example.com/cat.png",
-            "https://example.com/a%20b.png?x=1&y=\u00e9#frag",
-            "data:image/png;base64,iVBORw0KGgo=",
-            "https://\u4f8b\u3048.jp/\U0001f600.png",
-        ]),
+        st.sampled_from(
+            [
+                "https://example.com/cat.png",
+                "https://example.com/a%20b.png?x=1&y=\u00e9#frag",
+                "data:image/png;base64,iVBORw0KGgo=",
+                "https://\u4f8b\u3048.jp/\U0001f600.png",
+            ]
+        ),
         nonempty_texts(max_size=120),
     )
     return st.builds(UrlSource, url=urls)
 
 
 def image_blocks(*, large: bool = False) -> st.SearchStrategy[ImageBlock]:
-    sources = (
-        base64_sources(large=True) if large
-        else st.one_of(base64_sources(), url_sources())
-    )
+    sources = base64_sources(large=True) if large else st.one_of(base64_sources(), url_sources())
     return st.builds(ImageBlock, source=sources)
 
 
@@ -272,8 +274,9 @@ def assistant_blocks() -> st.SearchStrategy[Any]:
 
 # --- metadata ---------------------------------------------------------------------------------
 
-_token_counts = st.one_of(st.integers(min_value=0, max_value=2_000_000),
-                          st.integers(min_value=0, max_value=2**63))
+_token_counts = st.one_of(
+    st.integers(min_value=0, max_value=2_000_000), st.integers(min_value=0, max_value=2**63)
+)
 
 
 def usages() -> st.SearchStrategy[Usage]:
@@ -315,8 +318,7 @@ def assistant_messages(
     ``replayable=True`` gives only attempts a context may hold; ``False`` only failed/aborted
     ones (``stop_reason`` ``error``/``aborted`` or an ``error`` object); ``None`` anything.
     """
-    blocks = draw(content if content is not None
-                  else st.lists(assistant_blocks(), max_size=5))
+    blocks = draw(content if content is not None else st.lists(assistant_blocks(), max_size=5))
     if replayable is None:
         stop_reason = draw(st.sampled_from(STOP_REASONS))
         error = draw(st.none() | attempt_errors())
@@ -324,10 +326,12 @@ def assistant_messages(
         stop_reason = draw(st.sampled_from(REPLAYABLE_STOP_REASONS))
         error = None
     else:
-        stop_reason, error = draw(st.one_of(
-            st.tuples(st.sampled_from(("error", "aborted")), st.none() | attempt_errors()),
-            st.tuples(st.sampled_from(STOP_REASONS), attempt_errors()),
-        ))
+        stop_reason, error = draw(
+            st.one_of(
+                st.tuples(st.sampled_from(("error", "aborted")), st.none() | attempt_errors()),
+                st.tuples(st.sampled_from(STOP_REASONS), attempt_errors()),
+            )
+        )
     return AssistantMessage(
         content=tuple(blocks),
         provider=draw(st.one_of(st.sampled_from(["echo", "openai", "anthropic"]), texts())),
@@ -385,9 +389,7 @@ def _assistant_with_calls(
 @st.composite
 def _answers(draw: st.DrawFn, message: AssistantMessage) -> list[ToolResultMessage]:
     """One result per call of ``message``, in call order or shuffled."""
-    results = [
-        draw(tool_result_messages(call_id=c.id, name=c.name)) for c in message.tool_calls
-    ]
+    results = [draw(tool_result_messages(call_id=c.id, name=c.name)) for c in message.tool_calls]
     return list(draw(st.one_of(st.just(results), st.permutations(results))))
 
 
@@ -400,9 +402,9 @@ def _turn(draw: st.DrawFn) -> list[Any]:
         out.append(assistant)
         out.extend(draw(_answers(assistant)))
     if draw(st.booleans()):
-        out.append(draw(assistant_messages(
-            replayable=True, content=st.lists(_no_call_blocks, max_size=3)
-        )))
+        out.append(
+            draw(assistant_messages(replayable=True, content=st.lists(_no_call_blocks, max_size=3)))
+        )
     return out
 
 
@@ -420,9 +422,7 @@ def replayable_contexts(draw: st.DrawFn, max_turns: int = 3) -> Context:
 
 
 @st.composite
-def open_batch_contexts(
-    draw: st.DrawFn, max_turns: int = 2
-) -> tuple[Context, int, list[str]]:
+def open_batch_contexts(draw: st.DrawFn, max_turns: int = 2) -> tuple[Context, int, list[str]]:
     """A replayable context followed by an assistant whose batch is only partly answered.
 
     Draws ``(context, index_of_that_assistant, ids_still_unanswered_in_call_order)``.
@@ -434,8 +434,11 @@ def open_batch_contexts(
     assistant = draw(_assistant_with_calls())
     index = len(head)
     calls = list(assistant.tool_calls)
-    answered = draw(st.lists(st.sampled_from(calls), unique_by=lambda c: c.id,
-                             max_size=len(calls) - 1)) if len(calls) > 1 else []
+    answered = (
+        draw(st.lists(st.sampled_from(calls), unique_by=lambda c: c.id, max_size=len(calls) - 1))
+        if len(calls) > 1
+        else []
+    )
     answered_ids = {c.id for c in answered}
     results = [draw(tool_result_messages(call_id=c.id, name=c.name)) for c in answered]
     missing = [c.id for c in calls if c.id not in answered_ids]

@@ -33,10 +33,13 @@ from app.agent.tools import ToolRegistry
 from .scripted import Calls, ScriptedProvider
 from .test_run_failures import NO_WAIT, agent_for, history, run
 
-BUILTINS = ToolRegistry.from_paths([
-    "app.agent.builtin_tools:time_now", "app.agent.builtin_tools:wait",
-    "app.agent.builtin_tools:fail",
-])
+BUILTINS = ToolRegistry.from_paths(
+    [
+        "app.agent.builtin_tools:time_now",
+        "app.agent.builtin_tools:wait",
+        "app.agent.builtin_tools:fail",
+    ]
+)
 
 
 def echo_agent(**kw: Any) -> Agent:
@@ -61,8 +64,9 @@ async def test_seed_loop_second_run_sees_the_first_through_the_stored_context() 
 
 async def test_summary_is_projected_as_one_user_message_before_the_messages() -> None:
     provider = ScriptedProvider(script=["ok"])
-    context = Context(system_prompt="sys", summary="we talked about nvim",
-                      messages=history(1).messages)
+    context = Context(
+        system_prompt="sys", summary="we talked about nvim", messages=history(1).messages
+    )
     await run(agent_for(provider), context, "q")
     request = provider.requests[0]
     assert request.system_prompt == "sys"
@@ -72,21 +76,33 @@ async def test_summary_is_projected_as_one_user_message_before_the_messages() ->
 
 async def test_opaque_fields_of_another_provider_are_not_sent() -> None:
     theirs = AssistantMessage(
-        content=(ThinkingBlock(thinking="hmm", signature="sig"),
-                 RedactedThinkingBlock(data="xx"), TextBlock(text="answer")),
-        provider="anthropic", provider_data={"reasoning": "rs_1"},
+        content=(
+            ThinkingBlock(thinking="hmm", signature="sig"),
+            RedactedThinkingBlock(data="xx"),
+            TextBlock(text="answer"),
+        ),
+        provider="anthropic",
+        provider_data={"reasoning": "rs_1"},
     )
     only_thinking = AssistantMessage(
-        content=(ThinkingBlock(thinking="", signature="s2"),), provider="anthropic",
+        content=(ThinkingBlock(thinking="", signature="s2"),),
+        provider="anthropic",
     )
     ours = AssistantMessage(
         content=(ThinkingBlock(thinking="mine", signature="keep"), TextBlock(text="x")),
-        provider="scripted", provider_data={"keep": True},
+        provider="scripted",
+        provider_data={"keep": True},
     )
-    context = Context(messages=(
-        UserMessage.text("a"), theirs, UserMessage.text("b"), only_thinking,
-        UserMessage.text("c"), ours,
-    ))
+    context = Context(
+        messages=(
+            UserMessage.text("a"),
+            theirs,
+            UserMessage.text("b"),
+            only_thinking,
+            UserMessage.text("c"),
+            ours,
+        )
+    )
     provider = ScriptedProvider(script=["ok"])
     result = await run(agent_for(provider), context, "d")
     sent = provider.requests[0].messages
@@ -98,11 +114,13 @@ async def test_opaque_fields_of_another_provider_are_not_sent() -> None:
 
 
 async def test_retryable_errors_before_any_content_are_retried_and_not_recorded() -> None:
-    provider = ScriptedProvider(script=[
-        ProviderError("retryable", "429", status=429, retry_after=0.0),
-        ProviderError("retryable", "529", status=529),
-        "finally",
-    ])
+    provider = ScriptedProvider(
+        script=[
+            ProviderError("retryable", "429", status=429, retry_after=0.0),
+            ProviderError("retryable", "529", status=529),
+            "finally",
+        ]
+    )
     result = await run(agent_for(provider), Context(), "q")
     assert result.status == "completed"
     assert [m.type for m in result.new_messages] == ["user", "assistant"]
@@ -145,8 +163,9 @@ async def test_threshold_compaction_before_admission_keeps_the_tail_under_budget
     assert "(none yet)" in provider.summary_requests[0].messages[0].content[0].text
 
 
-async def test_manual_compaction_keeps_the_current_turn_and_is_a_noop_when_nothing_to_fold(
-) -> None:
+async def test_manual_compaction_keeps_the_current_turn_and_is_a_noop_when_nothing_to_fold() -> (
+    None
+):
     agent = echo_agent()
     base = history(3)
     result = await agent.compact(base)
@@ -159,11 +178,16 @@ async def test_manual_compaction_keeps_the_current_turn_and_is_a_noop_when_nothi
 
 
 def test_compaction_never_cuts_between_a_call_and_its_result() -> None:
-    call = AssistantMessage(content=(ToolCallBlock(id="c", name="t", arguments="{}"),),
-                            stop_reason="tool_use")
+    call = AssistantMessage(
+        content=(ToolCallBlock(id="c", name="t", arguments="{}"),), stop_reason="tool_use"
+    )
     result = ToolResultMessage(tool_call_id="c", tool_name="t", content=(TextBlock(text="r"),))
-    messages = (UserMessage.text("a" * 4000), call, result, AssistantMessage(
-        content=(TextBlock(text="done"),)))
+    messages = (
+        UserMessage.text("a" * 4000),
+        call,
+        result,
+        AssistantMessage(content=(TextBlock(text="done"),)),
+    )
     context = Context(messages=messages)
     for keep in range(0, 2000, 50):
         cut = choose_cut(context, "threshold", keep_tokens=keep)
@@ -180,8 +204,12 @@ async def test_max_turns_ends_a_run_that_only_calls_tools() -> None:
 
 
 async def test_calibration_follows_the_providers_reported_usage() -> None:
-    messages = (UserMessage.text("x" * 400), AssistantMessage(
-        content=(TextBlock(text="y"),), usage=Usage(input_tokens=208, output_tokens=1)))
+    messages = (
+        UserMessage.text("x" * 400),
+        AssistantMessage(
+            content=(TextBlock(text="y"),), usage=Usage(input_tokens=208, output_tokens=1)
+        ),
+    )
     assert calibration("", "", messages) == pytest.approx(2.0)
     assert estimate("", "", messages) == int((104 + 4) * 2.0)
     assert calibration("", "", messages[:1]) == 1.0
@@ -190,9 +218,9 @@ async def test_calibration_follows_the_providers_reported_usage() -> None:
 async def test_one_agent_serves_many_contexts_concurrently() -> None:
     agent = echo_agent()
     contexts = [Context(messages=history(n).messages) for n in range(20)]
-    results = await asyncio.gather(*(
-        run(agent, c, f"/sleep 0.01 prompt {i}") for i, c in enumerate(contexts)
-    ))
+    results = await asyncio.gather(
+        *(run(agent, c, f"/sleep 0.01 prompt {i}") for i, c in enumerate(contexts))
+    )
     for i, (context, result) in enumerate(zip(contexts, results, strict=True)):
         assert result.context.messages[: len(context.messages)] == context.messages
         assert result.final is not None
@@ -239,8 +267,9 @@ async def test_echo_fail_and_overflow_directives() -> None:
 
 async def test_echo_sleep_directive_can_be_cancelled() -> None:
     agent = echo_agent()
-    task = asyncio.create_task(agent.run(Input(
-        context=Context(), prompts=(UserMessage.text("/sleep 30"),))))
+    task = asyncio.create_task(
+        agent.run(Input(context=Context(), prompts=(UserMessage.text("/sleep 30"),)))
+    )
     await asyncio.sleep(0.05)
     task.cancel()
     result = await asyncio.wait_for(task, 5)

@@ -138,10 +138,12 @@ def test_big_base64_images_round_trip(raw: bytes) -> None:
     assert len(raw) >= s.LARGE_IMAGE_BYTES - 3
     data = base64.b64encode(raw).decode()
     block = ImageBlock(source=Base64Source(media_type="image/png", data=data))
-    context = Context(messages=(
-        user_with(TextBlock(text="look"), block),
-        ToolResultMessage(tool_call_id="c", tool_name="screenshot", content=(block,)),
-    ))
+    context = Context(
+        messages=(
+            user_with(TextBlock(text="look"), block),
+            ToolResultMessage(tool_call_id="c", tool_name="screenshot", content=(block,)),
+        )
+    )
     back = loads_context(dumps_context(context))
     assert back == context
     for message in back.messages:
@@ -157,7 +159,9 @@ def test_thinking_block_round_trips_including_empty_strings(block: ThinkingBlock
     assert_message_round_trip(message)
     data = _through_json(dump_message(message), ensure_ascii=False)
     assert data["content"][0] == {
-        "type": "thinking", "thinking": block.thinking, "signature": block.signature,
+        "type": "thinking",
+        "thinking": block.thinking,
+        "signature": block.signature,
     }
 
 
@@ -187,9 +191,24 @@ def test_raw_arguments_survive_byte_for_byte(arguments: str) -> None:
 
 @pytest.mark.parametrize(
     "arguments",
-    ["", " ", '{"a":1}', '{ "a" : 1 }', '{"a": 1.0}', '{"a": 1e2}', '{"b":1,"a":2}',
-     '{"a": "\\u00e9"}', '{"a": "é"}', '{"a":', "{'a': 1}", "null", "[]", "\x00",
-     '{"a": 1}\n', "\U0001f600"],
+    [
+        "",
+        " ",
+        '{"a":1}',
+        '{ "a" : 1 }',
+        '{"a": 1.0}',
+        '{"a": 1e2}',
+        '{"b":1,"a":2}',
+        '{"a": "\\u00e9"}',
+        '{"a": "é"}',
+        '{"a":',
+        "{'a': 1}",
+        "null",
+        "[]",
+        "\x00",
+        '{"a": 1}\n',
+        "\U0001f600",
+    ],
 )
 def test_raw_arguments_examples_are_not_normalized(arguments: str) -> None:
     message = assistant_with(ToolCallBlock(id="x", name="y", arguments=arguments))
@@ -260,16 +279,20 @@ def test_replayable_contexts_round_trip(context: Context) -> None:
 
 
 def test_empty_strings_stay_present_empty_strings() -> None:
-    context = Context(messages=(
-        UserMessage(content=(TextBlock(text=""),)),
-        AssistantMessage(content=(
-            ThinkingBlock(thinking="", signature=""),
-            RedactedThinkingBlock(data=""),
-            TextBlock(text=""),
-            ToolCallBlock(id="c", name="n", arguments=""),
-        )),
-        ToolResultMessage(tool_call_id="c", tool_name="n", content=(TextBlock(text=""),)),
-    ))
+    context = Context(
+        messages=(
+            UserMessage(content=(TextBlock(text=""),)),
+            AssistantMessage(
+                content=(
+                    ThinkingBlock(thinking="", signature=""),
+                    RedactedThinkingBlock(data=""),
+                    TextBlock(text=""),
+                    ToolCallBlock(id="c", name="n", arguments=""),
+                )
+            ),
+            ToolResultMessage(tool_call_id="c", tool_name="n", content=(TextBlock(text=""),)),
+        )
+    )
     data = json.loads(dumps_context(context))
     assert data["system_prompt"] == ""
     assert data["summary"] == ""
@@ -316,10 +339,24 @@ def test_thinking_order_is_kept() -> None:
 def test_assistant_metadata_example() -> None:
     message = AssistantMessage(
         content=(TextBlock(text="hi"),),
-        provider="openai", model="gpt-x", response_id="resp_1", stop_reason="max_tokens",
+        provider="openai",
+        model="gpt-x",
+        response_id="resp_1",
+        stop_reason="max_tokens",
         usage=Usage(input_tokens=10, output_tokens=2, cache_read_tokens=3, cache_write_tokens=4),
-        provider_data={"reasoning": [{"id": "rs_1", "encrypted_content": "gAAA", "n": None,
-                                      "f": 1.5, "i": 2**64, "b": False, "l": [[], {}]}]},
+        provider_data={
+            "reasoning": [
+                {
+                    "id": "rs_1",
+                    "encrypted_content": "gAAA",
+                    "n": None,
+                    "f": 1.5,
+                    "i": 2**64,
+                    "b": False,
+                    "l": [[], {}],
+                }
+            ]
+        },
         error=AttemptError(kind="fatal", message="boom", status=400, code="bad"),
     )
     assert_message_round_trip(message)
@@ -335,20 +372,32 @@ PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n").decode()
 
 def _valid_context_data() -> dict[str, Any]:
     """Three messages, each with at least two content blocks, as plain JSON."""
-    return dump_context(Context(messages=(
-        UserMessage(content=(
-            ImageBlock(source=Base64Source(media_type="image/png", data=PNG)),
-            TextBlock(text="what is this?"),
-        )),
-        AssistantMessage(content=(
-            ThinkingBlock(thinking="hm", signature="sig"),
-            ToolCallBlock(id="c1", name="look", arguments="{}"),
-        )),
-        ToolResultMessage(tool_call_id="c1", tool_name="look", content=(
-            TextBlock(text="a cat"),
-            ImageBlock(source=UrlSource(url="https://example.com/cat.png")),
-        )),
-    )))
+    return dump_context(
+        Context(
+            messages=(
+                UserMessage(
+                    content=(
+                        ImageBlock(source=Base64Source(media_type="image/png", data=PNG)),
+                        TextBlock(text="what is this?"),
+                    )
+                ),
+                AssistantMessage(
+                    content=(
+                        ThinkingBlock(thinking="hm", signature="sig"),
+                        ToolCallBlock(id="c1", name="look", arguments="{}"),
+                    )
+                ),
+                ToolResultMessage(
+                    tool_call_id="c1",
+                    tool_name="look",
+                    content=(
+                        TextBlock(text="a cat"),
+                        ImageBlock(source=UrlSource(url="https://example.com/cat.png")),
+                    ),
+                ),
+            )
+        )
+    )
 
 
 def _set(data: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:
@@ -370,38 +419,90 @@ _DELETE = object()
 REFUSALS: list[tuple[str, tuple[Any, ...], Any, str]] = [
     # unknown / missing type tags
     ("unknown message type", ("messages", 2, "type"), "system", "messages[2].type"),
-    ("unknown block type", ("messages", 2, "content", 1, "type"), "video",
-     "messages[2].content[1].type"),
-    ("block type of another message", ("messages", 0, "content", 1, "type"), "thinking",
-     "messages[0].content[1].type"),
-    ("tool_call in a tool_result", ("messages", 2, "content", 0, "type"), "tool_call",
-     "messages[2].content[0].type"),
-    ("unknown image source type", ("messages", 0, "content", 0, "source", "type"), "file",
-     "messages[0].content[0].source.type"),
+    (
+        "unknown block type",
+        ("messages", 2, "content", 1, "type"),
+        "video",
+        "messages[2].content[1].type",
+    ),
+    (
+        "block type of another message",
+        ("messages", 0, "content", 1, "type"),
+        "thinking",
+        "messages[0].content[1].type",
+    ),
+    (
+        "tool_call in a tool_result",
+        ("messages", 2, "content", 0, "type"),
+        "tool_call",
+        "messages[2].content[0].type",
+    ),
+    (
+        "unknown image source type",
+        ("messages", 0, "content", 0, "source", "type"),
+        "file",
+        "messages[0].content[0].source.type",
+    ),
     ("missing message type", ("messages", 1, "type"), _DELETE, "messages[1].type"),
-    ("missing block type", ("messages", 1, "content", 1, "type"), _DELETE,
-     "messages[1].content[1].type"),
-    ("missing source type", ("messages", 2, "content", 1, "source", "type"), _DELETE,
-     "messages[2].content[1].source.type"),
+    (
+        "missing block type",
+        ("messages", 1, "content", 1, "type"),
+        _DELETE,
+        "messages[1].content[1].type",
+    ),
+    (
+        "missing source type",
+        ("messages", 2, "content", 1, "source", "type"),
+        _DELETE,
+        "messages[2].content[1].source.type",
+    ),
     ("non-string type", ("messages", 1, "type"), 3, "messages[1].type"),
     # extra unknown fields
     ("extra context field", ("metadata",), {}, "metadata"),
     ("extra message field", ("messages", 0, "name"), "bob", "messages[0].name"),
-    ("extra block field", ("messages", 1, "content", 1, "input"), {},
-     "messages[1].content[1].input"),
-    ("extra source field", ("messages", 0, "content", 0, "source", "detail"), "high",
-     "messages[0].content[0].source.detail"),
-    ("extra usage field", ("messages", 1, "usage", "reasoning_tokens"), 1,
-     "messages[1].usage.reasoning_tokens"),
-    ("extra error field", ("messages", 1, "error"), {"kind": "fatal", "message": "m", "x": 1},
-     "messages[1].error.x"),
+    (
+        "extra block field",
+        ("messages", 1, "content", 1, "input"),
+        {},
+        "messages[1].content[1].input",
+    ),
+    (
+        "extra source field",
+        ("messages", 0, "content", 0, "source", "detail"),
+        "high",
+        "messages[0].content[0].source.detail",
+    ),
+    (
+        "extra usage field",
+        ("messages", 1, "usage", "reasoning_tokens"),
+        1,
+        "messages[1].usage.reasoning_tokens",
+    ),
+    (
+        "extra error field",
+        ("messages", 1, "error"),
+        {"kind": "fatal", "message": "m", "x": 1},
+        "messages[1].error.x",
+    ),
     # invalid base64
-    ("invalid base64", ("messages", 0, "content", 0, "source", "data"), "not base64!",
-     "messages[0].content[0].source.data"),
-    ("base64 without padding", ("messages", 0, "content", 0, "source", "data"), "QQ",
-     "messages[0].content[0].source.data"),
-    ("base64 with a newline", ("messages", 0, "content", 0, "source", "data"), PNG + "\n",
-     "messages[0].content[0].source.data"),
+    (
+        "invalid base64",
+        ("messages", 0, "content", 0, "source", "data"),
+        "not base64!",
+        "messages[0].content[0].source.data",
+    ),
+    (
+        "base64 without padding",
+        ("messages", 0, "content", 0, "source", "data"),
+        "QQ",
+        "messages[0].content[0].source.data",
+    ),
+    (
+        "base64 with a newline",
+        ("messages", 0, "content", 0, "source", "data"),
+        PNG + "\n",
+        "messages[0].content[0].source.data",
+    ),
     # wrong field types and values
     ("system_prompt null", ("system_prompt",), None, "system_prompt"),
     ("summary number", ("summary",), 1, "summary"),
@@ -410,33 +511,72 @@ REFUSALS: list[tuple[str, tuple[Any, ...], Any, str]] = [
     ("content a string", ("messages", 0, "content"), "hi", "messages[0].content"),
     ("block not an object", ("messages", 0, "content", 1), "hi", "messages[0].content[1]"),
     ("text a number", ("messages", 0, "content", 1, "text"), 5, "messages[0].content[1].text"),
-    ("arguments an object", ("messages", 1, "content", 1, "arguments"), {"a": 1},
-     "messages[1].content[1].arguments"),
-    ("missing arguments", ("messages", 1, "content", 1, "arguments"), _DELETE,
-     "messages[1].content[1].arguments"),
-    ("empty tool call id", ("messages", 1, "content", 1, "id"), "",
-     "messages[1].content[1].id"),
-    ("signature null", ("messages", 1, "content", 0, "signature"), None,
-     "messages[1].content[0].signature"),
-    ("thinking missing", ("messages", 1, "content", 0, "thinking"), _DELETE,
-     "messages[1].content[0].thinking"),
+    (
+        "arguments an object",
+        ("messages", 1, "content", 1, "arguments"),
+        {"a": 1},
+        "messages[1].content[1].arguments",
+    ),
+    (
+        "missing arguments",
+        ("messages", 1, "content", 1, "arguments"),
+        _DELETE,
+        "messages[1].content[1].arguments",
+    ),
+    ("empty tool call id", ("messages", 1, "content", 1, "id"), "", "messages[1].content[1].id"),
+    (
+        "signature null",
+        ("messages", 1, "content", 0, "signature"),
+        None,
+        "messages[1].content[0].signature",
+    ),
+    (
+        "thinking missing",
+        ("messages", 1, "content", 0, "thinking"),
+        _DELETE,
+        "messages[1].content[0].thinking",
+    ),
     ("unknown stop_reason", ("messages", 1, "stop_reason"), "length", "messages[1].stop_reason"),
-    ("negative usage", ("messages", 1, "usage", "output_tokens"), -1,
-     "messages[1].usage.output_tokens"),
-    ("fractional usage", ("messages", 1, "usage", "input_tokens"), 1.5,
-     "messages[1].usage.input_tokens"),
+    (
+        "negative usage",
+        ("messages", 1, "usage", "output_tokens"),
+        -1,
+        "messages[1].usage.output_tokens",
+    ),
+    (
+        "fractional usage",
+        ("messages", 1, "usage", "input_tokens"),
+        1.5,
+        "messages[1].usage.input_tokens",
+    ),
     ("provider_data a list", ("messages", 1, "provider_data"), [], "messages[1].provider_data"),
-    ("unknown error kind", ("messages", 1, "error"), {"kind": "oops", "message": "m"},
-     "messages[1].error.kind"),
+    (
+        "unknown error kind",
+        ("messages", 1, "error"),
+        {"kind": "oops", "message": "m"},
+        "messages[1].error.kind",
+    ),
     ("is_error a word", ("messages", 2, "is_error"), "maybe", "messages[2].is_error"),
     ("empty tool_call_id", ("messages", 2, "tool_call_id"), "", "messages[2].tool_call_id"),
     ("missing tool_name", ("messages", 2, "tool_name"), _DELETE, "messages[2].tool_name"),
-    ("empty url", ("messages", 2, "content", 1, "source", "url"), "",
-     "messages[2].content[1].source.url"),
-    ("empty media_type", ("messages", 0, "content", 0, "source", "media_type"), "",
-     "messages[0].content[0].source.media_type"),
-    ("image without source", ("messages", 0, "content", 0, "source"), _DELETE,
-     "messages[0].content[0].source"),
+    (
+        "empty url",
+        ("messages", 2, "content", 1, "source", "url"),
+        "",
+        "messages[2].content[1].source.url",
+    ),
+    (
+        "empty media_type",
+        ("messages", 0, "content", 0, "source", "media_type"),
+        "",
+        "messages[0].content[0].source.media_type",
+    ),
+    (
+        "image without source",
+        ("messages", 0, "content", 0, "source"),
+        _DELETE,
+        "messages[0].content[0].source",
+    ),
 ]
 
 
@@ -473,16 +613,19 @@ def test_unknown_type_error_names_the_tag() -> None:
 
 @s.HEAVY
 @given(s.replayable_contexts(), st.data())
-def test_any_unknown_block_type_is_refused_at_its_path(context: Context, data: st.DataObject
-                                                       ) -> None:
+def test_any_unknown_block_type_is_refused_at_its_path(
+    context: Context, data: st.DataObject
+) -> None:
     with_blocks = [(i, m) for i, m in enumerate(context.messages) if m.content]
     if not with_blocks:
         return
     i, message = data.draw(st.sampled_from(with_blocks))
     j = data.draw(st.integers(min_value=0, max_value=len(message.content) - 1))
-    bad_type = data.draw(s.texts().filter(
-        lambda t: t not in {"text", "image", "thinking", "redacted_thinking", "tool_call"}
-    ))
+    bad_type = data.draw(
+        s.texts().filter(
+            lambda t: t not in {"text", "image", "thinking", "redacted_thinking", "tool_call"}
+        )
+    )
     doc = json.loads(dumps_context(context))
     doc["messages"][i]["content"][j]["type"] = bad_type
     with pytest.raises(CodecError) as info:
@@ -492,8 +635,9 @@ def test_any_unknown_block_type_is_refused_at_its_path(context: Context, data: s
 
 @s.HEAVY
 @given(s.replayable_contexts(), st.data())
-def test_any_unknown_message_type_is_refused_at_its_index(context: Context, data: st.DataObject
-                                                          ) -> None:
+def test_any_unknown_message_type_is_refused_at_its_index(
+    context: Context, data: st.DataObject
+) -> None:
     if not context.messages:
         return
     i = data.draw(st.integers(min_value=0, max_value=len(context.messages) - 1))
@@ -508,8 +652,18 @@ def test_any_unknown_message_type_is_refused_at_its_index(context: Context, data
 
 @pytest.mark.parametrize(
     "text",
-    ["", "   ", "not json", "{", '{"messages": [}', "{'a': 1}", "\x00", '{"a": 1} {"b": 2}',
-     b"", b"{"],
+    [
+        "",
+        "   ",
+        "not json",
+        "{",
+        '{"messages": [}',
+        "{'a': 1}",
+        "\x00",
+        '{"a": 1} {"b": 2}',
+        b"",
+        b"{",
+    ],
 )
 def test_not_json_is_a_codec_error(text: str | bytes) -> None:
     with pytest.raises(CodecError) as info:
@@ -562,10 +716,12 @@ def test_non_finite_numbers_are_refused() -> None:
 
 @pytest.mark.parametrize(
     ("path", "value"),
-    [(("messages", 2, "is_error"), "true"),
-     (("messages", 2, "is_error"), 1),
-     (("messages", 1, "usage", "input_tokens"), "5"),
-     (("messages", 1, "usage", "input_tokens"), 5.0)],
+    [
+        (("messages", 2, "is_error"), "true"),
+        (("messages", 2, "is_error"), 1),
+        (("messages", 1, "usage", "input_tokens"), "5"),
+        (("messages", 1, "usage", "input_tokens"), 5.0),
+    ],
 )
 def test_wrong_json_types_are_not_coerced(path: tuple[Any, ...], value: Any) -> None:
     data = _valid_context_data()

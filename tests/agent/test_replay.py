@@ -169,8 +169,14 @@ def test_duplicate_call_ids_refused_even_if_answered() -> None:
         reply(stop_reason="end_turn", error=AttemptError(kind="retryable", message="cut")),
         AssistantMessage(stop_reason="error"),
     ],
-    ids=["error", "aborted", "error-no-object", "aborted-no-object", "error-object-only",
-         "empty-error"],
+    ids=[
+        "error",
+        "aborted",
+        "error-no-object",
+        "aborted-no-object",
+        "error-object-only",
+        "empty-error",
+    ],
 )
 @pytest.mark.parametrize("position", ["middle", "last"])
 def test_failed_or_aborted_attempt_is_refused(attempt: AssistantMessage, position: str) -> None:
@@ -209,8 +215,7 @@ def test_open_trailing_batch_refused_by_default_accepted_when_allowed() -> None:
 
 
 def test_open_batch_without_any_results() -> None:
-    messages = [user(), calls("a", "b"), result("a"), result("b"), reply(), user(),
-                calls("x", "y")]
+    messages = [user(), calls("a", "b"), result("a"), result("b"), reply(), user(), calls("x", "y")]
     assert refused(messages).index == 6
     validate_messages(messages, allow_open_batch=True)
     assert open_batch(messages) == (6, ["x", "y"])
@@ -223,8 +228,10 @@ def test_allow_open_batch_does_not_excuse_an_earlier_unanswered_call() -> None:
 
 def test_allow_open_batch_does_not_excuse_orphans_or_duplicates() -> None:
     assert refused([user(), calls("a", "b"), result("z")], allow_open_batch=True).index == 2
-    assert refused([user(), calls("a", "b"), result("a"), result("a")],
-                   allow_open_batch=True).index == 3
+    assert (
+        refused([user(), calls("a", "b"), result("a"), result("a")], allow_open_batch=True).index
+        == 3
+    )
 
 
 @pytest.mark.parametrize(

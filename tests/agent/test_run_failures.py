@@ -39,8 +39,11 @@ def history(turns: int) -> Context:
     messages: list[Any] = []
     for i in range(turns):
         messages.append(UserMessage.text(f"question {i} " + "x" * 200))
-        messages.append(AssistantMessage(content=(TextBlock(text=f"answer {i} " + "y" * 200),),
-                                         provider="scripted"))
+        messages.append(
+            AssistantMessage(
+                content=(TextBlock(text=f"answer {i} " + "y" * 200),), provider="scripted"
+            )
+        )
     return Context(system_prompt="You are concise.", messages=tuple(messages))
 
 
@@ -76,8 +79,7 @@ async def test_before_prompt_admission_final_is_null_and_new_messages_empty() ->
     assert result.error is not None and "summary refused" in result.error.message
 
 
-async def test_before_prompt_admission_a_completed_compaction_stays_in_context_and_compactions(
-) -> None:
+async def test_before_admission_a_completed_compaction_stays_in_context_and_compactions() -> None:
     provider = ScriptedProvider(script=[])
     agent = agent_for(provider, context_window=400, compact_at=0.5)
     base = history(4)
@@ -89,9 +91,12 @@ async def test_before_prompt_admission_a_completed_compaction_stays_in_context_a
             task.cancel()
             await asyncio.sleep(0)
 
-    task = asyncio.create_task(agent.run(
-        Input(context=base, prompts=(UserMessage.text("next"),)), on_event=cancel_after_compaction
-    ))
+    task = asyncio.create_task(
+        agent.run(
+            Input(context=base, prompts=(UserMessage.text("next"),)),
+            on_event=cancel_after_compaction,
+        )
+    )
     result = await task
 
     assert result.status == "cancelled"
@@ -100,7 +105,7 @@ async def test_before_prompt_admission_a_completed_compaction_stays_in_context_a
     compaction = result.compactions[0]
     assert compaction.reason == "threshold"
     assert result.context.summary == compaction.summary != ""
-    assert result.context.messages == base.messages[len(compaction.folded):]
+    assert result.context.messages == base.messages[len(compaction.folded) :]
     assert compaction.folded == base.messages[: len(compaction.folded)]
     assert compaction.tokens_after < compaction.tokens_before
     assert_replayable(result)
@@ -141,10 +146,12 @@ async def test_after_prompt_admission_a_later_compaction_covers_the_prompts() ->
 
 
 async def test_assistant_attempts_every_attempt_in_new_messages_only_last_is_final() -> None:
-    provider = ScriptedProvider(script=[
-        Partial("half an ans", ProviderError("retryable", "connection reset")),
-        "the whole answer",
-    ])
+    provider = ScriptedProvider(
+        script=[
+            Partial("half an ans", ProviderError("retryable", "connection reset")),
+            "the whole answer",
+        ]
+    )
 
     result = await run(agent_for(provider), history(1), "question")
 
@@ -203,9 +210,12 @@ def blocking_tools() -> tuple[ToolRegistry, dict[str, int]]:
         await asyncio.Event().wait()
         return "never"
 
-    registry = ToolRegistry(tools={
-        "fast": Tool.from_function(fast), "slow": Tool.from_function(slow),
-    })
+    registry = ToolRegistry(
+        tools={
+            "fast": Tool.from_function(fast),
+            "slow": Tool.from_function(slow),
+        }
+    )
     return registry, calls
 
 
@@ -220,10 +230,12 @@ async def test_tool_batch_failure_replayable_attempt_and_recorded_results_stay_i
             assert task is not None
             task.cancel()
 
-    task = asyncio.create_task(agent.run(
-        Input(context=Context(), prompts=(UserMessage.text("go"),)),
-        on_event=cancel_when_fast_finished,
-    ))
+    task = asyncio.create_task(
+        agent.run(
+            Input(context=Context(), prompts=(UserMessage.text("go"),)),
+            on_event=cancel_when_fast_finished,
+        )
+    )
     result = await asyncio.wait_for(task, 10)
 
     assert result.status == "cancelled"
@@ -243,9 +255,9 @@ async def cancelled_during_tool_batch(agent: Agent) -> Result:
         if isinstance(event, ToolStarted):
             started.set()
 
-    task = asyncio.create_task(agent.run(
-        Input(context=Context(), prompts=(UserMessage.text("go"),)), on_event=on_event
-    ))
+    task = asyncio.create_task(
+        agent.run(Input(context=Context(), prompts=(UserMessage.text("go"),)), on_event=on_event)
+    )
     await asyncio.wait_for(started.wait(), 5)
     await asyncio.sleep(0)
     task.cancel()
@@ -279,11 +291,13 @@ async def test_tool_side_effects_the_returned_context_keeps_results_so_no_tool_i
         return "ok"
 
     registry = ToolRegistry(tools={"transfer": Tool.from_function(transfer)})
-    provider = ScriptedProvider(script=[
-        Calls((("t1", "transfer", '{"amount": 5}'),)),
-        ProviderError("fatal", "provider went away"),
-        "done",
-    ])
+    provider = ScriptedProvider(
+        script=[
+            Calls((("t1", "transfer", '{"amount": 5}'),)),
+            ProviderError("fatal", "provider went away"),
+            "done",
+        ]
+    )
     agent = agent_for(provider, tools=registry)
 
     failed = await run(agent, Context(), "pay")

@@ -47,8 +47,11 @@ def text(result: ToolResultMessage) -> str:
 
 def builtin_registry(**kwargs: Any) -> ToolRegistry:
     return ToolRegistry.from_paths(
-        ["app.agent.builtin_tools:time_now", "app.agent.builtin_tools:wait",
-         "app.agent.builtin_tools:fail"],
+        [
+            "app.agent.builtin_tools:time_now",
+            "app.agent.builtin_tools:wait",
+            "app.agent.builtin_tools:fail",
+        ],
         **kwargs,
     )
 
@@ -206,7 +209,7 @@ async def test_call_with_valid_arguments() -> None:
     assert text(result) == "waited 0 seconds"
 
 
-@pytest.mark.parametrize("arguments", ["", "   ", "{}", ' { } \n'])
+@pytest.mark.parametrize("arguments", ["", "   ", "{}", " { } \n"])
 async def test_call_with_empty_arguments(arguments: str) -> None:
     result = await builtin_registry().call(call("time_now", arguments))
     assert result.is_error is False
@@ -223,10 +226,10 @@ async def test_return_values_are_rendered_as_text() -> None:
     async def as_none() -> None:
         return None
 
-    registry = ToolRegistry({t.name: t for t in map(Tool.from_function,
-                                                     (as_dict, as_model, as_none))})
-    assert json.loads(text(await registry.call(call("as_dict", '{"n": 3}')))) == {
-        "n": 3, "s": "é"}
+    registry = ToolRegistry(
+        {t.name: t for t in map(Tool.from_function, (as_dict, as_model, as_none))}
+    )
+    assert json.loads(text(await registry.call(call("as_dict", '{"n": 3}')))) == {"n": 3, "s": "é"}
     assert json.loads(text(await registry.call(call("as_model")))) == {"x": 1, "y": 2}
     assert text(await registry.call(call("as_none"))) == "null"
 
@@ -256,7 +259,8 @@ async def test_unknown_tool_is_an_error_result() -> None:
 
 
 @pytest.mark.parametrize(
-    "arguments", ["{", "{'seconds': 1}", '{"seconds": 1} x', "not json", '{"seconds": NaN'],
+    "arguments",
+    ["{", "{'seconds': 1}", '{"seconds": 1} x', "not json", '{"seconds": NaN'],
 )
 async def test_invalid_json_arguments_are_an_error_result(arguments: str) -> None:
     result = await builtin_registry().call(call("wait", arguments))
@@ -273,8 +277,14 @@ async def test_non_object_arguments_are_an_error_result(arguments: str) -> None:
 
 @pytest.mark.parametrize(
     "arguments",
-    ["{}", '{"seconds": "soon"}', '{"seconds": 1, "extra": true}', '{"secs": 1}',
-     '{"seconds": [1]}', '{"seconds": null}'],
+    [
+        "{}",
+        '{"seconds": "soon"}',
+        '{"seconds": 1, "extra": true}',
+        '{"secs": 1}',
+        '{"seconds": [1]}',
+        '{"seconds": null}',
+    ],
 )
 async def test_schema_mismatch_is_an_error_result(arguments: str) -> None:
     result = await builtin_registry().call(call("wait", arguments))
@@ -334,16 +344,18 @@ async def _echo(value: str = "") -> str:
 @given(s.raw_arguments(), s.tool_call_ids())
 def test_call_never_raises_on_any_raw_arguments(arguments: str, call_id: str) -> None:
     registry = ToolRegistry({"echo": Tool.from_function(_echo)})
-    result = asyncio.run(registry.call(ToolCallBlock(id=call_id, name="echo",
-                                                     arguments=arguments)))
+    result = asyncio.run(registry.call(ToolCallBlock(id=call_id, name="echo", arguments=arguments)))
     assert result.tool_call_id == call_id
     assert result.tool_name == "echo"
     try:
         parsed = json.loads(arguments) if arguments.strip() else {}
     except json.JSONDecodeError:
         parsed = None
-    fits = isinstance(parsed, dict) and set(parsed) <= {"value"} and isinstance(
-        parsed.get("value", ""), str)
+    fits = (
+        isinstance(parsed, dict)
+        and set(parsed) <= {"value"}
+        and isinstance(parsed.get("value", ""), str)
+    )
     assert result.is_error is (not fits)
     if fits:
         assert text(result) == parsed.get("value", "")
@@ -352,8 +364,7 @@ def test_call_never_raises_on_any_raw_arguments(arguments: str, call_id: str) ->
 def test_error_and_interrupted_results() -> None:
     c = call("wait", id_="z")
     err = error_result(c, "nope")
-    assert (err.tool_call_id, err.tool_name, err.is_error, text(err)) == ("z", "wait", True,
-                                                                          "nope")
+    assert (err.tool_call_id, err.tool_name, err.is_error, text(err)) == ("z", "wait", True, "nope")
     interrupted = interrupted_result(c)
     assert interrupted.is_error is True
     assert interrupted.tool_call_id == "z"
@@ -378,8 +389,9 @@ async def test_batch_runs_calls_concurrently() -> None:
         await ping_started.wait()
         return "pong"
 
-    registry = ToolRegistry({t.name: t for t in map(Tool.from_function, (ping, pong))},
-                            default_timeout=GUARD * 2)
+    registry = ToolRegistry(
+        {t.name: t for t in map(Tool.from_function, (ping, pong))}, default_timeout=GUARD * 2
+    )
     async with asyncio.timeout(GUARD):
         results = await run_batch(registry, [call("ping"), call("pong")], _ignore)
     assert [text(r) for r in results] == ["ping", "pong"]
@@ -444,8 +456,11 @@ async def test_batch_turns_every_failure_into_an_error_result_in_order() -> None
         release.set()
         raise ValueError("bad input")
 
-    tools = [Tool.from_function(slow_ok), Tool.from_function(quick_fail),
-             load_tool("app.agent.builtin_tools:fail")]
+    tools = [
+        Tool.from_function(slow_ok),
+        Tool.from_function(quick_fail),
+        load_tool("app.agent.builtin_tools:fail"),
+    ]
     registry = ToolRegistry({t.name: t for t in tools}, default_timeout=GUARD * 2)
     batch = [
         call("slow_ok", id_="a"),
@@ -501,8 +516,11 @@ async def test_cancelling_a_batch_cancels_its_calls() -> None:
     registry = ToolRegistry(
         {t.name: t for t in map(Tool.from_function, (block, quick))}, default_timeout=GUARD * 2
     )
-    batch = [call("block", '{"k": 0}', id_="a"), call("quick", id_="q"),
-             call("block", '{"k": 1}', id_="b")]
+    batch = [
+        call("block", '{"k": 0}', id_="a"),
+        call("quick", id_="q"),
+        call("block", '{"k": 1}', id_="b"),
+    ]
     async with asyncio.timeout(GUARD):
         task = asyncio.create_task(run_batch(registry, batch, on_done))
         for event in (*started, finished):

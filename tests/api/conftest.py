@@ -20,8 +20,11 @@ def make_settings(database_url: str) -> SettingsFactory:
     """Settings on the test database; keyword arguments override (e.g. ``api_keys=...``)."""
 
     def make(**overrides: Any) -> Settings:
-        values: dict[str, Any] = {"database_url": database_url, "lease_seconds": 2.0,
-                                  "busy_wait_seconds": 5.0}
+        values: dict[str, Any] = {
+            "database_url": database_url,
+            "lease_seconds": 2.0,
+            "busy_wait_seconds": 5.0,
+        }
         values.update(overrides)
         return Settings(**values)
 
@@ -34,8 +37,9 @@ class AppClient(httpx.AsyncClient):
     app: Any
 
 
-async def start_client(settings: Settings, agents: AgentPool | None = None
-                       ) -> tuple[Any, AppClient]:
+async def start_client(
+    settings: Settings, agents: AgentPool | None = None
+) -> tuple[Any, AppClient]:
     app = create_app(settings, agents=agents)
     client = AppClient(transport=httpx.ASGITransport(app=app), base_url="http://carryover.test")
     client.app = app
@@ -56,8 +60,9 @@ def app_factory(make_settings: SettingsFactory) -> Callable[..., Any]:
     from contextlib import asynccontextmanager
 
     @asynccontextmanager
-    async def factory(agents: AgentPool | None = None, **overrides: Any
-                      ) -> AsyncIterator[AppClient]:
+    async def factory(
+        agents: AgentPool | None = None, **overrides: Any
+    ) -> AsyncIterator[AppClient]:
         app, http = await start_client(make_settings(**overrides), agents)
         async with app.router.lifespan_context(app), http:
             yield http

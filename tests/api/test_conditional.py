@@ -12,8 +12,11 @@ import pytest
 from .conftest import AppClient
 
 PROBLEM = "https://carryover.dev/problems/"
-CONTEXT = {"system_prompt": "You are concise.", "summary": "",
-           "messages": [{"type": "user", "content": [{"type": "text", "text": "replaced"}]}]}
+CONTEXT = {
+    "system_prompt": "You are concise.",
+    "summary": "",
+    "messages": [{"type": "user", "content": [{"type": "text", "text": "replaced"}]}],
+}
 
 
 async def create(client: AppClient, conv_id: str | None = None) -> tuple[str, str]:
@@ -32,8 +35,9 @@ async def etag_of(client: AppClient, conv: str) -> str:
 
 
 async def put_context(client: AppClient, conv: str, **headers: str) -> httpx.Response:
-    return await client.put(f"/conversations/{conv}/context", json=CONTEXT,
-                            headers=_headers(headers))
+    return await client.put(
+        f"/conversations/{conv}/context", json=CONTEXT, headers=_headers(headers)
+    )
 
 
 async def delete(client: AppClient, conv: str, **headers: str) -> httpx.Response:
@@ -41,8 +45,9 @@ async def delete(client: AppClient, conv: str, **headers: str) -> httpx.Response
 
 
 async def run(client: AppClient, conv: str, **headers: str) -> httpx.Response:
-    return await client.post(f"/conversations/{conv}/runs", json={"prompts": ["hi"]},
-                             headers=_headers(headers))
+    return await client.post(
+        f"/conversations/{conv}/runs", json={"prompts": ["hi"]}, headers=_headers(headers)
+    )
 
 
 async def compact(client: AppClient, conv: str, **headers: str) -> httpx.Response:
@@ -87,9 +92,7 @@ async def test_if_match_star_matches_any_stored_state(client: AppClient, write: 
 
 
 @pytest.mark.parametrize("write", list(WRITES))
-async def test_if_match_list_passes_when_any_one_tag_matches(
-    client: AppClient, write: str
-) -> None:
+async def test_if_match_list_passes_when_any_one_tag_matches(client: AppClient, write: str) -> None:
     conv, first = await create(client)
     await run(client, conv)
     current = await etag_of(client, conv)
@@ -104,7 +107,8 @@ async def test_if_match_list_of_stale_tags_is_412(client: AppClient, write: str)
     await run(client, conv)
     current = await etag_of(client, conv)
     problem = assert_problem(
-        await WRITES[write](client, conv, If_Match=f'"nope-1", {first}'), 412,
+        await WRITES[write](client, conv, If_Match=f'"nope-1", {first}'),
+        412,
         "precondition-failed",
     )
     assert problem["current_etag"] == current
@@ -124,8 +128,9 @@ async def test_a_weak_tag_never_matches_even_with_the_current_opaque_value(
     conv, etag = await create(client)
     weak = "W/" + etag
     assert_problem(await WRITES[write](client, conv, If_Match=weak), 412, "precondition-failed")
-    assert_problem(await WRITES[write](client, conv, If_Match=f'"x-1", {weak}'), 412,
-                   "precondition-failed")
+    assert_problem(
+        await WRITES[write](client, conv, If_Match=f'"x-1", {weak}'), 412, "precondition-failed"
+    )
     await assert_untouched(client, conv, etag)
 
 
@@ -157,8 +162,7 @@ async def test_a_malformed_if_match_is_400_bad_header(
     client: AppClient, write: str, malformed: str
 ) -> None:
     conv, etag = await create(client)
-    body = assert_problem(await WRITES[write](client, conv, If_Match=malformed), 400,
-                          "bad-header")
+    body = assert_problem(await WRITES[write](client, conv, If_Match=malformed), 400, "bad-header")
     assert body["header"] == "If-Match"
     await assert_untouched(client, conv, etag)
 
@@ -180,8 +184,9 @@ async def test_etags_never_repeat_across_delete_and_recreate(client: AppClient) 
     assert len(set(seen)) == len(seen), seen
     # an ETag of an earlier incarnation never matches the new one
     for old in seen[:-1]:
-        assert_problem(await put_context(client, "same-id", If_Match=old), 412,
-                       "precondition-failed")
+        assert_problem(
+            await put_context(client, "same-id", If_Match=old), 412, "precondition-failed"
+        )
 
 
 async def test_the_etag_changes_with_every_stored_change_and_only_then(client: AppClient) -> None:
@@ -193,8 +198,9 @@ async def test_the_etag_changes_with_every_stored_change_and_only_then(client: A
     replaced = await put_context(client, conv, If_Match=ran.headers["etag"])
     assert replaced.headers["etag"] not in (created, ran.headers["etag"])
     # a failed run with on_failure discard stores nothing: the ETag stays
-    discarded = await client.post(f"/conversations/{conv}/runs",
-                                  json={"prompts": ["/fail"], "on_failure": "discard"})
+    discarded = await client.post(
+        f"/conversations/{conv}/runs", json={"prompts": ["/fail"], "on_failure": "discard"}
+    )
     assert discarded.headers["etag"] == replaced.headers["etag"]
 
 
@@ -204,8 +210,7 @@ async def test_the_etag_changes_with_every_stored_change_and_only_then(client: A
 async def test_get_context_if_none_match_current_is_304_with_the_etag(client: AppClient) -> None:
     conv, etag = await create(client)
     for header in (etag, "*", f'"other-1", {etag}', "W/" + etag):  # weak comparison for GET
-        got = await client.get(f"/conversations/{conv}/context",
-                               headers={"If-None-Match": header})
+        got = await client.get(f"/conversations/{conv}/context", headers={"If-None-Match": header})
         assert got.status_code == 304, header
         assert got.headers["etag"] == etag
         assert got.content == b""
@@ -243,8 +248,9 @@ async def test_post_runs_with_a_stale_if_match_is_412_and_nothing_ran(client: Ap
     meta_before = (await client.get(f"/conversations/{conv}")).json()
     context_before = (await client.get(f"/conversations/{conv}/context")).json()
 
-    response = await client.post(f"/conversations/{conv}/runs", json={"prompts": ["hello"]},
-                                 headers={"If-Match": created})
+    response = await client.post(
+        f"/conversations/{conv}/runs", json={"prompts": ["hello"]}, headers={"If-Match": created}
+    )
     problem = assert_problem(response, 412, "precondition-failed")
     assert problem["current_etag"] == current
     assert "etag" not in response.headers and "location" not in response.headers
@@ -256,8 +262,9 @@ async def test_post_runs_with_a_stale_if_match_is_412_and_nothing_ran(client: Ap
     assert meta_after["run_count"] == 0 and meta_after["active_run_id"] is None
 
     # with the current ETag it runs, on the state it named
-    ok = await client.post(f"/conversations/{conv}/runs", json={"prompts": ["hello"]},
-                           headers={"If-Match": current})
+    ok = await client.post(
+        f"/conversations/{conv}/runs", json={"prompts": ["hello"]}, headers={"If-Match": current}
+    )
     assert ok.status_code == 201 and ok.json()["base_etag"] == current
 
 
@@ -266,8 +273,9 @@ async def test_delete_with_a_stale_if_match_is_412_then_the_current_one_deletes(
 ) -> None:
     conv, created = await create(client)
     current = (await run(client, conv)).headers["etag"]
-    problem = assert_problem(await delete(client, conv, If_Match=created), 412,
-                             "precondition-failed")
+    problem = assert_problem(
+        await delete(client, conv, If_Match=created), 412, "precondition-failed"
+    )
     assert problem["current_etag"] == current
     assert (await client.get(f"/conversations/{conv}")).status_code == 200
 

@@ -39,8 +39,7 @@ async def test_create_with_a_generated_id(client: AppClient) -> None:
     assert body["system_prompt"] == "You are concise."
     assert (body["message_count"], body["run_count"], body["transcript_count"]) == (0, 0, 0)
     assert body["has_summary"] is False and body["active_run_id"] is None
-    assert datetime.fromisoformat(body["created_at"]) <= datetime.fromisoformat(
-        body["updated_at"])
+    assert datetime.fromisoformat(body["created_at"]) <= datetime.fromisoformat(body["updated_at"])
 
     other = await client.post("/conversations", json={})
     assert other.status_code == 201
@@ -94,15 +93,17 @@ async def test_a_duplicate_id_is_409_and_leaves_the_first_alone(client: AppClien
     ],
 )
 async def test_create_refuses_bad_bodies(client: AppClient, body: dict[str, Any]) -> None:
-    problem = assert_problem(await client.post("/conversations", json=body), 422,
-                             "validation-error")
+    problem = assert_problem(
+        await client.post("/conversations", json=body), 422, "validation-error"
+    )
     assert problem["errors"][0]["path"].startswith("body")
     assert (await client.get("/conversations")).json()["items"] == []
 
 
 async def test_create_refuses_malformed_json(client: AppClient) -> None:
-    sent = await client.post("/conversations", content=b'{"id": ',
-                             headers={"content-type": "application/json"})
+    sent = await client.post(
+        "/conversations", content=b'{"id": ', headers={"content-type": "application/json"}
+    )
     assert_problem(sent, 400, "malformed-json")
 
 
@@ -146,8 +147,9 @@ async def test_list_exact_multiple_of_the_page_size_ends_without_an_empty_page(
     for i in range(4):
         await client.post("/conversations", json={"id": f"m{i}"})
     first = (await client.get("/conversations", params={"limit": 2})).json()
-    second = (await client.get("/conversations",
-                               params={"limit": 2, "cursor": first["next_cursor"]})).json()
+    second = (
+        await client.get("/conversations", params={"limit": 2, "cursor": first["next_cursor"]})
+    ).json()
     assert [c["id"] for c in first["items"] + second["items"]] == ["m0", "m1", "m2", "m3"]
     assert second["next_cursor"] is None
 
@@ -171,8 +173,9 @@ async def test_limit_over_the_maximum_is_422(app_factory: Any) -> None:
     async with app_factory(max_page_size=5, default_page_size=5) as client:
         for i in range(6):
             await client.post("/conversations", json={"id": f"c{i}"})
-        problem = assert_problem(await client.get("/conversations", params={"limit": 6}), 422,
-                                 "limit-exceeded")
+        problem = assert_problem(
+            await client.get("/conversations", params={"limit": 6}), 422, "limit-exceeded"
+        )
         assert (problem["limit"], problem["maximum"]) == ("max_page_size", 5)
         at_max = (await client.get("/conversations", params={"limit": 5})).json()
         assert len(at_max["items"]) == 5 and at_max["next_cursor"] is not None
@@ -182,8 +185,9 @@ async def test_limit_over_the_maximum_is_422(app_factory: Any) -> None:
 
 @pytest.mark.parametrize("limit", ["0", "-1", "many"])
 async def test_a_limit_that_is_no_page_size_is_422(client: AppClient, limit: str) -> None:
-    assert_problem(await client.get("/conversations", params={"limit": limit}), 422,
-                   "validation-error")
+    assert_problem(
+        await client.get("/conversations", params={"limit": limit}), 422, "validation-error"
+    )
 
 
 # --- get ----------------------------------------------------------------------------------
@@ -192,8 +196,9 @@ async def test_a_limit_that_is_no_page_size_is_422(client: AppClient, limit: str
 async def test_get_reports_counts_and_the_active_run(client: AppClient) -> None:
     created = (await client.post("/conversations", json={"id": "counted"})).json()
     first = (await client.post("/conversations/counted/runs", json={"prompts": ["one"]})).json()
-    second = await client.post("/conversations/counted/runs",
-                               json={"prompts": ["/tool time_now {}", "two"]})
+    second = await client.post(
+        "/conversations/counted/runs", json={"prompts": ["/tool time_now {}", "two"]}
+    )
     assert second.status_code == 201
 
     got = await client.get("/conversations/counted")
@@ -209,7 +214,8 @@ async def test_get_reports_counts_and_the_active_run(client: AppClient) -> None:
     assert body["has_summary"] is False
     assert body["created_at"] == created["created_at"]
     assert datetime.fromisoformat(body["updated_at"]) >= datetime.fromisoformat(
-        first["finished_at"])
+        first["finished_at"]
+    )
 
     compacted = await client.post("/conversations/counted/compact")
     assert compacted.status_code == 201
@@ -245,8 +251,9 @@ async def test_delete_removes_the_conversation_and_all_its_records(client: AppCl
 
     for path in ("", "/context", "/runs", f"/runs/{run_id}", "/transcript"):
         assert_problem(await client.get(f"/conversations/doomed{path}"), 404, "not-found")
-    assert_problem(await client.post("/conversations/doomed/runs", json={"prompts": ["x"]}),
-                   404, "not-found")
+    assert_problem(
+        await client.post("/conversations/doomed/runs", json={"prompts": ["x"]}), 404, "not-found"
+    )
     assert_problem(await client.delete("/conversations/doomed"), 404, "not-found")
     listed = (await client.get("/conversations")).json()["items"]
     assert [c["id"] for c in listed] == ["kept"]

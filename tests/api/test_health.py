@@ -32,9 +32,12 @@ async def test_healthz(client: AppClient) -> None:
 async def test_readyz_when_the_database_is_at_head(client: AppClient) -> None:
     got = await client.get("/readyz")
     assert got.status_code == 200
-    assert got.json() == {"status": "ready", "database": True,
-                          "schema_revision": head_revision(),
-                          "expected_revision": head_revision()}
+    assert got.json() == {
+        "status": "ready",
+        "database": True,
+        "schema_revision": head_revision(),
+        "expected_revision": head_revision(),
+    }
 
 
 async def test_readyz_is_503_on_a_database_without_the_schema(empty_database_url: str) -> None:
@@ -43,8 +46,12 @@ async def test_readyz_is_503_on_a_database_without_the_schema(empty_database_url
         assert (await client.get("/healthz")).status_code == 200  # alive, but not ready
         got = await client.get("/readyz")
         assert got.status_code == 503
-        assert got.json() == {"status": "not_ready", "database": True, "schema_revision": None,
-                              "expected_revision": head_revision()}
+        assert got.json() == {
+            "status": "not_ready",
+            "database": True,
+            "schema_revision": None,
+            "expected_revision": head_revision(),
+        }
 
 
 async def test_readyz_is_503_when_the_database_is_unreachable(tmp_path: Path) -> None:
@@ -74,10 +81,16 @@ async def test_metrics_count_requests_and_runs(client: AppClient) -> None:
         return sample(after, name, **labels) - sample(before, name, **labels)
 
     runs_route = "/conversations/{conversation_id}/runs"
-    assert grew("carryover_http_requests_total", method="POST", route=runs_route,
-                status="201") == 2
-    assert grew("carryover_http_requests_total", method="GET",
-                route="/conversations/{conversation_id}", status="404") == 1
+    assert grew("carryover_http_requests_total", method="POST", route=runs_route, status="201") == 2
+    assert (
+        grew(
+            "carryover_http_requests_total",
+            method="GET",
+            route="/conversations/{conversation_id}",
+            status="404",
+        )
+        == 1
+    )
     assert grew("carryover_runs_total", status="completed") >= 1
     assert grew("carryover_runs_total", status="failed") >= 1
     assert grew("carryover_provider_attempts_total", provider="echo", outcome="fatal") >= 1

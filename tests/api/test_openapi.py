@@ -73,9 +73,16 @@ def test_the_committed_document_is_what_the_app_serves() -> None:
     committed = COMMITTED.read_text(encoding="utf-8")
     current = openapi_json(served())
     if committed != current:
-        diff = list(difflib.unified_diff(
-            committed.splitlines(), current.splitlines(), "committed", "served", lineterm="", n=1
-        ))
+        diff = list(
+            difflib.unified_diff(
+                committed.splitlines(),
+                current.splitlines(),
+                "committed",
+                "served",
+                lineterm="",
+                n=1,
+            )
+        )
         shown = "\n".join(diff[:60]) + ("\n..." if len(diff) > 60 else "")
         pytest.fail(
             f"openapi/openapi.json is not what the app serves. Regenerate it with "
@@ -100,19 +107,26 @@ def test_the_command_writes_the_same_document_whatever_the_environment(tmp_path:
     nothing in the document and none of its secrets reach it."""
     secrets = ["pg-password-0xdeadbeef", "tenant-key-0xfeedface", "sk-openai-0xcafebabe"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("CARRYOVER_")}
-    env.update({
-        "CARRYOVER_DATABASE_URL": f"postgresql://carry:{secrets[0]}@db.internal:5432/prod",
-        "CARRYOVER_API_KEYS": f"acme:{secrets[1]}",
-        "OPENAI_API_KEY": secrets[2],
-        "CARRYOVER_PROVIDER": "openai",  # without a model: this configuration does not validate
-        "CARRYOVER_MAX_PAGE_SIZE": "7",
-        "CARRYOVER_CORS_ORIGINS": "https://app.example.com",
-        "CARRYOVER_CONFIG_FILE": str(tmp_path / "missing.toml"),
-    })
+    env.update(
+        {
+            "CARRYOVER_DATABASE_URL": f"postgresql://carry:{secrets[0]}@db.internal:5432/prod",
+            "CARRYOVER_API_KEYS": f"acme:{secrets[1]}",
+            "OPENAI_API_KEY": secrets[2],
+            "CARRYOVER_PROVIDER": "openai",  # without a model: this configuration does not validate
+            "CARRYOVER_MAX_PAGE_SIZE": "7",
+            "CARRYOVER_CORS_ORIGINS": "https://app.example.com",
+            "CARRYOVER_CONFIG_FILE": str(tmp_path / "missing.toml"),
+        }
+    )
     output = tmp_path / "openapi.json"
     done = subprocess.run(
         [sys.executable, "-m", "app.cli", "openapi", "--output", str(output)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     text = output.read_text(encoding="utf-8")
@@ -124,8 +138,16 @@ def test_the_command_writes_the_same_document_whatever_the_environment(tmp_path:
 
 def test_the_document_holds_no_secret_or_local_detail(document: dict[str, Any]) -> None:
     text = json.dumps(document)
-    for needle in ("sqlite:", "postgresql:", "carryover.db", "127.0.0.1", "api_key\"",
-                   str(ROOT), "/home/", "/tmp/"):
+    for needle in (
+        "sqlite:",
+        "postgresql:",
+        "carryover.db",
+        "127.0.0.1",
+        'api_key"',
+        str(ROOT),
+        "/home/",
+        "/tmp/",
+    ):
         assert needle not in text, needle
     assert not re.search(r"sk-[A-Za-z0-9]{8,}", text)
 
@@ -171,8 +193,11 @@ def test_every_route_is_documented_with_a_readable_operation_id(
         ("put", "/conversations/{conversation_id}/context", {"If-Match", "If-None-Match"}),
         ("get", "/conversations/{conversation_id}/context", {"If-None-Match"}),
         ("delete", "/conversations/{conversation_id}", {"If-Match"}),
-        ("post", "/conversations/{conversation_id}/runs",
-         {"If-Match", "Prefer", "Idempotency-Key", "Accept"}),
+        (
+            "post",
+            "/conversations/{conversation_id}/runs",
+            {"If-Match", "Prefer", "Idempotency-Key", "Accept"},
+        ),
         ("post", "/conversations/{conversation_id}/compact", {"If-Match", "Prefer"}),
     ],
 )
@@ -212,10 +237,12 @@ def test_response_headers_are_declared(
 
 
 def test_conditional_operations_document_their_problems(document: dict[str, Any]) -> None:
-    for method, path in [("put", "/conversations/{conversation_id}/context"),
-                         ("delete", "/conversations/{conversation_id}"),
-                         ("post", "/conversations/{conversation_id}/runs"),
-                         ("post", "/conversations/{conversation_id}/compact")]:
+    for method, path in [
+        ("put", "/conversations/{conversation_id}/context"),
+        ("delete", "/conversations/{conversation_id}"),
+        ("post", "/conversations/{conversation_id}/runs"),
+        ("post", "/conversations/{conversation_id}/compact"),
+    ]:
         responses = operation(document, method, path)["responses"]
         for status in ("400", "404", "412", "422"):
             assert status in responses, (method, path, status)
@@ -249,7 +276,10 @@ def test_request_bodies_are_the_wire_models(document: dict[str, Any]) -> None:
     assert set(message["discriminator"]["mapping"]) == {"user", "assistant", "tool_result"}
     block = schemas["AssistantMessage"]["properties"]["content"]["items"]
     assert set(block["discriminator"]["mapping"]) == {
-        "text", "thinking", "redacted_thinking", "tool_call"}
+        "text",
+        "thinking",
+        "redacted_thinking",
+        "tool_call",
+    }
     body = operation(document, "put", "/conversations/{conversation_id}/context")["requestBody"]
-    assert body["content"]["application/json"]["schema"] == {
-        "$ref": "#/components/schemas/Context"}
+    assert body["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Context"}

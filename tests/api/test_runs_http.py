@@ -17,9 +17,24 @@ from .conftest import AppClient
 
 PROBLEM = "https://carryover.dev/problems/"
 RUN_FIELDS = {
-    "run_id", "conversation_id", "agent", "status", "stored", "etag", "base_etag", "on_failure",
-    "prompts", "context", "new_messages", "final", "compactions", "usage", "error", "created_at",
-    "finished_at", "duration_ms",
+    "run_id",
+    "conversation_id",
+    "agent",
+    "status",
+    "stored",
+    "etag",
+    "base_etag",
+    "on_failure",
+    "prompts",
+    "context",
+    "new_messages",
+    "final",
+    "compactions",
+    "usage",
+    "error",
+    "created_at",
+    "finished_at",
+    "duration_ms",
 }
 
 
@@ -42,10 +57,18 @@ async def create(client: AppClient, conv_id: str = "conv") -> str:
     return etag
 
 
-async def run(client: AppClient, conv: str, *prompts: Any, headers: dict[str, str] | None = None,
-              **options: Any) -> httpx.Response:
-    return await client.post(f"/conversations/{conv}/runs",
-                             json={"prompts": list(prompts), **options}, headers=headers or {})
+async def run(
+    client: AppClient,
+    conv: str,
+    *prompts: Any,
+    headers: dict[str, str] | None = None,
+    **options: Any,
+) -> httpx.Response:
+    return await client.post(
+        f"/conversations/{conv}/runs",
+        json={"prompts": list(prompts), **options},
+        headers=headers or {},
+    )
 
 
 async def context_of(client: AppClient, conv: str) -> tuple[dict[str, Any], str]:
@@ -71,13 +94,18 @@ async def test_a_completed_run_answers_201_with_its_record(client: AppClient) ->
     assert ran.headers["etag"] == body["etag"] != base
     assert body["base_etag"] == base
     assert (body["status"], body["stored"], body["on_failure"], body["agent"]) == (
-        "completed", True, "keep", "default")
+        "completed",
+        True,
+        "keep",
+        "default",
+    )
     assert body["error"] is None
     assert body["prompts"] == [user("What is nvim?")]
     assert [m["type"] for m in body["new_messages"]] == ["user", "assistant"]
     assert body["final"] == body["new_messages"][-1]
     assert body["final"]["content"] == [
-        {"type": "text", "text": 'Echo: I saw 1 message. You said: "What is nvim?"'}]
+        {"type": "text", "text": 'Echo: I saw 1 message. You said: "What is nvim?"'}
+    ]
     assert body["compactions"] == []
     assert body["usage"]["output_tokens"] > 0
     assert body["finished_at"] >= body["created_at"] and body["duration_ms"] >= 0
@@ -91,8 +119,12 @@ async def test_a_completed_run_answers_201_with_its_record(client: AppClient) ->
 async def test_prefer_return_minimal_leaves_out_the_context(client: AppClient) -> None:
     await create(client)
     full = await run(client, "conv", "one")
-    for prefer in ("return=minimal", "respond-async, return=minimal", "return=minimal; x=1",
-                   "RETURN=MINIMAL"):
+    for prefer in (
+        "return=minimal",
+        "respond-async, return=minimal",
+        "return=minimal; x=1",
+        "RETURN=MINIMAL",
+    ):
         minimal = await run(client, "conv", "two", headers={"Prefer": prefer})
         assert minimal.status_code == 201
         body = minimal.json()
@@ -119,10 +151,16 @@ async def test_a_bare_string_prompt_is_a_user_message_with_one_text_block(
     assert bare["final"]["content"] == typed["final"]["content"]
     # mixed, and with an image block only a typed prompt can carry
     image = {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}
-    mixed = await run(client, "bare", "plain", {"type": "user", "content": [
-        {"type": "text", "text": "look"}, image]})
-    assert mixed.json()["prompts"] == [user("plain"), {
-        "type": "user", "content": [{"type": "text", "text": "look"}, image]}]
+    mixed = await run(
+        client,
+        "bare",
+        "plain",
+        {"type": "user", "content": [{"type": "text", "text": "look"}, image]},
+    )
+    assert mixed.json()["prompts"] == [
+        user("plain"),
+        {"type": "user", "content": [{"type": "text", "text": "look"}, image]},
+    ]
 
 
 async def test_a_failed_run_with_keep_stores_its_context(client: AppClient) -> None:
@@ -188,7 +226,10 @@ async def test_a_tool_run_records_calls_and_results(client: AppClient) -> None:
     assert kinds == ["user", "assistant", "tool_result", "assistant"]
     call = ran["new_messages"][1]["content"][0]
     assert (call["type"], call["name"], call["arguments"]) == (
-        "tool_call", "wait", '{"seconds": 0}')
+        "tool_call",
+        "wait",
+        '{"seconds": 0}',
+    )
     assert ran["new_messages"][2]["tool_call_id"] == call["id"]
     assert ran["final"]["content"][0]["text"].startswith("Tool wait returned")
 
@@ -264,12 +305,17 @@ async def test_run_records_list_and_get(client: AppClient) -> None:
 
 async def test_run_listing_cursor_and_limit_errors(client: AppClient) -> None:
     await create(client)
-    assert_problem(await client.get("/conversations/conv/runs", params={"cursor": "zzz"}),
-                   400, "bad-cursor")
-    assert_problem(await client.get("/conversations/conv/runs",
-                                    params={"cursor": encode_cursor(3)}), 400, "bad-cursor")
-    assert_problem(await client.get("/conversations/conv/runs", params={"limit": 201}), 422,
-                   "limit-exceeded")
+    assert_problem(
+        await client.get("/conversations/conv/runs", params={"cursor": "zzz"}), 400, "bad-cursor"
+    )
+    assert_problem(
+        await client.get("/conversations/conv/runs", params={"cursor": encode_cursor(3)}),
+        400,
+        "bad-cursor",
+    )
+    assert_problem(
+        await client.get("/conversations/conv/runs", params={"limit": 201}), 422, "limit-exceeded"
+    )
     assert_problem(await client.get("/conversations/ghost/runs"), 404, "not-found")
 
 
@@ -291,14 +337,19 @@ async def test_compact_folds_the_history_into_the_summary(client: AppClient) -> 
         await run(client, "conv", prompt)
     before, etag = await context_of(client, "conv")
 
-    compacted = await client.post("/conversations/conv/compact", json={"agent": "default"},
-                                  headers={"If-Match": etag})
+    compacted = await client.post(
+        "/conversations/conv/compact", json={"agent": "default"}, headers={"If-Match": etag}
+    )
     assert compacted.status_code == 201
     body = compacted.json()
     assert compacted.headers["location"] == f"/conversations/conv/runs/{body['run_id']}"
     assert compacted.headers["etag"] == body["etag"] != etag
     assert (body["status"], body["stored"], body["prompts"], body["new_messages"]) == (
-        "completed", True, [], [])
+        "completed",
+        True,
+        [],
+        [],
+    )
     assert body["final"] is None
     [compaction] = body["compactions"]
     assert compaction["reason"] == "manual" and compaction["previous_summary"] == ""
@@ -338,13 +389,20 @@ async def test_compact_with_nothing_to_fold_makes_no_compaction(client: AppClien
 async def test_compact_honours_if_match_and_404(client: AppClient) -> None:
     etag = await create(client)
     await run(client, "conv", "one")
-    assert_problem(await client.post("/conversations/conv/compact", headers={"If-Match": etag}),
-                   412, "precondition-failed")
+    assert_problem(
+        await client.post("/conversations/conv/compact", headers={"If-Match": etag}),
+        412,
+        "precondition-failed",
+    )
     assert_problem(await client.post("/conversations/ghost/compact"), 404, "not-found")
-    assert_problem(await client.post("/conversations/conv/compact", json={"agent": "nope"}), 422,
-                   "validation-error")
-    assert_problem(await client.post("/conversations/conv/compact", json={"extra": 1}), 422,
-                   "validation-error")
+    assert_problem(
+        await client.post("/conversations/conv/compact", json={"agent": "nope"}),
+        422,
+        "validation-error",
+    )
+    assert_problem(
+        await client.post("/conversations/conv/compact", json={"extra": 1}), 422, "validation-error"
+    )
 
 
 # --- runs that overlap --------------------------------------------------------------------
@@ -370,10 +428,14 @@ async def test_a_put_during_a_run_makes_it_conflicted_with_its_records_kept(
     run_id = await wait_for_active_run(client, "conv")
     _, etag = await context_of(client, "conv")
 
-    replacement = {"system_prompt": "Replaced.", "summary": "",
-                   "messages": [user("a new beginning")]}
-    put = await client.put("/conversations/conv/context", json=replacement,
-                           headers={"If-Match": etag})
+    replacement = {
+        "system_prompt": "Replaced.",
+        "summary": "",
+        "messages": [user("a new beginning")],
+    }
+    put = await client.put(
+        "/conversations/conv/context", json=replacement, headers={"If-Match": etag}
+    )
     assert put.status_code == 200
     put_etag = put.headers["etag"]
 
@@ -455,8 +517,12 @@ async def test_a_streamed_run_ends_with_the_same_body_as_the_json_answer(
     await create(client)
     options: dict[str, Any] = {"stream": True} if how == "body" else {}
     headers = {"Accept": "text/event-stream"} if how == "accept" else {}
-    async with client.stream("POST", "/conversations/conv/runs", headers=headers,
-                             json={"prompts": ["/tool time_now {}"], **options}) as streamed:
+    async with client.stream(
+        "POST",
+        "/conversations/conv/runs",
+        headers=headers,
+        json={"prompts": ["/tool time_now {}"], **options},
+    ) as streamed:
         assert streamed.status_code == 201
         assert streamed.headers["content-type"].startswith("text/event-stream")
         location = streamed.headers["location"]
@@ -489,5 +555,6 @@ async def test_an_idempotency_key_replays_the_first_answer(client: AppClient) ->
 
     different = await run(client, "conv", "twice", headers=headers)
     assert_problem(different, 422, "idempotency-key-mismatch")
-    assert_problem(await run(client, "conv", "x", headers={"Idempotency-Key": ""}), 400,
-                   "bad-header")
+    assert_problem(
+        await run(client, "conv", "x", headers={"Idempotency-Key": ""}), 400, "bad-header"
+    )

@@ -64,7 +64,10 @@ async def test_every_message_of_a_run_in_order(client: AppClient, conv: str) -> 
     ran = await run(client, "first", "/tool time_now {}")  # directives read the last prompt
     entries = await transcript(client)
     assert [(e["kind"], e["failed"]) for e in entries] == [
-        ("prompt", False), ("prompt", False), ("attempt", False), ("tool_result", False),
+        ("prompt", False),
+        ("prompt", False),
+        ("attempt", False),
+        ("tool_result", False),
         ("attempt", False),
     ]
     assert [e["seq"] for e in entries] == [1, 2, 3, 4, 5]
@@ -104,7 +107,7 @@ async def test_compaction_appends_and_never_rewrites(client: AppClient, conv: st
     assert compacted["compactions"]
     after_compaction = await transcript(client)
     assert after_compaction[: len(before)] == before  # the earlier entries are all still there
-    [entry] = after_compaction[len(before):]
+    [entry] = after_compaction[len(before) :]
     assert entry["kind"] == "compaction" and entry["run_id"] == compacted["run_id"]
     assert entry["seq"] == before[-1]["seq"] + 1
     record = compacted["compactions"][0]
@@ -117,9 +120,13 @@ async def test_compaction_appends_and_never_rewrites(client: AppClient, conv: st
     assert [c["reason"] for c in overflowed["compactions"]] == ["overflow"]
     latest = await transcript(client)
     assert latest[: len(after_compaction)] == after_compaction
-    mine = latest[len(after_compaction):]
+    mine = latest[len(after_compaction) :]
     assert [(e["kind"], e["failed"]) for e in mine] == [
-        ("prompt", False), ("attempt", True), ("compaction", False), ("attempt", False)]
+        ("prompt", False),
+        ("attempt", True),
+        ("compaction", False),
+        ("attempt", False),
+    ]
     assert {e["run_id"] for e in mine} == {overflowed["run_id"]}
 
     # new entries keep following with increasing sequence numbers
@@ -137,8 +144,9 @@ async def test_context_replacements_are_entries(client: AppClient, conv: str) ->
     put = await client.put("/conversations/conv/context", json=first, headers={"If-Match": etag})
     ran = await run(client, "hello")
     second = {"system_prompt": "S", "summary": "short", "messages": []}
-    put2 = await client.put("/conversations/conv/context", json=second,
-                            headers={"If-Match": ran["etag"]})
+    put2 = await client.put(
+        "/conversations/conv/context", json=second, headers={"If-Match": ran["etag"]}
+    )
     assert put2.status_code == 200
     entries = await transcript(client)
     replaced = [e for e in entries if e["kind"] == "context_replaced"]
@@ -148,10 +156,15 @@ async def test_context_replacements_are_entries(client: AppClient, conv: str) ->
     ]
     assert all(e["run_id"] is None and e["failed"] is False for e in replaced)
     assert [e["kind"] for e in entries] == [
-        "context_replaced", "prompt", "attempt", "context_replaced"]
+        "context_replaced",
+        "prompt",
+        "attempt",
+        "context_replaced",
+    ]
 
-    created = await client.put("/conversations/made/context", json=first,
-                               headers={"If-None-Match": "*"})
+    created = await client.put(
+        "/conversations/made/context", json=first, headers={"If-None-Match": "*"}
+    )
     assert created.status_code == 201
     made = (await client.get("/conversations/made/transcript")).json()["items"]
     assert [(e["seq"], e["kind"]) for e in made] == [(1, "context_replaced")]
@@ -161,10 +174,12 @@ async def test_transcript_errors(client: AppClient, conv: str) -> None:
     await run(client, "hi")
     path = "/conversations/conv/transcript"
     assert_problem(await client.get(path, params={"cursor": "garbage!"}), 400, "bad-cursor")
-    assert_problem(await client.get(path, params={"cursor": encode_cursor("c-1")}), 400,
-                   "bad-cursor")
-    assert_problem(await client.get(path, params={"cursor": encode_cursor(True)}), 400,
-                   "bad-cursor")
+    assert_problem(
+        await client.get(path, params={"cursor": encode_cursor("c-1")}), 400, "bad-cursor"
+    )
+    assert_problem(
+        await client.get(path, params={"cursor": encode_cursor(True)}), 400, "bad-cursor"
+    )
     assert_problem(await client.get(path, params={"limit": 201}), 422, "limit-exceeded")
     assert_problem(await client.get(path, params={"limit": 0}), 422, "validation-error")
     assert_problem(await client.get("/conversations/ghost/transcript"), 404, "not-found")

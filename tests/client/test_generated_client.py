@@ -45,9 +45,23 @@ def client_package(tmp_path: Path) -> Iterator[ModuleType]:
     # the generator formats its output with ruff when it finds it: the one in this environment
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     done = subprocess.run(
-        [generator(), "generate", "--path", str(COMMITTED), "--output-path", str(target),
-         "--meta", "none", "--fail-on-warning"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
+        [
+            generator(),
+            "generate",
+            "--path",
+            str(COMMITTED),
+            "--output-path",
+            str(target),
+            "--meta",
+            "none",
+            "--fail-on-warning",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert done.returncode == 0, f"generation failed:\n{done.stdout}\n{done.stderr}"
     assert "Warning" not in done.stdout + done.stderr, done.stdout + done.stderr
@@ -71,19 +85,27 @@ def free_port() -> int:
 def server(tmp_path: Path) -> Iterator[str]:
     """``carryover serve`` on a free loopback port and a fresh SQLite file; its base URL."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("CARRYOVER_") and k not in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")}
-    env.update({
-        "CARRYOVER_DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite'}",
-        "CARRYOVER_HOST": "127.0.0.1",
-        "CARRYOVER_PORT": str(port),
-        "CARRYOVER_API_KEYS": f"client-test:{API_KEY}",
-    })
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("CARRYOVER_") and k not in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")
+    }
+    env.update(
+        {
+            "CARRYOVER_DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite'}",
+            "CARRYOVER_HOST": "127.0.0.1",
+            "CARRYOVER_PORT": str(port),
+            "CARRYOVER_API_KEYS": f"client-test:{API_KEY}",
+        }
+    )
     log = (tmp_path / "server.log").open("w+", encoding="utf-8")
     # ``python -m app.cli`` is the ``carryover`` command, run from this checkout
     process = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve"], cwd=ROOT, env=env,
-        stdout=log, stderr=subprocess.STDOUT,
+        [sys.executable, "-m", "app.cli", "serve"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     base_url = f"http://127.0.0.1:{port}"
     try:
@@ -140,8 +162,9 @@ def test_the_generated_client_walks_the_seed_conversation(
     )
     from carryover_client.types import Unset  # type: ignore[import-not-found]
 
-    with AuthenticatedClient(base_url=server, token=API_KEY, raise_on_unexpected_status=True
-                             ) as client:
+    with AuthenticatedClient(
+        base_url=server, token=API_KEY, raise_on_unexpected_status=True
+    ) as client:
         created = create_conversation.sync_detailed(
             client=client, body=ConversationCreate(system_prompt="You are concise.")
         )
@@ -168,12 +191,14 @@ def test_the_generated_client_walks_the_seed_conversation(
 
         # a typed user message, conditional on the state the first run stored, minimal answer
         second = create_run.sync_detailed(
-            conversation.id, client=client,
+            conversation.id,
+            client=client,
             body=RunCreate(
                 prompts=[UserMessage(content=[TextBlock(text="How does it differ from vim?")])],
                 on_failure=RunCreateOnFailure.KEEP,
             ),
-            if_match=first.etag, prefer="return=minimal",
+            if_match=first.etag,
+            prefer="return=minimal",
         )
         assert second.status_code == 201
         run = second.parsed
@@ -190,7 +215,9 @@ def test_the_generated_client_walks_the_seed_conversation(
 
         # a stale If-Match is a typed problem
         stale = create_run.sync_detailed(
-            conversation.id, client=client, body=RunCreate(prompts=["again"]),
+            conversation.id,
+            client=client,
+            body=RunCreate(prompts=["again"]),
             if_match=first.etag,
         )
         assert stale.status_code == 412
@@ -210,8 +237,9 @@ def test_the_generated_client_walks_the_seed_conversation(
         assert isinstance(last, AssistantMessage) and last.content[0].text == reply.text
         assert last.usage.output_tokens > 0
 
-        unchanged = get_context.sync_detailed(conversation.id, client=client,
-                                              if_none_match=run.etag)
+        unchanged = get_context.sync_detailed(
+            conversation.id, client=client, if_none_match=run.etag
+        )
         assert unchanged.status_code == 304
 
         record = get_run.sync(conversation.id, run.run_id, client=client)

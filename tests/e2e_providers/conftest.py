@@ -36,8 +36,15 @@ GPT = "gpt-fake-1"
 @pytest.fixture(autouse=True)
 def _no_provider_keys_from_the_machine(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Keys come only from what each test sets."""
-    for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "CARRYOVER_PROVIDER", "CARRYOVER_MODEL",
-                 "CARRYOVER_BASE_URL", "CARRYOVER_CONFIG_FILE", "CARRYOVER_AGENTS"):
+    for name in (
+        "OPENAI_API_KEY",
+        "ANTHROPIC_API_KEY",
+        "CARRYOVER_PROVIDER",
+        "CARRYOVER_MODEL",
+        "CARRYOVER_BASE_URL",
+        "CARRYOVER_CONFIG_FILE",
+        "CARRYOVER_AGENTS",
+    ):
         monkeypatch.delenv(name, raising=False)
     yield
 
@@ -52,8 +59,9 @@ def serve(make_settings: SettingsFactory) -> Serve:
     ``AgentPool`` built from them unless ``pool=`` gives one."""
 
     @asynccontextmanager
-    async def factory(pool: Callable[[Settings], AgentPool] | None = None, **overrides: Any
-                      ) -> AsyncIterator[AppClient]:
+    async def factory(
+        pool: Callable[[Settings], AgentPool] | None = None, **overrides: Any
+    ) -> AsyncIterator[AppClient]:
         settings = make_settings(**overrides)
         app, http = await start_client(settings, pool(settings) if pool else None)
         async with app.router.lifespan_context(app), http:
@@ -72,8 +80,12 @@ def fast_retries(*names: str) -> Callable[[Settings], AgentPool]:
         pool = AgentPool(settings)
         for name in names:
             agent = pool.get(name)
-            policy = RetryPolicy(max_retries=agent.config.retry.max_retries, base_delay=0.01,
-                                 max_delay=0.05, jitter=0.0)
+            policy = RetryPolicy(
+                max_retries=agent.config.retry.max_retries,
+                base_delay=0.01,
+                max_delay=0.05,
+                jitter=0.0,
+            )
             pool.put(name, Agent(replace(agent.config, retry=policy)))
         return pool
 
@@ -142,8 +154,9 @@ class Conversation:
         return body
 
     async def transcript(self) -> list[dict[str, Any]]:
-        response = await self.client.get(f"/conversations/{self.id}/transcript",
-                                         params={"limit": 200})
+        response = await self.client.get(
+            f"/conversations/{self.id}/transcript", params={"limit": 200}
+        )
         assert response.status_code == 200, response.text
         items: list[dict[str, Any]] = response.json()["items"]
         return items

@@ -29,12 +29,19 @@ def _sent_assistant_turns(request: Any) -> list[list[dict[str, Any]]]:
 
 
 async def test_anthropic_thinking_and_tools_over_several_runs(
-    serve: Serve, anthropic_fake: A.AnthropicFake,
+    serve: Serve,
+    anthropic_fake: A.AnthropicFake,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("ANTHROPIC_API_KEY", anthropic_fake.api_key)
-    profile = AgentProfile(provider="anthropic", model=CLAUDE, base_url=anthropic_fake.base_url,
-                           thinking_budget=1024, max_output_tokens=4096, max_retries=0)
+    profile = AgentProfile(
+        provider="anthropic",
+        model=CLAUDE,
+        base_url=anthropic_fake.base_url,
+        thinking_budget=1024,
+        max_output_tokens=4096,
+        max_retries=0,
+    )
     raw_wait = '{ "seconds" :0 }'  # the model's own spacing, kept byte for byte
     anthropic_fake.add(
         # run 1: a thinking tool loop; the second turn thinks with an empty, signed block and a
@@ -43,8 +50,13 @@ async def test_anthropic_thinking_and_tools_over_several_runs(
         A.Reply([A.Thinking(""), A.Redacted(), A.ToolUse("wait", partial_json=raw_wait)]),
         A.Reply([A.Thinking("Both done."), A.Text("It is late. I waited.")]),
         # run 2: a batch of two calls, one of which fails
-        A.Reply([A.Thinking("Two at once."), A.ToolUse("wait", {"seconds": 0}),
-                 A.ToolUse("fail", {"reason": "boom"})]),
+        A.Reply(
+            [
+                A.Thinking("Two at once."),
+                A.ToolUse("wait", {"seconds": 0}),
+                A.ToolUse("fail", {"reason": "boom"}),
+            ]
+        ),
         A.Reply([A.Redacted(), A.Text("One of them failed: boom.")]),
         # run 3: plain text, but only if everything before replays as issued
         A.Reply([A.Thinking("Wrap up."), A.Text("You are welcome.")]),
@@ -64,18 +76,33 @@ async def test_anthropic_thinking_and_tools_over_several_runs(
 
     messages = context["messages"]
     assert kinds(messages) == [
-        "user", "assistant", "tool_result", "assistant", "tool_result", "assistant",
-        "user", "assistant", "tool_result", "tool_result", "assistant",
-        "user", "assistant",
+        "user",
+        "assistant",
+        "tool_result",
+        "assistant",
+        "tool_result",
+        "assistant",
+        "user",
+        "assistant",
+        "tool_result",
+        "tool_result",
+        "assistant",
+        "user",
+        "assistant",
     ]
     assert context["system_prompt"] == "You are terse." and context["summary"] == ""
     # thinking blocks as issued: text and signature exactly, the empty one with "" (not absent)
     assert messages[1]["content"][0] == {
-        "type": "thinking", "thinking": "The user wants the time.",
-        "signature": A.sign("The user wants the time.")}
+        "type": "thinking",
+        "thinking": "The user wants the time.",
+        "signature": A.sign("The user wants the time."),
+    }
     assert blocks(messages[3]) == ["thinking", "redacted_thinking", "tool_call"]
-    assert messages[3]["content"][0] == {"type": "thinking", "thinking": "",
-                                         "signature": A.sign("")}
+    assert messages[3]["content"][0] == {
+        "type": "thinking",
+        "thinking": "",
+        "signature": A.sign(""),
+    }
     assert messages[3]["content"][1]["data"] in anthropic_fake.redacted
     assert blocks(messages[10]) == ["redacted_thinking", "text"]
     # raw arguments exactly as streamed (input_json_delta fragments concatenated)
@@ -90,8 +117,11 @@ async def test_anthropic_thinking_and_tools_over_several_runs(
     assert [m["tool_call_id"] for m in messages[8:10]] == [batch[1]["id"], batch[2]["id"]]
     assert messages[8]["is_error"] is False
     assert messages[9]["is_error"] is True and "boom" in messages[9]["content"][0]["text"]
-    assert all(m["provider"] == "anthropic" and m["model"] == CLAUDE
-               for m in messages if m["type"] == "assistant")
+    assert all(
+        m["provider"] == "anthropic" and m["model"] == CLAUDE
+        for m in messages
+        if m["type"] == "assistant"
+    )
 
     # the last request replayed every earlier assistant turn exactly as the fake issued it
     last = anthropic_fake.message_requests[-1]
@@ -99,17 +129,29 @@ async def test_anthropic_thinking_and_tools_over_several_runs(
     sent = _sent_assistant_turns(last)
     stored_thinking = [
         [b for b in m["content"] if b["type"] in ("thinking", "redacted_thinking")]
-        for m in messages[:-1] if m["type"] == "assistant"
+        for m in messages[:-1]
+        if m["type"] == "assistant"
     ]
-    assert [[b for b in turn if b["type"] in ("thinking", "redacted_thinking")]
-            for turn in sent] == stored_thinking
-    assert sent[1][2] == {"type": "tool_use", "id": wait_call["id"], "name": "wait",
-                          "input": {"seconds": 0}}
+    assert [
+        [b for b in turn if b["type"] in ("thinking", "redacted_thinking")] for turn in sent
+    ] == stored_thinking
+    assert sent[1][2] == {
+        "type": "tool_use",
+        "id": wait_call["id"],
+        "name": "wait",
+        "input": {"seconds": 0},
+    }
 
     # run records: every message of the run, the last attempt as final, no compaction
     assert record["status"] == "completed" and record["error"] is None
     assert kinds(record["new_messages"]) == [
-        "user", "assistant", "tool_result", "assistant", "tool_result", "assistant"]
+        "user",
+        "assistant",
+        "tool_result",
+        "assistant",
+        "tool_result",
+        "assistant",
+    ]
     assert record["new_messages"] == messages[:6]
     assert record["final"] == messages[5] and record["compactions"] == []
     assert record["usage"]["input_tokens"] == 3 * 25
@@ -118,7 +160,8 @@ async def test_anthropic_thinking_and_tools_over_several_runs(
 
 
 async def test_openai_tools_with_raw_arguments_over_several_runs(
-    serve: Serve, openai_fake: O.OpenAIFake,
+    serve: Serve,
+    openai_fake: O.OpenAIFake,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # the default profile, configured the way SPEC §6 says: CARRYOVER_* and OPENAI_API_KEY
@@ -129,8 +172,14 @@ async def test_openai_tools_with_raw_arguments_over_several_runs(
     spaced = '{"seconds":  0 ,\n "__proto__": null}'  # valid JSON the tool refuses (extra key)
     broken = '{"seconds": 0'  # invalid JSON, as a model cut short can write it
     openai_fake.add(
-        O.Reply(reasoning="Let me call both.", tool_calls=[
-            O.ToolCall("time_now", ""), O.ToolCall("wait", spaced), O.ToolCall("wait", broken)]),
+        O.Reply(
+            reasoning="Let me call both.",
+            tool_calls=[
+                O.ToolCall("time_now", ""),
+                O.ToolCall("wait", spaced),
+                O.ToolCall("wait", broken),
+            ],
+        ),
         O.Reply(text="Two of three calls failed.", cached_tokens=5),
         O.Reply(tool_calls=[O.ToolCall("wait", '{"seconds":0}')]),
         O.Reply(text="Waited."),
@@ -146,17 +195,28 @@ async def test_openai_tools_with_raw_arguments_over_several_runs(
     assert openai_fake.rejections == []
     messages = context["messages"]
     assert kinds(messages) == [
-        "user", "assistant", "tool_result", "tool_result", "tool_result", "assistant",
-        "user", "assistant", "tool_result", "assistant", "user", "assistant"]
+        "user",
+        "assistant",
+        "tool_result",
+        "tool_result",
+        "tool_result",
+        "assistant",
+        "user",
+        "assistant",
+        "tool_result",
+        "assistant",
+        "user",
+        "assistant",
+    ]
     calls = messages[1]["content"]
     # reasoning_content is kept as an unsigned thinking block; arguments byte for byte
     assert calls[0] == {"type": "thinking", "thinking": "Let me call both.", "signature": ""}
     assert [c["arguments"] for c in calls[1:]] == ["", spaced, broken]
     assert messages[2]["is_error"] is False
-    assert messages[3]["is_error"] is True and "invalid arguments" in messages[3]["content"][0][
-        "text"]
-    assert messages[4]["is_error"] is True and "not valid JSON" in messages[4]["content"][0][
-        "text"]
+    assert (
+        messages[3]["is_error"] is True and "invalid arguments" in messages[3]["content"][0]["text"]
+    )
+    assert messages[4]["is_error"] is True and "not valid JSON" in messages[4]["content"][0]["text"]
     assert messages[5]["usage"]["cache_read_tokens"] == 5
     # each later request sent the calls back exactly as issued, and no reasoning
     for request in openai_fake.chat_requests[1:]:
@@ -164,14 +224,19 @@ async def test_openai_tools_with_raw_arguments_over_several_runs(
         assert sent[0] == {"role": "system", "content": "Be brief."}
         first_call = sent[2]
         assert [c["function"]["arguments"] for c in first_call["tool_calls"]] == [
-            "", spaced, broken]
+            "",
+            spaced,
+            broken,
+        ]
         assert "reasoning_content" not in json.dumps(sent)
     assert len(openai_fake.chat_requests) == 5
 
 
 async def test_profiles_from_a_toml_file(
-    serve: Serve, anthropic_fake: A.AnthropicFake,
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    serve: Serve,
+    anthropic_fake: A.AnthropicFake,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
     """Two named profiles from a TOML file: Anthropic with its key in the variable the profile
     names, and a local OpenAI-compatible server (Ollama style: no key, tool-call deltas without
@@ -200,8 +265,9 @@ max_retries = 0
             A.Reply([A.Text("Again.")]),
         )
         local.add(
-            O.Reply(tool_calls=[O.ToolCall("wait", '{"seconds": 0}')], omit_index=True,
-                    omit_id=True),
+            O.Reply(
+                tool_calls=[O.ToolCall("wait", '{"seconds": 0}')], omit_index=True, omit_id=True
+            ),
             O.Reply(text="Done."),
             O.Reply(text="Done again."),
         )
@@ -219,23 +285,34 @@ max_retries = 0
         assert local.chat_requests[0].headers["authorization"] == "Bearer unused"
         assert anthropic_fake.message_requests[0].json["thinking"]["budget_tokens"] == 2048
         assert claude_context["messages"][3]["content"][0] == {
-            "type": "thinking", "thinking": "", "signature": A.sign("")}
+            "type": "thinking",
+            "thinking": "",
+            "signature": A.sign(""),
+        }
         call = llama_context["messages"][1]["content"][0]
         assert call["arguments"] == '{"seconds": 0}' and call["id"]  # an id was made up
         assert llama_context["messages"][2]["tool_call_id"] == call["id"]
         assert kinds(llama_context["messages"]) == [
-            "user", "assistant", "tool_result", "assistant", "user", "assistant"]
+            "user",
+            "assistant",
+            "tool_result",
+            "assistant",
+            "user",
+            "assistant",
+        ]
 
 
 async def test_a_large_thinking_budget_without_max_output_tokens(
-    serve: Serve, anthropic_fake: A.AnthropicFake,
+    serve: Serve,
+    anthropic_fake: A.AnthropicFake,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``max_tokens`` must exceed the thinking budget (Anthropic refuses it otherwise); a profile
     that sets only ``thinking_budget`` still gets a request the API accepts."""
     monkeypatch.setenv("ANTHROPIC_API_KEY", anthropic_fake.api_key)
-    profile = AgentProfile(provider="anthropic", model=CLAUDE, base_url=anthropic_fake.base_url,
-                           thinking_budget=16_000)
+    profile = AgentProfile(
+        provider="anthropic", model=CLAUDE, base_url=anthropic_fake.base_url, thinking_budget=16_000
+    )
     anthropic_fake.add(A.Reply([A.Thinking("Deep."), A.Text("Answer.")]))
     async with serve(agents={"deep": profile}) as client:
         conv = await Conversation.create(client)
@@ -247,26 +324,39 @@ async def test_a_large_thinking_budget_without_max_output_tokens(
 
 
 async def test_a_streamed_run_carries_the_providers_deltas(
-    serve: Serve, anthropic_fake: A.AnthropicFake, monkeypatch: pytest.MonkeyPatch,
+    serve: Serve,
+    anthropic_fake: A.AnthropicFake,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``Accept: text/event-stream``: thinking, text and tool-call argument deltas as the fake
     streams them, each completed message, the tool events, then the run's record."""
     monkeypatch.setenv("ANTHROPIC_API_KEY", anthropic_fake.api_key)
-    profile = AgentProfile(provider="anthropic", model=CLAUDE, base_url=anthropic_fake.base_url,
-                           thinking_budget=1024, max_output_tokens=4096)
+    profile = AgentProfile(
+        provider="anthropic",
+        model=CLAUDE,
+        base_url=anthropic_fake.base_url,
+        thinking_budget=1024,
+        max_output_tokens=4096,
+    )
     anthropic_fake.add(
-        A.Reply([A.Thinking("Wait first."), A.ToolUse("wait", partial_json='{"seconds": 0}')],
-                chunk_size=5),
+        A.Reply(
+            [A.Thinking("Wait first."), A.ToolUse("wait", partial_json='{"seconds": 0}')],
+            chunk_size=5,
+        ),
         A.Reply([A.Thinking(""), A.Text("Waited.")]),
     )
     async with serve(agents={"claude": profile}) as client:
         conv = await Conversation.create(client)
         response = await client.post(
-            f"/conversations/{conv.id}/runs", headers={"Accept": "text/event-stream"},
-            json={"prompts": ["Wait."], "agent": "claude"})
+            f"/conversations/{conv.id}/runs",
+            headers={"Accept": "text/event-stream"},
+            json={"prompts": ["Wait."], "agent": "claude"},
+        )
         events = [
-            (chunk.split("\n")[0].removeprefix("event: "),
-             json.loads(chunk.split("\n")[1].removeprefix("data: ")))
+            (
+                chunk.split("\n")[0].removeprefix("event: "),
+                json.loads(chunk.split("\n")[1].removeprefix("data: ")),
+            )
             for chunk in response.text.strip().split("\n\n")
         ]
         record = await conv.record(events[-1][1]["run_id"])
@@ -277,12 +367,16 @@ async def test_a_streamed_run_carries_the_providers_deltas(
     deltas = [data for name, data in events if name == "delta"]
     assert "".join(d["text"] for d in deltas if d["kind"] == "thinking") == "Wait first."
     assert "".join(d["text"] for d in deltas if d["kind"] == "tool_call_arguments") == (
-        '{"seconds": 0}')
+        '{"seconds": 0}'
+    )
     assert [d["text"] for d in deltas if d["kind"] == "text"] == ["Wait", "ed."]  # 4 a chunk
     assert names.count("tool.started") == names.count("tool.finished") == 1
     messages = [data for name, data in events if name == "message"]
     assert messages == record["new_messages"]
     finished = events[-1][1]
     assert finished["status"] == "completed" and finished["final"] == record["final"]
-    assert finished["final"]["content"][0] == {"type": "thinking", "thinking": "",
-                                               "signature": A.sign("")}
+    assert finished["final"]["content"][0] == {
+        "type": "thinking",
+        "thinking": "",
+        "signature": A.sign(""),
+    }

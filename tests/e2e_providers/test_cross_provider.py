@@ -22,17 +22,25 @@ from .conftest import CLAUDE, GPT, Conversation, Serve, blocks, kinds
 
 
 async def test_switching_provider_mid_conversation(
-    serve: Serve, anthropic_fake: A.AnthropicFake, openai_fake: O.OpenAIFake,
+    serve: Serve,
+    anthropic_fake: A.AnthropicFake,
+    openai_fake: O.OpenAIFake,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("ANTHROPIC_API_KEY", anthropic_fake.api_key)
     monkeypatch.setenv("OPENAI_API_KEY", openai_fake.api_key)
     profiles = {
-        "claude": AgentProfile(provider="anthropic", model=CLAUDE,
-                               base_url=anthropic_fake.base_url, thinking_budget=1024,
-                               max_output_tokens=4096, max_retries=0),
-        "gpt": AgentProfile(provider="openai", model=GPT, base_url=openai_fake.base_url,
-                            max_retries=0),
+        "claude": AgentProfile(
+            provider="anthropic",
+            model=CLAUDE,
+            base_url=anthropic_fake.base_url,
+            thinking_budget=1024,
+            max_output_tokens=4096,
+            max_retries=0,
+        ),
+        "gpt": AgentProfile(
+            provider="openai", model=GPT, base_url=openai_fake.base_url, max_retries=0
+        ),
     }
     broken = '{"seconds": 0,}'  # not JSON: the tool refuses it, Anthropic gets {}
     anthropic_fake.add(
@@ -45,8 +53,10 @@ async def test_switching_provider_mid_conversation(
     )
     openai_fake.add(
         # run 2: reasoning (an unsigned thinking block) and two calls
-        O.Reply(reasoning="Two waits.", tool_calls=[
-            O.ToolCall("wait", broken), O.ToolCall("wait", '{"seconds":0}')]),
+        O.Reply(
+            reasoning="Two waits.",
+            tool_calls=[O.ToolCall("wait", broken), O.ToolCall("wait", '{"seconds":0}')],
+        ),
         O.Reply(text="One wait failed."),
         # run 4
         O.Reply(text="Bye."),
@@ -65,28 +75,65 @@ async def test_switching_provider_mid_conversation(
     assert anthropic_fake.rejections == [] and openai_fake.rejections == []
     messages = context["messages"]
     assert kinds(messages) == [
-        "user", "assistant", "tool_result", "assistant",                    # run 1, claude
-        "user", "assistant", "tool_result", "tool_result", "assistant",     # run 2, gpt
-        "user", "assistant", "tool_result", "assistant",                    # run 3, claude
-        "user", "assistant",                                                # run 4, gpt
+        "user",
+        "assistant",
+        "tool_result",
+        "assistant",  # run 1, claude
+        "user",
+        "assistant",
+        "tool_result",
+        "tool_result",
+        "assistant",  # run 2, gpt
+        "user",
+        "assistant",
+        "tool_result",
+        "assistant",  # run 3, claude
+        "user",
+        "assistant",  # run 4, gpt
     ]
     assert [m["provider"] for m in messages if m["type"] == "assistant"] == [
-        "anthropic", "anthropic", "openai", "openai", "anthropic", "anthropic", "openai"]
+        "anthropic",
+        "anthropic",
+        "openai",
+        "openai",
+        "anthropic",
+        "anthropic",
+        "openai",
+    ]
     # the store keeps everything as issued, whichever provider it came from
-    assert messages[1]["content"][0] == {"type": "thinking", "thinking": "Need the time.",
-                                         "signature": A.sign("Need the time.")}
+    assert messages[1]["content"][0] == {
+        "type": "thinking",
+        "thinking": "Need the time.",
+        "signature": A.sign("Need the time."),
+    }
     assert blocks(messages[1]) == ["thinking", "redacted_thinking", "tool_call"]
-    assert messages[3]["content"][0] == {"type": "thinking", "thinking": "",
-                                         "signature": A.sign("")}
-    assert messages[5]["content"][0] == {"type": "thinking", "thinking": "Two waits.",
-                                         "signature": ""}
+    assert messages[3]["content"][0] == {
+        "type": "thinking",
+        "thinking": "",
+        "signature": A.sign(""),
+    }
+    assert messages[5]["content"][0] == {
+        "type": "thinking",
+        "thinking": "Two waits.",
+        "signature": "",
+    }
     assert [c["arguments"] for c in messages[5]["content"][1:]] == [broken, '{"seconds":0}']
     assert messages[6]["is_error"] is True and messages[7]["is_error"] is False
 
-    signatures = [b["signature"] for m in messages if m["type"] == "assistant"
-                  for b in m["content"] if b["type"] == "thinking" and b["signature"]]
-    redacted = [b["data"] for m in messages if m["type"] == "assistant"
-                for b in m["content"] if b["type"] == "redacted_thinking"]
+    signatures = [
+        b["signature"]
+        for m in messages
+        if m["type"] == "assistant"
+        for b in m["content"]
+        if b["type"] == "thinking" and b["signature"]
+    ]
+    redacted = [
+        b["data"]
+        for m in messages
+        if m["type"] == "assistant"
+        for b in m["content"]
+        if b["type"] == "redacted_thinking"
+    ]
     assert len(signatures) == 3 and len(redacted) == 2
 
     # OpenAI never receives Anthropic's opaque fields, nor anyone's reasoning
@@ -94,20 +141,28 @@ async def test_switching_provider_mid_conversation(
         sent = json.dumps(request.json)
         for opaque in (*signatures, *redacted):
             assert opaque not in sent
-        for word in ("signature", "redacted_thinking", "thinking", "Need the time.",
-                     "reasoning"):
+        for word in ("signature", "redacted_thinking", "thinking", "Need the time.", "reasoning"):
             assert word not in sent
     run2_first = openai_fake.chat_requests[0].json["messages"]
     assert [m["role"] for m in run2_first] == [
-        "system", "user", "assistant", "tool", "assistant", "user"]
-    assert run2_first[2]["tool_calls"] == [{
-        "id": messages[1]["content"][2]["id"], "type": "function",
-        "function": {"name": "time_now", "arguments": "{}"}}]
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "user",
+    ]
+    assert run2_first[2]["tool_calls"] == [
+        {
+            "id": messages[1]["content"][2]["id"],
+            "type": "function",
+            "function": {"name": "time_now", "arguments": "{}"},
+        }
+    ]
     assert run2_first[4] == {"role": "assistant", "content": "It is noon."}
     # run 4 sent run 2's calls back byte for byte
     run4 = openai_fake.chat_requests[-1].json["messages"]
-    assert [c["function"]["arguments"] for c in run4[6]["tool_calls"]] == [
-        broken, '{"seconds":0}']
+    assert [c["function"]["arguments"] for c in run4[6]["tool_calls"]] == [broken, '{"seconds":0}']
 
     # Anthropic (run 3): its own turns exactly as issued, the OpenAI turns without reasoning
     run3_first = anthropic_fake.message_requests[2].json["messages"]
@@ -115,12 +170,17 @@ async def test_switching_provider_mid_conversation(
     assert assistant_turns[0] == [
         {"type": "thinking", "thinking": "Need the time.", "signature": A.sign("Need the time.")},
         {"type": "redacted_thinking", "data": redacted[0]},
-        {"type": "tool_use", "id": messages[1]["content"][2]["id"], "name": "time_now",
-         "input": {}},
+        {
+            "type": "tool_use",
+            "id": messages[1]["content"][2]["id"],
+            "name": "time_now",
+            "input": {},
+        },
     ]
     assert assistant_turns[1] == [
         {"type": "thinking", "thinking": "", "signature": A.sign("")},
-        {"type": "text", "text": "It is noon."}]
+        {"type": "text", "text": "It is noon."},
+    ]
     gpt_calls = messages[5]["content"][1:]
     assert assistant_turns[2] == [
         {"type": "tool_use", "id": gpt_calls[0]["id"], "name": "wait", "input": {}},
@@ -131,16 +191,22 @@ async def test_switching_provider_mid_conversation(
     # the tool results of the OpenAI batch answer its calls in the next user turn
     results_turn = run3_first[6]["content"]
     assert [(b["tool_use_id"], b.get("is_error", False)) for b in results_turn] == [
-        (gpt_calls[0]["id"], True), (gpt_calls[1]["id"], False)]
+        (gpt_calls[0]["id"], True),
+        (gpt_calls[1]["id"], False),
+    ]
 
     # run 4's request to OpenAI held run 3's Anthropic turns as plain text and calls
-    assert run4[-4]["tool_calls"][0]["function"]["arguments"] == messages[10]["content"][1][
-        "arguments"]
+    assert (
+        run4[-4]["tool_calls"][0]["function"]["arguments"]
+        == messages[10]["content"][1]["arguments"]
+    )
     assert run4[-2] == {"role": "assistant", "content": "All done."}
 
 
 async def test_an_assistant_turn_with_only_foreign_reasoning_is_left_out(
-    serve: Serve, anthropic_fake: A.AnthropicFake, openai_fake: O.OpenAIFake,
+    serve: Serve,
+    anthropic_fake: A.AnthropicFake,
+    openai_fake: O.OpenAIFake,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """An OpenAI-compatible answer that was all reasoning (a model that ran out of tokens while
@@ -149,10 +215,12 @@ async def test_an_assistant_turn_with_only_foreign_reasoning_is_left_out(
     monkeypatch.setenv("ANTHROPIC_API_KEY", anthropic_fake.api_key)
     monkeypatch.setenv("OPENAI_API_KEY", openai_fake.api_key)
     profiles: dict[str, Any] = {
-        "claude": AgentProfile(provider="anthropic", model=CLAUDE,
-                               base_url=anthropic_fake.base_url, max_retries=0),
-        "local": AgentProfile(provider="openai", model=GPT, base_url=openai_fake.base_url,
-                              max_retries=0),
+        "claude": AgentProfile(
+            provider="anthropic", model=CLAUDE, base_url=anthropic_fake.base_url, max_retries=0
+        ),
+        "local": AgentProfile(
+            provider="openai", model=GPT, base_url=openai_fake.base_url, max_retries=0
+        ),
     }
     openai_fake.add(O.Reply(reasoning="Thinking and thinking...", finish_reason="length"))
     anthropic_fake.add(A.Reply([A.Text("Short answer.")]))
@@ -163,14 +231,24 @@ async def test_an_assistant_turn_with_only_foreign_reasoning_is_left_out(
 
     assert first["final"]["stop_reason"] == "max_tokens"
     assert first["final"]["content"] == [
-        {"type": "thinking", "thinking": "Thinking and thinking...", "signature": ""}]
+        {"type": "thinking", "thinking": "Thinking and thinking...", "signature": ""}
+    ]
     assert anthropic_fake.rejections == []
-    assert anthropic_fake.message_requests[0].json["messages"] == [{"role": "user", "content": [
-        {"type": "text", "text": "Think long."}, {"type": "text", "text": "Just answer."}]}]
+    assert anthropic_fake.message_requests[0].json["messages"] == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Think long."},
+                {"type": "text", "text": "Just answer."},
+            ],
+        }
+    ]
 
 
 async def test_switching_to_thinking_inside_an_unfinished_tool_loop(
-    serve: Serve, anthropic_fake: A.AnthropicFake, openai_fake: O.OpenAIFake,
+    serve: Serve,
+    anthropic_fake: A.AnthropicFake,
+    openai_fake: O.OpenAIFake,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Run 1 on OpenAI fails right after its tool batch (the provider stays down), so the
@@ -182,11 +260,17 @@ async def test_switching_to_thinking_inside_an_unfinished_tool_loop(
     monkeypatch.setenv("ANTHROPIC_API_KEY", anthropic_fake.api_key)
     monkeypatch.setenv("OPENAI_API_KEY", openai_fake.api_key)
     profiles = {
-        "claude": AgentProfile(provider="anthropic", model=CLAUDE,
-                               base_url=anthropic_fake.base_url, thinking_budget=1024,
-                               max_output_tokens=4096, max_retries=0),
-        "gpt": AgentProfile(provider="openai", model=GPT, base_url=openai_fake.base_url,
-                            max_retries=0),
+        "claude": AgentProfile(
+            provider="anthropic",
+            model=CLAUDE,
+            base_url=anthropic_fake.base_url,
+            thinking_budget=1024,
+            max_output_tokens=4096,
+            max_retries=0,
+        ),
+        "gpt": AgentProfile(
+            provider="openai", model=GPT, base_url=openai_fake.base_url, max_retries=0
+        ),
     }
     openai_fake.add(O.Reply(tool_calls=[O.ToolCall("time_now", "{}")]), O.Error.server(503))
     anthropic_fake.add(
@@ -201,7 +285,10 @@ async def test_switching_to_thinking_inside_an_unfinished_tool_loop(
         context = await conv.context()
 
     assert failed["status"] == "failed" and kinds(failed["context"]["messages"]) == [
-        "user", "assistant", "tool_result"]
+        "user",
+        "assistant",
+        "tool_result",
+    ]
     assert anthropic_fake.rejections == []
     assert continued["status"] == "completed", continued["error"]
     first, second = (r.json for r in anthropic_fake.message_requests)
@@ -210,4 +297,11 @@ async def test_switching_to_thinking_inside_an_unfinished_tool_loop(
     assert second["thinking"] == {"type": "enabled", "budget_tokens": 1024}
     assert again["final"]["content"][0]["signature"] == A.sign("A new turn.")
     assert kinds(context["messages"]) == [
-        "user", "assistant", "tool_result", "user", "assistant", "user", "assistant"]
+        "user",
+        "assistant",
+        "tool_result",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+    ]

@@ -40,19 +40,24 @@ PROBLEMS = "https://carryover.dev/problems/"
 
 
 def claude(fake: A.AnthropicFake, **fields: Any) -> AgentProfile:
-    values: dict[str, Any] = {"provider": "anthropic", "model": CLAUDE, "base_url": fake.base_url,
-                              "thinking_budget": 1024, "max_output_tokens": 4096}
+    values: dict[str, Any] = {
+        "provider": "anthropic",
+        "model": CLAUDE,
+        "base_url": fake.base_url,
+        "thinking_budget": 1024,
+        "max_output_tokens": 4096,
+    }
     return AgentProfile(**{**values, **fields})
 
 
 def gpt(fake: O.OpenAIFake, **fields: Any) -> AgentProfile:
-    return AgentProfile(**{"provider": "openai", "model": GPT, "base_url": fake.base_url,
-                           **fields})
+    return AgentProfile(**{"provider": "openai", "model": GPT, "base_url": fake.base_url, **fields})
 
 
 @pytest.fixture
-def keys(monkeypatch: pytest.MonkeyPatch, anthropic_fake: A.AnthropicFake,
-         openai_fake: O.OpenAIFake) -> None:
+def keys(
+    monkeypatch: pytest.MonkeyPatch, anthropic_fake: A.AnthropicFake, openai_fake: O.OpenAIFake
+) -> None:
     monkeypatch.setenv("ANTHROPIC_API_KEY", anthropic_fake.api_key)
     monkeypatch.setenv("OPENAI_API_KEY", openai_fake.api_key)
 
@@ -69,7 +74,8 @@ def failed_attempt(message: dict[str, Any], kind: str, status: int | None = None
 
 @pytest.mark.usefixtures("keys")
 async def test_anthropic_overflow_compacts_and_retries(
-    serve: Serve, anthropic_fake: A.AnthropicFake,
+    serve: Serve,
+    anthropic_fake: A.AnthropicFake,
 ) -> None:
     anthropic_fake.add(
         A.Reply([A.Thinking("Easy."), A.Text("nvim is a vim fork.")]),
@@ -113,22 +119,30 @@ async def test_anthropic_overflow_compacts_and_retries(
     assert summary_request["system"] == SUMMARY_SYSTEM_PROMPT and "tools" not in summary_request
     assert "nvim is a vim fork." in summary_request["messages"][0]["content"][0]["text"]
     retry = anthropic_fake.message_requests[3].json["messages"]
-    assert retry == [{"role": "user", "content": [
-        {"type": "text", "text": SUMMARY_PREFIX + compaction["summary"]},
-        {"type": "text", "text": "How does it differ from vim?"}]}]
+    assert retry == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": SUMMARY_PREFIX + compaction["summary"]},
+                {"type": "text", "text": "How does it differ from vim?"},
+            ],
+        }
+    ]
     # run 3 replayed the kept assistant turn with its signed thinking
     assert anthropic_fake.message_requests[4].json["messages"][1]["content"][0] == {
-        "type": "thinking", "thinking": "Using the summary.",
-        "signature": A.sign("Using the summary.")}
+        "type": "thinking",
+        "thinking": "Using the summary.",
+        "signature": A.sign("Using the summary."),
+    }
     # the transcript keeps the failed attempt (flagged) and the compaction where it happened
     run2 = [(e["kind"], e["failed"]) for e in transcript if e["run_id"] == posted["run_id"]]
-    assert run2 == [("prompt", False), ("attempt", True), ("compaction", False),
-                    ("attempt", False)]
+    assert run2 == [("prompt", False), ("attempt", True), ("compaction", False), ("attempt", False)]
 
 
 @pytest.mark.usefixtures("keys")
 async def test_openai_overflow_compacts_and_retries_then_fails_when_nothing_is_left(
-    serve: Serve, openai_fake: O.OpenAIFake,
+    serve: Serve,
+    openai_fake: O.OpenAIFake,
 ) -> None:
     openai_fake.add(
         O.Reply(tool_calls=[O.ToolCall("wait", '{"seconds":0}')]),
@@ -137,7 +151,9 @@ async def test_openai_overflow_compacts_and_retries_then_fails_when_nothing_is_l
         O.Reply(text="Summary: the user had the assistant wait."),
         O.Reply(text="Fine."),
         # run 3: overflow, compaction, overflow again with only the prompt left to fold
-        O.Error.overflow(), O.Reply(text="Summary again."), O.Error.overflow(),
+        O.Error.overflow(),
+        O.Reply(text="Summary again."),
+        O.Error.overflow(),
     )
     async with serve(agents={"gpt": gpt(openai_fake, max_retries=0)}) as client:
         conv = await Conversation.create(client)
@@ -155,7 +171,9 @@ async def test_openai_overflow_compacts_and_retries_then_fails_when_nothing_is_l
     assert compaction["folded"][1]["content"][0]["arguments"] == '{"seconds":0}'
     failed_attempt(attempts(second)[0], "overflow", 400)
     assert openai_fake.chat_requests[4].json["messages"][0] == {
-        "role": "user", "content": SUMMARY_PREFIX + compaction["summary"]}
+        "role": "user",
+        "content": SUMMARY_PREFIX + compaction["summary"],
+    }
 
     # run 3: overflow, compaction of run 2's turn, overflow again with only the prompt left
     assert record["status"] == "failed" and third["status"] == "failed"
@@ -171,8 +189,9 @@ async def test_openai_overflow_compacts_and_retries_then_fails_when_nothing_is_l
     # on_failure keep: the completed compaction and the prompt are stored, no failed attempt
     assert third["stored"] is True
     assert context["summary"] == "Summary again."
-    assert context["messages"] == [{"type": "user", "content": [
-        {"type": "text", "text": "Huge prompt."}]}]
+    assert context["messages"] == [
+        {"type": "user", "content": [{"type": "text", "text": "Huge prompt."}]}
+    ]
 
 
 # --- 429 -------------------------------------------------------------------------------------
@@ -180,17 +199,20 @@ async def test_openai_overflow_compacts_and_retries_then_fails_when_nothing_is_l
 
 @pytest.mark.usefixtures("keys")
 async def test_rate_limit_waits_for_retry_after(
-    serve: Serve, anthropic_fake: A.AnthropicFake, openai_fake: O.OpenAIFake,
+    serve: Serve,
+    anthropic_fake: A.AnthropicFake,
+    openai_fake: O.OpenAIFake,
 ) -> None:
     """The service's own retry policy: it waits what ``retry-after`` says (a lower bound only:
     no test asserts how fast anything is)."""
     claude_times = time_requests(anthropic_fake)
     gpt_times = time_requests(openai_fake)
     anthropic_fake.add(A.Error.rate_limit(retry_after="1"), A.Reply([A.Text("Hi.")]))
-    openai_fake.add(O.Error.rate_limit(retry_after="1", retry_after_ms="600"),
-                    O.Reply(text="Hi."))
-    profiles = {"claude": claude(anthropic_fake, max_retries=2),
-                "gpt": gpt(openai_fake, max_retries=2)}
+    openai_fake.add(O.Error.rate_limit(retry_after="1", retry_after_ms="600"), O.Reply(text="Hi."))
+    profiles = {
+        "claude": claude(anthropic_fake, max_retries=2),
+        "gpt": gpt(openai_fake, max_retries=2),
+    }
     async with serve(agents=profiles) as client:
         conv = await Conversation.create(client)
         by_claude = await conv.completed("Hello.", "claude")
@@ -208,12 +230,14 @@ async def test_rate_limit_waits_for_retry_after(
 
 @pytest.mark.usefixtures("keys")
 async def test_rate_limit_that_stays_fails_the_run_after_max_retries(
-    serve: Serve, openai_fake: O.OpenAIFake,
+    serve: Serve,
+    openai_fake: O.OpenAIFake,
 ) -> None:
     openai_fake.add(O.Reply(text="Earlier."))
     openai_fake.default = O.Error.rate_limit(retry_after="1")
-    async with serve(agents={"gpt": gpt(openai_fake, max_retries=2)},
-                     pool=fast_retries("gpt")) as client:
+    async with serve(
+        agents={"gpt": gpt(openai_fake, max_retries=2)}, pool=fast_retries("gpt")
+    ) as client:
         conv = await Conversation.create(client)
         await conv.completed("First.", "gpt")
         body = await conv.run("Second.", "gpt", on_failure="discard")
@@ -225,7 +249,10 @@ async def test_rate_limit_that_stays_fails_the_run_after_max_retries(
     problem = record["error"]
     assert problem["type"] == PROBLEMS + "run-provider-unavailable"
     assert (problem["kind"], problem["provider_status"], problem["code"]) == (
-        "retryable", 429, "rate_limit_exceeded")
+        "retryable",
+        429,
+        "rate_limit_exceeded",
+    )
     assert problem["detail"].endswith("(after 2 retries)")
     assert kinds(record["new_messages"]) == ["user", "assistant"]
     failed_attempt(record["final"], "retryable", 429)
@@ -239,11 +266,15 @@ async def test_rate_limit_that_stays_fails_the_run_after_max_retries(
 
 @pytest.mark.usefixtures("keys")
 async def test_overloaded_is_retried_with_the_service_backoff(
-    serve: Serve, anthropic_fake: A.AnthropicFake,
+    serve: Serve,
+    anthropic_fake: A.AnthropicFake,
 ) -> None:
     """Two 529s without retry-after, then an answer: the real policy's backoff (0.5 s, 1 s)."""
-    anthropic_fake.add(A.Error.overloaded(), A.Error.overloaded(),
-                       A.Reply([A.Thinking("Finally."), A.Text("Here.")]))
+    anthropic_fake.add(
+        A.Error.overloaded(),
+        A.Error.overloaded(),
+        A.Reply([A.Thinking("Finally."), A.Text("Here.")]),
+    )
     async with serve(agents={"claude": claude(anthropic_fake, max_retries=2)}) as client:
         conv = await Conversation.create(client)
         body = await conv.completed("Hello.", "claude")
@@ -256,15 +287,18 @@ async def test_overloaded_is_retried_with_the_service_backoff(
 
 @pytest.mark.usefixtures("keys")
 async def test_overloaded_past_max_retries_fails_and_the_next_run_continues(
-    serve: Serve, anthropic_fake: A.AnthropicFake,
+    serve: Serve,
+    anthropic_fake: A.AnthropicFake,
 ) -> None:
     anthropic_fake.add(
         A.Reply([A.Thinking("One."), A.Text("First answer.")]),
-        A.Error.overloaded(), A.Error.overloaded(),  # run 2: the attempt and its one retry
+        A.Error.overloaded(),
+        A.Error.overloaded(),  # run 2: the attempt and its one retry
         A.Reply([A.Thinking("Two."), A.Text("Answering both.")]),  # run 3
     )
-    async with serve(agents={"claude": claude(anthropic_fake, max_retries=1)},
-                     pool=fast_retries("claude")) as client:
+    async with serve(
+        agents={"claude": claude(anthropic_fake, max_retries=1)}, pool=fast_retries("claude")
+    ) as client:
         conv = await Conversation.create(client)
         await conv.completed("First.", "claude")
         failed = await conv.run("Second.", "claude")
@@ -278,9 +312,11 @@ async def test_overloaded_past_max_retries_fails_and_the_next_run_continues(
     assert problem["type"] == PROBLEMS + "run-provider-unavailable"
     assert problem["title"] == "The model provider stayed unavailable"
     assert (problem["kind"], problem["provider_status"], problem["code"]) == (
-        "retryable", 529, "overloaded_error")
-    assert problem["detail"] == (
-        "anthropic: HTTP 529 overloaded_error: Overloaded (after 1 retry)")
+        "retryable",
+        529,
+        "overloaded_error",
+    )
+    assert problem["detail"] == ("anthropic: HTTP 529 overloaded_error: Overloaded (after 1 retry)")
     assert kinds(record["new_messages"]) == ["user", "assistant"]
     failed_attempt(record["final"], "retryable", 529)
     # on_failure keep: the prompt is stored, the failed attempt is not
@@ -293,15 +329,19 @@ async def test_overloaded_past_max_retries_fails_and_the_next_run_continues(
 
 @pytest.mark.usefixtures("keys")
 async def test_overloaded_error_event_after_content_is_a_recorded_attempt(
-    serve: Serve, anthropic_fake: A.AnthropicFake,
+    serve: Serve,
+    anthropic_fake: A.AnthropicFake,
 ) -> None:
     anthropic_fake.add(
-        A.Reply([A.Thinking("Let me see."), A.Text("The answer is")],
-                error_event=("overloaded_error", "Overloaded")),
+        A.Reply(
+            [A.Thinking("Let me see."), A.Text("The answer is")],
+            error_event=("overloaded_error", "Overloaded"),
+        ),
         A.Reply([A.Thinking("Again."), A.Text("The answer is 42.")]),
     )
-    async with serve(agents={"claude": claude(anthropic_fake, max_retries=1)},
-                     pool=fast_retries("claude")) as client:
+    async with serve(
+        agents={"claude": claude(anthropic_fake, max_retries=1)}, pool=fast_retries("claude")
+    ) as client:
         conv = await Conversation.create(client)
         body = await conv.completed("Answer?", "claude")
         context = await conv.context()
@@ -312,7 +352,8 @@ async def test_overloaded_error_event_after_content_is_a_recorded_attempt(
     # everything that arrived before the error, signature included
     assert first["content"] == [
         {"type": "thinking", "thinking": "Let me see.", "signature": A.sign("Let me see.")},
-        {"type": "text", "text": "The answer is"}]
+        {"type": "text", "text": "The answer is"},
+    ]
     assert body["final"] == final and final["content"][1]["text"] == "The answer is 42."
     assert context["messages"] == [body["new_messages"][0], final]
 
@@ -323,14 +364,21 @@ async def test_overloaded_error_event_after_content_is_a_recorded_attempt(
 @pytest.mark.usefixtures("keys")
 async def test_a_burst_of_server_errors(serve: Serve, openai_fake: O.OpenAIFake) -> None:
     openai_fake.add(
-        O.Error.server(500), O.Error.server(502), O.Error.server(503),
+        O.Error.server(500),
+        O.Error.server(502),
+        O.Error.server(503),
         O.Reply(tool_calls=[O.ToolCall("time_now", "{}")]),
-        O.Error.server(500), O.Reply(text="It is now."),
+        O.Error.server(500),
+        O.Reply(text="It is now."),
         # run 2: one more 5xx than max_retries allows
-        O.Error.server(500), O.Error.server(503), O.Error.server(502), O.Error.server(504),
+        O.Error.server(500),
+        O.Error.server(503),
+        O.Error.server(502),
+        O.Error.server(504),
     )
-    async with serve(agents={"gpt": gpt(openai_fake, max_retries=3)},
-                     pool=fast_retries("gpt")) as client:
+    async with serve(
+        agents={"gpt": gpt(openai_fake, max_retries=3)}, pool=fast_retries("gpt")
+    ) as client:
         conv = await Conversation.create(client)
         recovered = await conv.completed("Time?", "gpt")
         failed = await conv.run("Again?", "gpt")
@@ -347,8 +395,7 @@ async def test_a_burst_of_server_errors(serve: Serve, openai_fake: O.OpenAIFake)
     assert problem["detail"].endswith("(after 3 retries)")
     assert kinds(record["new_messages"]) == ["user", "assistant"]
     failed_attempt(record["final"], "retryable", 504)
-    assert kinds(context["messages"]) == [
-        "user", "assistant", "tool_result", "assistant", "user"]
+    assert kinds(context["messages"]) == ["user", "assistant", "tool_result", "assistant", "user"]
 
 
 # --- cut streams -----------------------------------------------------------------------------
@@ -356,20 +403,25 @@ async def test_a_burst_of_server_errors(serve: Serve, openai_fake: O.OpenAIFake)
 
 @pytest.mark.usefixtures("keys")
 async def test_anthropic_stream_cut_before_the_signature(
-    serve: Serve, anthropic_fake: A.AnthropicFake,
+    serve: Serve,
+    anthropic_fake: A.AnthropicFake,
 ) -> None:
     """A thinking block cut before its signature can never be replayed: the cut attempt is a
     failed attempt in the run record, never part of the context; the retry answers."""
     anthropic_fake.add(
         # message_start, ping, content_block_start, 2 thinking deltas, then the connection drops
-        A.Reply([A.Thinking("Let me think about it.", stream_signature=False), A.Text("No.")],
-                chunk_size=4, cut_after=5),
+        A.Reply(
+            [A.Thinking("Let me think about it.", stream_signature=False), A.Text("No.")],
+            chunk_size=4,
+            cut_after=5,
+        ),
         A.Reply([A.Thinking("Thought."), A.ToolUse("wait", {"seconds": 0})]),
         A.Reply([A.Thinking(""), A.Text("Done.")]),
         A.Reply([A.Text("Next.")]),
     )
-    async with serve(agents={"claude": claude(anthropic_fake, max_retries=2)},
-                     pool=fast_retries("claude")) as client:
+    async with serve(
+        agents={"claude": claude(anthropic_fake, max_retries=2)}, pool=fast_retries("claude")
+    ) as client:
         conv = await Conversation.create(client)
         body = await conv.completed("Think, then wait.", "claude")
         record = await conv.record(body["run_id"])
@@ -378,7 +430,12 @@ async def test_anthropic_stream_cut_before_the_signature(
 
     assert anthropic_fake.rejections == []
     assert kinds(record["new_messages"]) == [
-        "user", "assistant", "assistant", "tool_result", "assistant"]
+        "user",
+        "assistant",
+        "assistant",
+        "tool_result",
+        "assistant",
+    ]
     cut = record["new_messages"][1]
     failed_attempt(cut, "retryable")
     assert "connection failed" in cut["error"]["message"]
@@ -393,31 +450,42 @@ async def test_anthropic_stream_cut_before_the_signature(
 
 @pytest.mark.usefixtures("keys")
 async def test_openai_stream_ending_inside_a_tool_call(
-    serve: Serve, openai_fake: O.OpenAIFake,
+    serve: Serve,
+    openai_fake: O.OpenAIFake,
 ) -> None:
     """A stream that ends cleanly before its finish chunk: the half-streamed call is recorded
     in the failed attempt and never run; the retry's call is."""
     openai_fake.add(
         # role chunk, then 2 of the call's argument fragments, then the body just ends
-        O.Reply(tool_calls=[O.ToolCall("fail", '{"reason": "must not run"}', id="call_cut")],
-                chunk_size=8, end_after=3),
+        O.Reply(
+            tool_calls=[O.ToolCall("fail", '{"reason": "must not run"}', id="call_cut")],
+            chunk_size=8,
+            end_after=3,
+        ),
         O.Reply(tool_calls=[O.ToolCall("wait", '{"seconds": 0}', id="call_ok")]),
         O.Reply(text="Waited."),
     )
-    async with serve(agents={"gpt": gpt(openai_fake, max_retries=1)},
-                     pool=fast_retries("gpt")) as client:
+    async with serve(
+        agents={"gpt": gpt(openai_fake, max_retries=1)}, pool=fast_retries("gpt")
+    ) as client:
         conv = await Conversation.create(client)
         body = await conv.completed("Wait.", "gpt")
         record = await conv.record(body["run_id"])
         context = await conv.context()
 
     assert kinds(record["new_messages"]) == [
-        "user", "assistant", "assistant", "tool_result", "assistant"]
+        "user",
+        "assistant",
+        "assistant",
+        "tool_result",
+        "assistant",
+    ]
     cut = record["new_messages"][1]
     failed_attempt(cut, "retryable")
     assert "finish_reason" in cut["error"]["message"]
-    assert cut["content"] == [{"type": "tool_call", "id": "call_cut", "name": "fail",
-                               "arguments": '{"reason": "must'}]
+    assert cut["content"] == [
+        {"type": "tool_call", "id": "call_cut", "name": "fail", "arguments": '{"reason": "must'}
+    ]
     results = [m for m in record["new_messages"] if m["type"] == "tool_result"]
     assert [r["tool_call_id"] for r in results] == ["call_ok"]
     assert "call_cut" not in json.dumps(context)
@@ -429,13 +497,19 @@ async def test_openai_stream_ending_inside_a_tool_call(
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
 async def test_a_bad_key_fails_the_run_without_retrying_or_leaking_it(
-    serve: Serve, anthropic_fake: A.AnthropicFake, openai_fake: O.OpenAIFake,
-    monkeypatch: pytest.MonkeyPatch, provider: str,
+    serve: Serve,
+    anthropic_fake: A.AnthropicFake,
+    openai_fake: O.OpenAIFake,
+    monkeypatch: pytest.MonkeyPatch,
+    provider: str,
 ) -> None:
     bad = "team-QZXJ-not-the-key-WVUT"  # no sk- prefix: the fake echoes it masked, tea***WVUT
     monkeypatch.setenv("WRONG_KEY", bad)
-    profile = (gpt(openai_fake, api_key_env="WRONG_KEY") if provider == "openai"
-               else claude(anthropic_fake, api_key_env="WRONG_KEY"))
+    profile = (
+        gpt(openai_fake, api_key_env="WRONG_KEY")
+        if provider == "openai"
+        else claude(anthropic_fake, api_key_env="WRONG_KEY")
+    )
     async with serve(agents={"p": profile}) as client:  # default max_retries (4)
         conv = await Conversation.create(client)
         body = await conv.run("Hello.", "p")
@@ -462,13 +536,15 @@ async def test_a_bad_key_fails_the_run_without_retrying_or_leaking_it(
 
 
 async def test_a_missing_key_is_refused_before_anything_runs(
-    serve: Serve, anthropic_fake: A.AnthropicFake,
+    serve: Serve,
+    anthropic_fake: A.AnthropicFake,
 ) -> None:
     """No key at all is a configuration problem, not a run: 503, no run record, no request."""
     async with serve(agents={"claude": claude(anthropic_fake)}) as client:
         conv = await Conversation.create(client)
-        response = await client.post(f"/conversations/{conv.id}/runs",
-                                     json={"prompts": ["Hello."], "agent": "claude"})
+        response = await client.post(
+            f"/conversations/{conv.id}/runs", json={"prompts": ["Hello."], "agent": "claude"}
+        )
         runs = await client.get(f"/conversations/{conv.id}/runs")
         context = await conv.context()
 

@@ -206,4 +206,4 @@ def pieces(text: str, size: int) -> Iterator[str]:
     """``text`` cut into chunks of ``size`` characters, as a stream would deliver it."""
     size = max(1, size)
     for start in range(0, len(text), size):
-        yield text[start:start + size]
+        yield text[start : start + size]

@@ -125,19 +125,27 @@ class Error:
     headers: Mapping[str, str] = field(default_factory=dict)
 
     def body(self) -> dict[str, Any]:
-        return {"type": "error", "error": {"type": self.type, "message": self.message},
-                "request_id": "req_fake"}
+        return {
+            "type": "error",
+            "error": {"type": self.type, "message": self.message},
+            "request_id": "req_fake",
+        }
 
     @classmethod
     def overflow(cls) -> Error:
-        return cls(400, "invalid_request_error",
-                   "prompt is too long: 208310 tokens > 200000 maximum")
+        return cls(
+            400, "invalid_request_error", "prompt is too long: 208310 tokens > 200000 maximum"
+        )
 
     @classmethod
     def rate_limit(cls, retry_after: str | None = "3") -> Error:
         headers = {"retry-after": retry_after} if retry_after is not None else {}
-        return cls(429, "rate_limit_error", "Number of request tokens has exceeded your per-minute "
-                   "rate limit", headers)
+        return cls(
+            429,
+            "rate_limit_error",
+            "Number of request tokens has exceeded your per-minute rate limit",
+            headers,
+        )
 
     @classmethod
     def overloaded(cls) -> Error:
@@ -197,12 +205,14 @@ class AnthropicFake(FakeServer):
             return JSONAnswer(404, Error(404, "not_found_error", "Not found").body())
         # ``x-api-key`` (classic SDKs) or ``Authorization: Bearer`` (newer SDKs, OAuth)
         given = request.headers.get("x-api-key") or request.headers.get(
-            "authorization", "").removeprefix("Bearer ")
+            "authorization", ""
+        ).removeprefix("Bearer ")
         if given != self.api_key:
             return self._reject(Error(401, "authentication_error", "invalid x-api-key"))
         if not request.headers.get("anthropic-version"):
-            return self._reject(Error(400, "invalid_request_error",
-                                      "anthropic-version: header is required"))
+            return self._reject(
+                Error(400, "invalid_request_error", "anthropic-version: header is required")
+            )
         try:
             self.validate(request.body)
         except _Invalid as exc:
@@ -212,8 +222,11 @@ class AnthropicFake(FakeServer):
         elif self.default is not None:
             answer = self.default
         else:
-            return self._reject(Error(400, "invalid_request_error",
-                                      "fake: no scripted answer left for this request"))
+            return self._reject(
+                Error(
+                    400, "invalid_request_error", "fake: no scripted answer left for this request"
+                )
+            )
         return self._render(answer, request.json)
 
     def _reject(self, error: Error) -> JSONAnswer:
@@ -236,13 +249,16 @@ class AnthropicFake(FakeServer):
         if isinstance(thinking, dict) and enabled:
             budget = thinking.get("budget_tokens")
             if not isinstance(budget, int) or budget < 1024:
-                raise _Invalid("thinking.enabled.budget_tokens: Input should be greater than or "
-                               "equal to 1024")
+                raise _Invalid(
+                    "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"
+                )
             if body["max_tokens"] <= budget:
-                raise _Invalid("`max_tokens` must be greater than `thinking.budget_tokens`. "
-                               "Please consult our documentation at https://docs.claude.com/en/"
-                               "docs/build-with-claude/extended-thinking#max-tokens-and-context-"
-                               "window-size")
+                raise _Invalid(
+                    "`max_tokens` must be greater than `thinking.budget_tokens`. "
+                    "Please consult our documentation at https://docs.claude.com/en/"
+                    "docs/build-with-claude/extended-thinking#max-tokens-and-context-"
+                    "window-size"
+                )
         system = body.get("system")
         if system is not None and not isinstance(system, str):
             if not isinstance(system, list):
@@ -250,10 +266,12 @@ class AnthropicFake(FakeServer):
             for k, block in enumerate(system):
                 self._check_text(block, f"system.{k}")
         for k, tool in enumerate(body.get("tools") or ()):
-            if not isinstance(tool, dict) or not re.match(r"^[a-zA-Z0-9_-]{1,128}$",
-                                                          str(tool.get("name", ""))):
-                raise _Invalid(f"tools.{k}.custom.name: String should match pattern "
-                               "'^[a-zA-Z0-9_-]{1,128}$'")
+            if not isinstance(tool, dict) or not re.match(
+                r"^[a-zA-Z0-9_-]{1,128}$", str(tool.get("name", ""))
+            ):
+                raise _Invalid(
+                    f"tools.{k}.custom.name: String should match pattern '^[a-zA-Z0-9_-]{{1,128}}$'"
+                )
             if not isinstance(tool.get("input_schema"), dict):
                 raise _Invalid(f"tools.{k}.custom.input_schema: Field required")
         messages = body["messages"]
@@ -267,19 +285,25 @@ class AnthropicFake(FakeServer):
             if i == 0 and role != "user":
                 raise _Invalid('messages: first message must use the "user" role')
             if i > 0 and messages[i - 1].get("role") == role:
-                raise _Invalid('messages: roles must alternate between "user" and "assistant", '
-                               f'but found multiple "{role}" roles in a row')
+                raise _Invalid(
+                    'messages: roles must alternate between "user" and "assistant", '
+                    f'but found multiple "{role}" roles in a row'
+                )
             content = m.get("content")
             if isinstance(content, str):
                 if not content.strip() and not (role == "assistant" and i == len(messages) - 1):
-                    raise _Invalid(f"messages.{i}: all messages must have non-empty content "
-                                   "except for the optional final assistant message")
+                    raise _Invalid(
+                        f"messages.{i}: all messages must have non-empty content "
+                        "except for the optional final assistant message"
+                    )
                 blocks: list[dict[str, Any]] = [{"type": "text", "text": content}]
             elif isinstance(content, list):
                 blocks = content
                 if not blocks and not (role == "assistant" and i == len(messages) - 1):
-                    raise _Invalid(f"messages.{i}: all messages must have non-empty content "
-                                   "except for the optional final assistant message")
+                    raise _Invalid(
+                        f"messages.{i}: all messages must have non-empty content "
+                        "except for the optional final assistant message"
+                    )
             else:
                 raise _Invalid(f"messages.{i}.content: Input should be a valid list")
             if role == "user":
@@ -299,7 +323,8 @@ class AnthropicFake(FakeServer):
         return _Invalid(
             f"messages.{i}: `tool_use` ids were found without `tool_result` blocks immediately "
             f"after: {', '.join(ids)}. Each `tool_use` block must have a corresponding "
-            "`tool_result` block in the next message.")
+            "`tool_result` block in the next message."
+        )
 
     @staticmethod
     def _check_text(block: Any, where: str) -> None:
@@ -319,8 +344,10 @@ class AnthropicFake(FakeServer):
             raise _Invalid(f"{where}.source: Field required")
         if source.get("type") == "base64":
             if source.get("media_type") not in _MEDIA_TYPES:
-                raise _Invalid(f"{where}.source.base64.media_type: Input should be "
-                               "'image/jpeg', 'image/png', 'image/gif' or 'image/webp'")
+                raise _Invalid(
+                    f"{where}.source.base64.media_type: Input should be "
+                    "'image/jpeg', 'image/png', 'image/gif' or 'image/webp'"
+                )
             try:
                 base64.b64decode(str(source.get("data")), validate=True)
             except (binascii.Error, ValueError):
@@ -329,8 +356,10 @@ class AnthropicFake(FakeServer):
             if not str(source.get("url", "")).startswith(("https://", "http://")):
                 raise _Invalid(f"{where}.source.url.url: Invalid URL")
         else:
-            raise _Invalid(f"{where}.source.type: Input tag '{source.get('type')}' found using "
-                           "'type' does not match any of the expected tags: 'base64', 'url'")
+            raise _Invalid(
+                f"{where}.source.type: Input tag '{source.get('type')}' found using "
+                "'type' does not match any of the expected tags: 'base64', 'url'"
+            )
 
     def _check_user(self, blocks: list[Any], i: int, tool_uses: list[str]) -> None:
         answered: list[str] = []
@@ -347,7 +376,8 @@ class AnthropicFake(FakeServer):
                     raise _Invalid(
                         f"{where}: unexpected `tool_use_id` found in `tool_result` blocks: "
                         f"{tool_use_id}. Each `tool_result` block must have a corresponding "
-                        "`tool_use` block in the previous message.")
+                        "`tool_use` block in the previous message."
+                    )
                 answered.append(tool_use_id)
                 content = block.get("content")
                 if isinstance(content, list):
@@ -361,8 +391,10 @@ class AnthropicFake(FakeServer):
                 if "is_error" in block and not isinstance(block["is_error"], bool):
                     raise _Invalid(f"{where}.is_error: Input should be a valid boolean")
             else:
-                raise _Invalid(f"{where}.type: Input tag '{kind}' found using 'type' does not "
-                               "match any of the expected tags")
+                raise _Invalid(
+                    f"{where}.type: Input tag '{kind}' found using 'type' does not "
+                    "match any of the expected tags"
+                )
         missing = [t for t in tool_uses if t not in answered]
         if missing:
             raise self._missing_results(i - 1, missing)
@@ -391,8 +423,9 @@ class AnthropicFake(FakeServer):
             elif kind == "tool_use":
                 tool_id = block.get("id")
                 if not isinstance(tool_id, str) or not _ID_PATTERN.match(tool_id):
-                    raise _Invalid(f"{where}.tool_use.id: String should match pattern "
-                                   "'^[a-zA-Z0-9_-]+$'")
+                    raise _Invalid(
+                        f"{where}.tool_use.id: String should match pattern '^[a-zA-Z0-9_-]+$'"
+                    )
                 if not isinstance(block.get("name"), str) or not block["name"]:
                     raise _Invalid(f"{where}.tool_use.name: Field required")
                 if not isinstance(block.get("input"), dict):
@@ -405,11 +438,13 @@ class AnthropicFake(FakeServer):
                     if block["name"] != name or (
                         raw is not None and json.dumps(block["input"]) != raw
                     ):
-                        raise _Invalid(f"fake: {where} does not replay tool_use {tool_id} as "
-                                       f"issued: sent {block['name']}({json.dumps(block['input'])})"
-                                       f", issued {name}({raw})")
+                        raise _Invalid(
+                            f"fake: {where} does not replay tool_use {tool_id} as "
+                            f"issued: sent {block['name']}({json.dumps(block['input'])})"
+                            f", issued {name}({raw})"
+                        )
                 expected = self.thinking_before.get(tool_id)
-                if enabled and expected and thinking_so_far[-len(expected):] != expected:
+                if enabled and expected and thinking_so_far[-len(expected) :] != expected:
                     raise _Invalid(
                         f"{where}.type: Expected `thinking` or `redacted_thinking`, but found "
                         "`tool_use`. When `thinking` is enabled, a final `assistant` message "
@@ -417,11 +452,14 @@ class AnthropicFake(FakeServer):
                         "`tool_use` and `tool_result` blocks). We recommend you include "
                         "thinking blocks from previous turns. To avoid this requirement, "
                         "disable `thinking`. Please consult our documentation at "
-                        "https://docs.claude.com/en/docs/build-with-claude/extended-thinking")
+                        "https://docs.claude.com/en/docs/build-with-claude/extended-thinking"
+                    )
                 tool_uses.append(tool_id)
             else:
-                raise _Invalid(f"{where}.type: Input tag '{kind}' found using 'type' does not "
-                               "match any of the expected tags")
+                raise _Invalid(
+                    f"{where}.type: Input tag '{kind}' found using 'type' does not "
+                    "match any of the expected tags"
+                )
         return tool_uses
 
     @staticmethod
@@ -441,7 +479,8 @@ class AnthropicFake(FakeServer):
                 f"messages.{len(messages) - 2}.content.0.type: Expected `thinking` or "
                 f"`redacted_thinking`, but found `{first.get('type')}`. When `thinking` is "
                 "enabled, a final `assistant` message must start with a thinking block "
-                "(preceeding the lastmost set of `tool_use` and `tool_result` blocks).")
+                "(preceeding the lastmost set of `tool_use` and `tool_result` blocks)."
+            )
 
     # --- answers ---------------------------------------------------------------------------
 
@@ -455,33 +494,42 @@ class AnthropicFake(FakeServer):
                 final: dict[str, Any] = {"type": "text", "text": block.text}
                 out.append((final, None, block))
             elif isinstance(block, Thinking):
-                signature = block.signature if block.signature is not None else sign(
-                    block.thinking)
+                signature = block.signature if block.signature is not None else sign(block.thinking)
                 self.signatures[signature] = block.thinking
                 final = {"type": "thinking", "thinking": block.thinking, "signature": signature}
                 thinking_here.append(final)
                 out.append((final, None, block))
             elif isinstance(block, Redacted):
-                data = block.data or base64.b64encode(
-                    f"redacted-{next(self._ids)}".encode() * 3).decode()
+                data = (
+                    block.data
+                    or base64.b64encode(f"redacted-{next(self._ids)}".encode() * 3).decode()
+                )
                 self.redacted.add(data)
                 final = {"type": "redacted_thinking", "data": data}
                 thinking_here.append(final)
                 out.append((final, None, block))
             else:
                 tool_id = block.id or f"toolu_{next(self._ids):04d}{'x' * 20}"
-                raw = block.partial_json if block.partial_json is not None else json.dumps(
-                    dict(block.input or {}))
+                raw = (
+                    block.partial_json
+                    if block.partial_json is not None
+                    else json.dumps(dict(block.input or {}))
+                )
                 try:
                     parsed = json.loads(raw) if raw else {}
                 except ValueError:
                     parsed = None  # cut at max_tokens: the real API can end like this
                 self.tool_inputs[tool_id] = (
-                    block.name, json.dumps(parsed) if isinstance(parsed, dict) else None)
+                    block.name,
+                    json.dumps(parsed) if isinstance(parsed, dict) else None,
+                )
                 self.thinking_before[tool_id] = list(thinking_here)
                 final = {
-                    "type": "tool_use", "id": tool_id, "name": block.name,
-                    "input": parsed if isinstance(parsed, dict) else {}}
+                    "type": "tool_use",
+                    "id": tool_id,
+                    "name": block.name,
+                    "input": parsed if isinstance(parsed, dict) else {},
+                }
                 out.append((final, raw, block))
         return out
 
@@ -489,8 +537,11 @@ class AnthropicFake(FakeServer):
         if isinstance(answer, Error):
             return JSONAnswer(answer.status, answer.body(), answer.headers)
         if isinstance(answer, RawSSE):
-            return SSEAnswer([sse(data, event) for event, data in answer.events],
-                             cut_after=answer.cut_after, end_after=answer.end_after)
+            return SSEAnswer(
+                [sse(data, event) for event, data in answer.events],
+                cut_after=answer.cut_after,
+                end_after=answer.end_after,
+            )
         blocks = self._blocks(answer)
         has_tools = any(isinstance(b, ToolUse) for _, _, b in blocks)
         stop_reason = answer.stop_reason or ("tool_use" if has_tools else "end_turn")
@@ -503,22 +554,47 @@ class AnthropicFake(FakeServer):
             "output_tokens": answer.output_tokens,
         }
         if not body.get("stream"):
-            return JSONAnswer(200, {
-                "id": message_id, "type": "message", "role": "assistant", "model": model,
-                "content": [final for final, _, _ in blocks], "stop_reason": stop_reason,
-                "stop_sequence": None, "usage": usage,
-            }, answer.headers)
+            return JSONAnswer(
+                200,
+                {
+                    "id": message_id,
+                    "type": "message",
+                    "role": "assistant",
+                    "model": model,
+                    "content": [final for final, _, _ in blocks],
+                    "stop_reason": stop_reason,
+                    "stop_sequence": None,
+                    "usage": usage,
+                },
+                answer.headers,
+            )
 
-        events: list[bytes] = [sse({"type": "message_start", "message": {
-            "id": message_id, "type": "message", "role": "assistant", "model": model,
-            "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": {**usage, "output_tokens": 1}}}, "message_start")]
+        events: list[bytes] = [
+            sse(
+                {
+                    "type": "message_start",
+                    "message": {
+                        "id": message_id,
+                        "type": "message",
+                        "role": "assistant",
+                        "model": model,
+                        "content": [],
+                        "stop_reason": None,
+                        "stop_sequence": None,
+                        "usage": {**usage, "output_tokens": 1},
+                    },
+                },
+                "message_start",
+            )
+        ]
         if answer.ping:
             events.append(sse({"type": "ping"}, "ping"))
 
         def delta(index: int, payload: dict[str, Any]) -> bytes:
-            return sse({"type": "content_block_delta", "index": index, "delta": payload},
-                       "content_block_delta")
+            return sse(
+                {"type": "content_block_delta", "index": index, "delta": payload},
+                "content_block_delta",
+            )
 
         for index, (final, raw, scripted) in enumerate(blocks):
             kind = final["type"]
@@ -529,10 +605,13 @@ class AnthropicFake(FakeServer):
             elif kind == "redacted_thinking":
                 start = final
             else:
-                start = {"type": "tool_use", "id": final["id"], "name": final["name"],
-                         "input": {}}
-            events.append(sse({"type": "content_block_start", "index": index,
-                               "content_block": start}, "content_block_start"))
+                start = {"type": "tool_use", "id": final["id"], "name": final["name"], "input": {}}
+            events.append(
+                sse(
+                    {"type": "content_block_start", "index": index, "content_block": start},
+                    "content_block_start",
+                )
+            )
             if kind == "text":
                 for piece in _pieces(final["text"], answer.chunk_size):
                     events.append(delta(index, {"type": "text_delta", "text": piece}))
@@ -541,30 +620,44 @@ class AnthropicFake(FakeServer):
                     events.append(delta(index, {"type": "thinking_delta", "thinking": piece}))
                 assert isinstance(scripted, Thinking)
                 if scripted.stream_signature:
-                    events.append(delta(index, {"type": "signature_delta",
-                                                "signature": final["signature"]}))
+                    events.append(
+                        delta(index, {"type": "signature_delta", "signature": final["signature"]})
+                    )
             elif kind == "tool_use":
                 for piece in list(_pieces(raw or "", answer.chunk_size)) or [""]:
-                    events.append(delta(index, {"type": "input_json_delta",
-                                                "partial_json": piece}))
-            events.append(sse({"type": "content_block_stop", "index": index},
-                              "content_block_stop"))
+                    events.append(delta(index, {"type": "input_json_delta", "partial_json": piece}))
+            events.append(sse({"type": "content_block_stop", "index": index}, "content_block_stop"))
             if answer.unknown_event and index == 0:
-                events.append(sse({"type": "future_event", "index": 0, "what": "ever"},
-                                  "future_event"))
+                events.append(
+                    sse({"type": "future_event", "index": 0, "what": "ever"}, "future_event")
+                )
         if answer.error_event is not None:
             error_type, message = answer.error_event
             position = len(events) if answer.error_after is None else answer.error_after
-            events.insert(position, sse({"type": "error", "error": {
-                "type": error_type, "message": message}}, "error"))
-            events = events[:position + 1]  # the real API ends the stream after an error
+            events.insert(
+                position,
+                sse({"type": "error", "error": {"type": error_type, "message": message}}, "error"),
+            )
+            events = events[: position + 1]  # the real API ends the stream after an error
         else:
-            events.append(sse({"type": "message_delta", "delta": {
-                "stop_reason": stop_reason, "stop_sequence": None}, "usage": usage},
-                "message_delta"))
+            events.append(
+                sse(
+                    {
+                        "type": "message_delta",
+                        "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+                        "usage": usage,
+                    },
+                    "message_delta",
+                )
+            )
             events.append(sse({"type": "message_stop"}, "message_stop"))
-        return SSEAnswer(events, headers=answer.headers, cut_after=answer.cut_after,
-                         end_after=answer.end_after, delay=answer.delay)
+        return SSEAnswer(
+            events,
+            headers=answer.headers,
+            cut_after=answer.cut_after,
+            end_after=answer.end_after,
+            delay=answer.delay,
+        )
 
 
 @pytest.fixture

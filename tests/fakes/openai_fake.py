@@ -90,8 +90,14 @@ class Error:
     headers: Mapping[str, str] = field(default_factory=dict)
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
     @classmethod
     def overflow(cls) -> Error:
@@ -99,33 +105,41 @@ class Error:
             400,
             "This model's maximum context length is 128000 tokens. However, your messages "
             "resulted in 131072 tokens. Please reduce the length of the messages.",
-            code="context_length_exceeded", param="messages",
+            code="context_length_exceeded",
+            param="messages",
         )
 
     @classmethod
-    def rate_limit(
-        cls, retry_after: str | None = "1", retry_after_ms: str | None = None
-    ) -> Error:
+    def rate_limit(cls, retry_after: str | None = "1", retry_after_ms: str | None = None) -> Error:
         headers = {}
         if retry_after is not None:
             headers["retry-after"] = retry_after
         if retry_after_ms is not None:
             headers["retry-after-ms"] = retry_after_ms
         return cls(
-            429, "Rate limit reached for gpt-4o in organization org-x on tokens per min (TPM): "
+            429,
+            "Rate limit reached for gpt-4o in organization org-x on tokens per min (TPM): "
             "Limit 30000, Used 30000, Requested 100. Please try again in 200ms.",
-            type="tokens", code="rate_limit_exceeded", headers=headers,
+            type="tokens",
+            code="rate_limit_exceeded",
+            headers=headers,
         )
 
     @classmethod
     def server(cls, status: int = 500) -> Error:
-        return cls(status, "The server had an error while processing your request. "
-                   "Sorry about that!", type="server_error")
+        return cls(
+            status,
+            "The server had an error while processing your request. Sorry about that!",
+            type="server_error",
+        )
 
     @classmethod
     def not_found(cls, model: str = "no-such-model") -> Error:
-        return cls(404, f"The model `{model}` does not exist or you do not have access to it.",
-                   code="model_not_found")
+        return cls(
+            404,
+            f"The model `{model}` does not exist or you do not have access to it.",
+            code="model_not_found",
+        )
 
 
 @dataclass
@@ -167,15 +181,25 @@ class OpenAIFake(FakeServer):
 
     def handle(self, request: RecordedRequest) -> JSONAnswer | SSEAnswer:
         if request.method != "POST" or not request.path.rstrip("/").endswith("/chat/completions"):
-            return JSONAnswer(404, Error(404, f"Invalid URL ({request.method} {request.path})",
-                                          code="unknown_url").body())
+            return JSONAnswer(
+                404,
+                Error(
+                    404, f"Invalid URL ({request.method} {request.path})", code="unknown_url"
+                ).body(),
+            )
         auth = request.headers.get("authorization", "")
         if auth != f"Bearer {self.api_key}":
             given = auth.removeprefix("Bearer ")
             masked = f"{given[:3]}{'*' * 6}{given[-4:]}" if len(given) > 8 else "***"
-            return self._reject(401, Error(
-                401, f"Incorrect API key provided: {masked}. You can find your API key at "
-                "https://platform.openai.com/account/api-keys.", code="invalid_api_key"))
+            return self._reject(
+                401,
+                Error(
+                    401,
+                    f"Incorrect API key provided: {masked}. You can find your API key at "
+                    "https://platform.openai.com/account/api-keys.",
+                    code="invalid_api_key",
+                ),
+            )
         problem = self.validate(request.body)
         if problem is not None:
             return self._reject(400, problem)
@@ -193,6 +217,7 @@ class OpenAIFake(FakeServer):
 
     def validate(self, body: Any) -> Error | None:
         """The first rule of the real API the request breaks, as its 400 error."""
+
         def bad(message: str, param: str | None = None, code: str | None = None) -> Error:
             return Error(400, message, param=param, code=code)
 
@@ -204,8 +229,10 @@ class OpenAIFake(FakeServer):
         if not isinstance(messages, list) or not messages:
             return bad("[] is too short - 'messages'", "messages", "empty_array")
         if "stream_options" in body and not body.get("stream"):
-            return bad("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
-                       "stream_options")
+            return bad(
+                "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                "stream_options",
+            )
         for i, tool in enumerate(body.get("tools") or ()):
             fn = tool.get("function") if isinstance(tool, dict) else None
             if tool.get("type") != "function" or not isinstance(fn, dict) or not fn.get("name"):
@@ -215,21 +242,27 @@ class OpenAIFake(FakeServer):
         for i, m in enumerate(messages):
             role = m.get("role") if isinstance(m, dict) else None
             if role not in ("system", "developer", "user", "assistant", "tool"):
-                return bad(f"Invalid value: '{role}'. Supported values are: 'system', "
-                           "'assistant', 'user', 'tool', and 'developer'.",
-                           f"messages[{i}].role", "invalid_value")
+                return bad(
+                    f"Invalid value: '{role}'. Supported values are: 'system', "
+                    "'assistant', 'user', 'tool', and 'developer'.",
+                    f"messages[{i}].role",
+                    "invalid_value",
+                )
             if role != "tool" and pending:
                 return bad(
                     "An assistant message with 'tool_calls' must be followed by tool messages "
                     "responding to each 'tool_call_id'. The following tool_call_ids did not "
                     f"have response messages: {', '.join(pending)}",
-                    f"messages.[{owner}].role")
+                    f"messages.[{owner}].role",
+                )
             if role == "tool":
                 call_id = m.get("tool_call_id")
                 if call_id not in pending:
-                    return bad("Invalid parameter: messages with role 'tool' must be a response "
-                               "to a preceeding message with 'tool_calls'.",
-                               f"messages.[{i}].role")
+                    return bad(
+                        "Invalid parameter: messages with role 'tool' must be a response "
+                        "to a preceeding message with 'tool_calls'.",
+                        f"messages.[{i}].role",
+                    )
                 del pending[call_id]
                 problem = self._check_content(m.get("content"), i, images=False)
             elif role == "assistant":
@@ -245,16 +278,22 @@ class OpenAIFake(FakeServer):
             return bad(
                 "An assistant message with 'tool_calls' must be followed by tool messages "
                 "responding to each 'tool_call_id'. The following tool_call_ids did not have "
-                f"response messages: {', '.join(pending)}", f"messages.[{owner}].role")
+                f"response messages: {', '.join(pending)}",
+                f"messages.[{owner}].role",
+            )
         return None
 
     def _check_content(self, content: Any, i: int, *, images: bool) -> Error | None:
         if isinstance(content, str):
             return None
         if not isinstance(content, list):
-            return Error(400, f"Invalid type for 'messages[{i}].content': expected one of a "
-                         "string or array of objects, but got null instead.",
-                         param=f"messages[{i}].content", code="invalid_type")
+            return Error(
+                400,
+                f"Invalid type for 'messages[{i}].content': expected one of a "
+                "string or array of objects, but got null instead.",
+                param=f"messages[{i}].content",
+                code="invalid_type",
+            )
         for k, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
             where = f"messages[{i}].content[{k}]"
@@ -263,27 +302,45 @@ class OpenAIFake(FakeServer):
             if kind == "image_url" and images:
                 url = (part.get("image_url") or {}).get("url")
                 if isinstance(url, str) and (
-                    url.startswith("https://") or url.startswith("http://")
+                    url.startswith("https://")
+                    or url.startswith("http://")
                     or (url.startswith("data:image/") and ";base64," in url)
                 ):
                     continue
-                return Error(400, f"Invalid '{where}.image_url.url'. Expected a valid URL or a "
-                             "base64-encoded data URL with an image MIME type.",
-                             param=f"{where}.image_url.url", code="invalid_value")
+                return Error(
+                    400,
+                    f"Invalid '{where}.image_url.url'. Expected a valid URL or a "
+                    "base64-encoded data URL with an image MIME type.",
+                    param=f"{where}.image_url.url",
+                    code="invalid_value",
+                )
             if kind == "image_url":
-                return Error(400, f"Invalid '{where}': Image URLs are only allowed for messages "
-                             "with role 'user'.", param=where, code="invalid_value")
-            return Error(400, f"Invalid value: '{kind}'. Supported values are: 'text', "
-                         "'image_url', 'input_audio', 'refusal', 'audio', and 'file'.",
-                         param=f"{where}.type", code="invalid_value")
+                return Error(
+                    400,
+                    f"Invalid '{where}': Image URLs are only allowed for messages "
+                    "with role 'user'.",
+                    param=where,
+                    code="invalid_value",
+                )
+            return Error(
+                400,
+                f"Invalid value: '{kind}'. Supported values are: 'text', "
+                "'image_url', 'input_audio', 'refusal', 'audio', and 'file'.",
+                param=f"{where}.type",
+                code="invalid_value",
+            )
         return None
 
     def _check_assistant(self, m: dict[str, Any], i: int) -> Error | None:
         calls = m.get("tool_calls")
         content = m.get("content")
         if content is None and not calls:
-            return Error(400, f"Invalid value for 'messages[{i}].content': expected a string, "
-                         "got null.", param=f"messages.[{i}].content", code="invalid_value")
+            return Error(
+                400,
+                f"Invalid value for 'messages[{i}].content': expected a string, got null.",
+                param=f"messages.[{i}].content",
+                code="invalid_value",
+            )
         if content is not None and not isinstance(content, str):
             problem = self._check_content(content, i, images=False)
             if problem is not None:
@@ -291,16 +348,28 @@ class OpenAIFake(FakeServer):
         for k, call in enumerate(calls or ()):
             where = f"messages[{i}].tool_calls[{k}]"
             fn = call.get("function") if isinstance(call, dict) else None
-            if (not isinstance(call.get("id"), str) or call.get("type") != "function"
-                    or not isinstance(fn, dict) or not isinstance(fn.get("name"), str)
-                    or not isinstance(fn.get("arguments"), str)):
-                return Error(400, f"Missing required parameter: '{where}'.", param=where,
-                             code="missing_required_parameter")
+            if (
+                not isinstance(call.get("id"), str)
+                or call.get("type") != "function"
+                or not isinstance(fn, dict)
+                or not isinstance(fn.get("name"), str)
+                or not isinstance(fn.get("arguments"), str)
+            ):
+                return Error(
+                    400,
+                    f"Missing required parameter: '{where}'.",
+                    param=where,
+                    code="missing_required_parameter",
+                )
             issued = self.issued.get(call["id"])
             if issued is not None and issued != (fn["name"], fn["arguments"]):
-                return Error(400, f"fake: '{where}' does not replay the tool call as issued: "
-                             f"sent {fn['name']}({fn['arguments']!r}), issued "
-                             f"{issued[0]}({issued[1]!r})", param=f"{where}.function.arguments")
+                return Error(
+                    400,
+                    f"fake: '{where}' does not replay the tool call as issued: "
+                    f"sent {fn['name']}({fn['arguments']!r}), issued "
+                    f"{issued[0]}({issued[1]!r})",
+                    param=f"{where}.function.arguments",
+                )
         return None
 
     # --- answers ---------------------------------------------------------------------------
@@ -309,8 +378,11 @@ class OpenAIFake(FakeServer):
         if isinstance(answer, Error):
             return JSONAnswer(answer.status, answer.body(), answer.headers)
         if isinstance(answer, RawSSE):
-            return SSEAnswer([sse(p) for p in answer.payloads], cut_after=answer.cut_after,
-                             end_after=answer.end_after)
+            return SSEAnswer(
+                [sse(p) for p in answer.payloads],
+                cut_after=answer.cut_after,
+                end_after=answer.end_after,
+            )
         calls = [(c, c.id or f"call_{uuid.uuid4().hex[:20]}") for c in answer.tool_calls]
         for call, call_id in calls:
             if not answer.omit_id:
@@ -327,31 +399,50 @@ class OpenAIFake(FakeServer):
         model = answer.model or body["model"]
         created = int(time.time())
         if not body.get("stream"):
-            message: dict[str, Any] = {"role": "assistant", "content": answer.text or None,
-                                       "refusal": None}
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": answer.text or None,
+                "refusal": None,
+            }
             if answer.reasoning:
                 message["reasoning_content"] = answer.reasoning
             if calls:
                 message["tool_calls"] = [
-                    {**({} if answer.omit_id else {"id": call_id}), "type": "function",
-                     "function": {"name": c.name, "arguments": c.arguments}}
+                    {
+                        **({} if answer.omit_id else {"id": call_id}),
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": c.arguments},
+                    }
                     for c, call_id in calls
                 ]
-            return JSONAnswer(200, {
-                "id": response_id, "object": "chat.completion", "created": created,
-                "model": model, "system_fingerprint": "fp_fake",
-                "choices": [{"index": 0, "message": message, "logprobs": None,
-                             "finish_reason": finish}],
-                "usage": usage,
-            }, answer.headers)
+            return JSONAnswer(
+                200,
+                {
+                    "id": response_id,
+                    "object": "chat.completion",
+                    "created": created,
+                    "model": model,
+                    "system_fingerprint": "fp_fake",
+                    "choices": [
+                        {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+                    ],
+                    "usage": usage,
+                },
+                answer.headers,
+            )
 
-        def chunk(delta: dict[str, Any], finish_reason: str | None = None,
-                  with_usage: bool = False) -> bytes:
+        def chunk(
+            delta: dict[str, Any], finish_reason: str | None = None, with_usage: bool = False
+        ) -> bytes:
             payload: dict[str, Any] = {
-                "id": response_id, "object": "chat.completion.chunk", "created": created,
-                "model": model, "system_fingerprint": "fp_fake",
-                "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                             "finish_reason": finish_reason}],
+                "id": response_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "system_fingerprint": "fp_fake",
+                "choices": [
+                    {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+                ],
             }
             if with_usage:
                 payload["usage"] = usage
@@ -378,17 +469,31 @@ class OpenAIFake(FakeServer):
             events.append(sse(dict(answer.stream_error)))
         else:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            events.append(chunk({}, finish, with_usage=include_usage
-                                and answer.usage_in_last_choice_chunk))
+            events.append(
+                chunk({}, finish, with_usage=include_usage and answer.usage_in_last_choice_chunk)
+            )
             if include_usage and not answer.usage_in_last_choice_chunk:
-                events.append(sse({
-                    "id": response_id, "object": "chat.completion.chunk", "created": created,
-                    "model": model, "system_fingerprint": "fp_fake", "choices": [],
-                    "usage": usage,
-                }))
+                events.append(
+                    sse(
+                        {
+                            "id": response_id,
+                            "object": "chat.completion.chunk",
+                            "created": created,
+                            "model": model,
+                            "system_fingerprint": "fp_fake",
+                            "choices": [],
+                            "usage": usage,
+                        }
+                    )
+                )
             events.append(sse("[DONE]"))
-        return SSEAnswer(events, headers=answer.headers, cut_after=answer.cut_after,
-                         end_after=answer.end_after, delay=answer.delay)
+        return SSEAnswer(
+            events,
+            headers=answer.headers,
+            cut_after=answer.cut_after,
+            end_after=answer.end_after,
+            delay=answer.delay,
+        )
 
 
 @pytest.fixture

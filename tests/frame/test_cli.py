@@ -72,8 +72,14 @@ def test_migrate_and_openapi_arguments() -> None:
 
 @pytest.mark.parametrize(
     "argv",
-    [[], ["bogus"], ["serve", "--port", "0"], ["serve", "--port", "x"], ["serve", "--workers", "0"],
-     ["serve", "--reload"]],
+    [
+        [],
+        ["bogus"],
+        ["serve", "--port", "0"],
+        ["serve", "--port", "x"],
+        ["serve", "--workers", "0"],
+        ["serve", "--reload"],
+    ],
 )
 def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:

@@ -235,8 +235,12 @@ def test_secrets_never_appear_in_reprs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CARRYOVER_DATABASE_URL", "postgresql://carryover:db-SECRET@db/carryover")
     settings = Settings(provider="openai", model="m")
     for text in (
-        repr(settings), str(settings), settings.model_dump_json(), repr(settings.profiles()),
-        repr(settings.api_keys), settings.database_url_display,
+        repr(settings),
+        str(settings),
+        settings.model_dump_json(),
+        repr(settings.profiles()),
+        repr(settings.api_keys),
+        settings.database_url_display,
     ):
         assert "SECRET" not in text, text
     assert "postgresql://carryover:***@db/carryover" in repr(settings)
@@ -271,9 +275,7 @@ def _write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def test_a_toml_file_adds_named_profiles(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_toml_file_adds_named_profiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _write(
         tmp_path,
         """
@@ -336,7 +338,7 @@ def test_unknown_profile_names_the_known_ones() -> None:
         ("[agents.x]\ntemperature = 1\n", "agents.x.temperature: Extra inputs"),
         ('[agents.x]\napi_key = "sk"\n', "keys do not belong in the file"),
         ("[agents]\nx = 1\n", "agents.x must be a table"),
-        ('[server]\nport = 1\n', "unknown top-level key(s) ['server']"),
+        ("[server]\nport = 1\n", "unknown top-level key(s) ['server']"),
         ("[agents.x\n", "is not valid TOML"),
         ('["agents"."bad name"]\n', "profile names are"),
     ],

@@ -39,11 +39,18 @@ def free_port() -> int:
 
 def server_env(database_url: str, port: int, **settings: Any) -> dict[str, str]:
     """The environment of a server: nothing inherited from CARRYOVER_* but what is given."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("CARRYOVER_") and k != "PROMETHEUS_MULTIPROC_DIR"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("CARRYOVER_") and k != "PROMETHEUS_MULTIPROC_DIR"
+    }
     values: dict[str, Any] = {
-        "database_url": database_url, "port": port, "host": "127.0.0.1",
-        "lease_seconds": LEASE_SECONDS, "busy_wait_seconds": 60, "log_level": "WARNING",
+        "database_url": database_url,
+        "port": port,
+        "host": "127.0.0.1",
+        "lease_seconds": LEASE_SECONDS,
+        "busy_wait_seconds": 60,
+        "log_level": "WARNING",
     }
     values.update(settings)
     env.update({f"CARRYOVER_{k.upper()}": str(v) for k, v in values.items() if v is not None})
@@ -75,8 +82,12 @@ class Server:
             argv += ["--workers", str(self.workers)]
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            argv, env=self.env, cwd=self.log_path.parent, stdout=self._log,
-            stderr=subprocess.STDOUT, start_new_session=True,
+            argv,
+            env=self.env,
+            cwd=self.log_path.parent,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     def log(self) -> str:
@@ -91,16 +102,18 @@ class Server:
             while True:
                 assert self.proc is not None
                 if self.proc.poll() is not None:
-                    raise AssertionError(f"server {self.name} exited ({self.proc.returncode}):\n"
-                                         f"{self.log()}")
+                    raise AssertionError(
+                        f"server {self.name} exited ({self.proc.returncode}):\n{self.log()}"
+                    )
                 try:
                     if (await http.get("/readyz")).status_code == 200:
                         return
                 except httpx.TransportError:
                     pass
                 if time.monotonic() > deadline:
-                    raise AssertionError(f"server {self.name} not ready in {within}s:\n"
-                                         f"{self.log()}")
+                    raise AssertionError(
+                        f"server {self.name} not ready in {within}s:\n{self.log()}"
+                    )
                 await asyncio.sleep(0.1)
 
     def signal(self, sig: int) -> None:
@@ -144,8 +157,9 @@ class Server:
         deadline = time.monotonic() + within
         while self.proc.poll() is None:
             if time.monotonic() > deadline:
-                raise AssertionError(f"server {self.name} did not stop on SIGTERM in "
-                                     f"{within}s:\n{self.log()}")
+                raise AssertionError(
+                    f"server {self.name} did not stop on SIGTERM in {within}s:\n{self.log()}"
+                )
             await asyncio.sleep(0.05)
         return self.proc.returncode
 
@@ -170,8 +184,13 @@ class Servers:
         for _ in range(count):
             port = free_port()
             name = f"server{len(self.started) + 1}"
-            server = Server(name, port, server_env(database_url, port, **settings),
-                            self.directory / f"{name}.log", workers=workers)
+            server = Server(
+                name,
+                port,
+                server_env(database_url, port, **settings),
+                self.directory / f"{name}.log",
+                workers=workers,
+            )
             self.started.append(server)
             server.spawn()
             servers.append(server)
@@ -199,7 +218,10 @@ def client(server: Server, **kwargs: Any) -> httpx.AsyncClient:
 
 
 async def eventually(
-    probe: Callable[[], Awaitable[T | None]], *, within: float = 20.0, interval: float = 0.05,
+    probe: Callable[[], Awaitable[T | None]],
+    *,
+    within: float = 20.0,
+    interval: float = 0.05,
     what: str = "condition",
 ) -> T:
     """Poll ``probe`` until it returns something other than None (or fail after ``within``)."""
@@ -271,8 +293,13 @@ async def all_transcript(http: httpx.AsyncClient, conv: str) -> list[dict[str, A
 
 
 def user_texts(messages: Iterable[dict[str, Any]]) -> list[str]:
-    return [block["text"] for m in messages if m["type"] == "user"
-            for block in m["content"] if block["type"] == "text"]
+    return [
+        block["text"]
+        for m in messages
+        if m["type"] == "user"
+        for block in m["content"]
+        if block["type"] == "text"
+    ]
 
 
 async def stored_context(
@@ -307,16 +334,18 @@ async def sse_events(response: httpx.Response) -> AsyncIterator[tuple[str, Any]]
             data.append(line[5:].lstrip())
 
 
-def background_run(server: Server, conv: str, prompt: str, **extra: Any
-                   ) -> asyncio.Task[httpx.Response]:
+def background_run(
+    server: Server, conv: str, prompt: str, **extra: Any
+) -> asyncio.Task[httpx.Response]:
     """POST a run without waiting for it; the task ends with the answer or a transport error.
     ``headers=`` go with the request, everything else into the body."""
     headers = extra.pop("headers", {})
 
     async def post() -> httpx.Response:
         async with client(server) as http:
-            return await http.post(f"/conversations/{conv}/runs", headers=headers,
-                                   json={"prompts": [prompt], **extra})
+            return await http.post(
+                f"/conversations/{conv}/runs", headers=headers, json={"prompts": [prompt], **extra}
+            )
 
     return asyncio.create_task(post())
 

@@ -57,8 +57,9 @@ async def test_cancel_on_another_server(
             assert body["stored"] is False
             assert context["messages"] == [] and etag == created
         # the attempt that was cut off is in the run record either way
-        assert [m["stop_reason"] for m in record["new_messages"]
-                if m["type"] == "assistant"] == ["aborted"]
+        assert [m["stop_reason"] for m in record["new_messages"] if m["type"] == "assistant"] == [
+            "aborted"
+        ]
 
         again = await http.post(f"/conversations/{conv}/runs/{run_id}/cancel")
         assert again.status_code == 409 and again.json()["type"].endswith("/run-not-active")
@@ -77,10 +78,15 @@ async def test_cancel_during_a_tool_batch_on_another_server(
     async with client(b) as http:
         conv, _ = await create_conversation(http)
         events: list[str] = []
-        async with client(a) as http_a, http_a.stream(
-            "POST", f"/conversations/{conv}/runs", headers={"Accept": "text/event-stream"},
-            json={"prompts": ['/tool wait {"seconds": 60}']},
-        ) as response:
+        async with (
+            client(a) as http_a,
+            http_a.stream(
+                "POST",
+                f"/conversations/{conv}/runs",
+                headers={"Accept": "text/event-stream"},
+                json={"prompts": ['/tool wait {"seconds": 60}']},
+            ) as response,
+        ):
             async for event, data in sse_events(response):
                 events.append(event)
                 if event == "run.started":
@@ -100,7 +106,12 @@ async def test_cancel_during_a_tool_batch_on_another_server(
         assert nxt.status_code == 201 and nxt.json()["status"] == "completed"
         context, _ = await stored_context(http, conv)  # closed: replayable, no exception
         assert [m["type"] for m in context["messages"]] == [
-            "user", "assistant", "tool_result", "user", "assistant"]
+            "user",
+            "assistant",
+            "tool_result",
+            "user",
+            "assistant",
+        ]
         assert context["messages"][2]["is_error"] is True
 
 
@@ -117,10 +128,15 @@ async def _disconnect_json(server: Any, conv: str, prompt: str, on_disconnect: s
 
 async def _disconnect_stream(server: Any, conv: str, prompt: str, on_disconnect: str) -> str:
     """Start a streaming run, read ``run.started``, then close the connection; its run id."""
-    async with client(server) as http, http.stream(
-        "POST", f"/conversations/{conv}/runs", headers={"Accept": "text/event-stream"},
-        json={"prompts": [prompt], "on_disconnect": on_disconnect},
-    ) as response:
+    async with (
+        client(server) as http,
+        http.stream(
+            "POST",
+            f"/conversations/{conv}/runs",
+            headers={"Accept": "text/event-stream"},
+            json={"prompts": [prompt], "on_disconnect": on_disconnect},
+        ) as response,
+    ):
         assert response.status_code == 201
         async for event, data in sse_events(response):
             assert event == "run.started"

@@ -44,8 +44,9 @@ async def _wait_runs(targets: list[Server], conv: str) -> list[dict[str, Any]]:
     return await asyncio.gather(*(one(i) for i in range(CLIENTS)))
 
 
-async def _check_chain(http: httpx.AsyncClient, conv: str, created_etag: str,
-                       answers: list[dict[str, Any]]) -> None:
+async def _check_chain(
+    http: httpx.AsyncClient, conv: str, created_etag: str, answers: list[dict[str, Any]]
+) -> None:
     """Every prompt stored exactly once; the runs form one chain of versions."""
     assert all(a["status"] == "completed" and a["stored"] for a in answers), answers
     etags = [a["etag"] for a in answers]
@@ -98,8 +99,9 @@ async def test_reject_on_two_servers_is_a_run_or_a_409_naming_the_active_run(
 
     async def one(i: int) -> httpx.Response:
         async with client((a, b)[i % 2]) as http:
-            return await http.post(f"/conversations/{conv}/runs",
-                                   json={"prompts": [f"/sleep 0.3 client {i}"]})
+            return await http.post(
+                f"/conversations/{conv}/runs", json={"prompts": [f"/sleep 0.3 client {i}"]}
+            )
 
     completed: list[dict[str, Any]] = []
     refused: list[httpx.Response] = []
@@ -155,8 +157,9 @@ async def test_serve_with_two_workers(
     async def one(i: int) -> None:
         async with client(server) as http:
             conv, _ = await create_conversation(http, id=f"{prefix}-{i}")
-            answer = await http.post(f"/conversations/{conv}/runs",
-                                     json={"prompts": ["/sleep 0.1 spread"]})
+            answer = await http.post(
+                f"/conversations/{conv}/runs", json={"prompts": ["/sleep 0.1 spread"]}
+            )
             assert answer.status_code == 201 and answer.json()["status"] == "completed"
 
     owners: set[str] = set()
@@ -182,7 +185,8 @@ async def _lease_owners(url: str, prefix: str) -> set[str]:
     try:
         async with read_transaction(engine) as conn:
             rows = await conn.execute(
-                select(runs.c.lease_owner).where(runs.c.conversation_id.startswith(prefix))
+                select(runs.c.lease_owner)
+                .where(runs.c.conversation_id.startswith(prefix))
                 .distinct()
             )
             return {row[0] for row in rows}

@@ -64,8 +64,9 @@ async def test_sigkill_mid_run_interrupts_frees_and_keeps_what_completed(
 
         # the conversation is usable again as soon as the lease expired: take it over at once
         async def takeover() -> dict[str, Any] | None:
-            tried = await http.post(f"/conversations/{convs[1]}/runs",
-                                    json={"prompts": ["after the crash"]})
+            tried = await http.post(
+                f"/conversations/{convs[1]}/runs", json={"prompts": ["after the crash"]}
+            )
             if tried.status_code == 409:
                 assert tried.json()["active_run_id"] == killed[convs[1]]
                 return None
@@ -73,8 +74,9 @@ async def test_sigkill_mid_run_interrupts_frees_and_keeps_what_completed(
             body: dict[str, Any] = tried.json()
             return body
 
-        after = await eventually(takeover, within=LEASE_SECONDS + 10, interval=0.1,
-                                 what="the conversation to be free")
+        after = await eventually(
+            takeover, within=LEASE_SECONDS + 10, interval=0.1, what="the conversation to be free"
+        )
         freed_after = time.monotonic() - killed_at
         assert after["status"] == "completed" and after["stored"]
         completed[convs[1]].append(after["run_id"])
@@ -89,12 +91,15 @@ async def test_sigkill_mid_run_interrupts_frees_and_keeps_what_completed(
             assert record["finished_at"] is not None
             assert record["new_messages"] == [] and record["final"] is None
             assert user_texts(record["prompts"]) == ["/sleep 3 killed"]
-        print(f"conversation free {freed_after:.2f}s, all runs marked interrupted "
-              f"{marked_after:.2f}s after SIGKILL (lease {LEASE_SECONDS}s)")
+        print(
+            f"conversation free {freed_after:.2f}s, all runs marked interrupted "
+            f"{marked_after:.2f}s after SIGKILL (lease {LEASE_SECONDS}s)"
+        )
 
         # the key of the idempotent request that died is released: sending it again runs it
-        again = await http.post(f"/conversations/{convs[0]}/runs", headers=key,
-                                json={"prompts": ["/sleep 3 killed"]})
+        again = await http.post(
+            f"/conversations/{convs[0]}/runs", headers=key, json={"prompts": ["/sleep 3 killed"]}
+        )
         assert again.status_code == 201, again.text
         assert "idempotent-replayed" not in again.headers
         assert again.json()["status"] == "completed"
@@ -115,14 +120,18 @@ async def test_sigkill_mid_run_interrupts_frees_and_keeps_what_completed(
             assert sorted(r["run_id"] for r in ok) == sorted(completed[conv])
             # every completed run's prompts are stored exactly once, nothing of the killed run
             context, etag = await stored_context(http_a, conv)
-            expected = [text for r in sorted(ok, key=lambda r: r["created_at"])
-                        for text in user_texts(r["prompts"])]
+            expected = [
+                text
+                for r in sorted(ok, key=lambda r: r["created_at"])
+                for text in user_texts(r["prompts"])
+            ]
             assert user_texts(context["messages"]) == expected
             assert etag == max(ok, key=lambda r: r["created_at"])["etag"]
             entries = await all_transcript(http_a, conv)
             assert killed[conv] not in {e["run_id"] for e in entries}
-            assert [e["body"]["content"][0]["text"] for e in entries
-                    if e["kind"] == "prompt"] == expected
+            assert [
+                e["body"]["content"][0]["text"] for e in entries if e["kind"] == "prompt"
+            ] == expected
 
 
 async def test_a_paused_process_that_lost_its_lease_stores_nothing(
@@ -179,8 +188,7 @@ async def test_sigterm_cancels_runs_in_flight_and_records_them(
     async with client(b) as http:
         convs = [(await create_conversation(http))[0] for _ in range(2)]
         json_run = background_run(a, convs[0], "/sleep 60 slow")
-        tool_run = background_run(a, convs[1], '/tool wait {"seconds": 60}',
-                                   on_failure="discard")
+        tool_run = background_run(a, convs[1], '/tool wait {"seconds": 60}', on_failure="discard")
         ids = [await started_run(http, conv) for conv in convs]
 
         # uvicorn stops gracefully, then re-raises the signal it caught: -SIGTERM

@@ -25,12 +25,14 @@ async def test_same_key_and_body_replays_without_running_again(
     key = {"Idempotency-Key": "order-42"}
     async with client(a) as http_a, client(b) as http_b:
         conv, _ = await create_conversation(http_a)
-        first = await http_a.post(f"/conversations/{conv}/runs", headers=key,
-                                  json={"prompts": ["once"]})
+        first = await http_a.post(
+            f"/conversations/{conv}/runs", headers=key, json={"prompts": ["once"]}
+        )
         assert first.status_code == 201 and "idempotent-replayed" not in first.headers
         for http in (http_b, http_a, http_b):  # on either server
-            again = await http.post(f"/conversations/{conv}/runs", headers=key,
-                                    json={"prompts": ["once"]})
+            again = await http.post(
+                f"/conversations/{conv}/runs", headers=key, json={"prompts": ["once"]}
+            )
             assert again.status_code == 201
             assert again.headers["idempotent-replayed"] == "true"
             assert again.json() == first.json()
@@ -41,19 +43,24 @@ async def test_same_key_and_body_replays_without_running_again(
         assert len(context["messages"]) == 2
 
         # same key, another body: 422, nothing runs
-        other = await http_b.post(f"/conversations/{conv}/runs", headers=key,
-                                  json={"prompts": ["twice"]})
+        other = await http_b.post(
+            f"/conversations/{conv}/runs", headers=key, json={"prompts": ["twice"]}
+        )
         assert other.status_code == 422
         assert other.json()["type"].endswith("/idempotency-key-mismatch")
-        other = await http_b.post(f"/conversations/{conv}/runs", headers=key,
-                                  json={"prompts": ["once"], "on_failure": "discard"})
+        other = await http_b.post(
+            f"/conversations/{conv}/runs",
+            headers=key,
+            json={"prompts": ["once"], "on_failure": "discard"},
+        )
         assert other.status_code == 422
         assert len(await all_runs(http_b, conv)) == 1
 
         # the same key on another conversation is another request
         conv2, _ = await create_conversation(http_a)
-        elsewhere = await http_b.post(f"/conversations/{conv2}/runs", headers=key,
-                                      json={"prompts": ["once"]})
+        elsewhere = await http_b.post(
+            f"/conversations/{conv2}/runs", headers=key, json={"prompts": ["once"]}
+        )
         assert elsewhere.status_code == 201 and "idempotent-replayed" not in elsewhere.headers
         assert elsewhere.json()["run_id"] != first.json()["run_id"]
 
@@ -65,21 +72,26 @@ async def test_while_the_first_runs_a_repeat_is_409(postgres_url: str, servers: 
         conv, _ = await create_conversation(http)
         running = background_run(a, conv, "/sleep 2 slow", headers=key)
         run_id = await started_run(http, conv)
-        repeat = await http.post(f"/conversations/{conv}/runs", headers=key,
-                                 json={"prompts": ["/sleep 2 slow"]})
+        repeat = await http.post(
+            f"/conversations/{conv}/runs", headers=key, json={"prompts": ["/sleep 2 slow"]}
+        )
         assert repeat.status_code == 409, repeat.text
         assert repeat.json()["type"].endswith("/idempotency-key-in-flight")
         assert repeat.json()["run_id"] == run_id
         assert int(repeat.headers["retry-after"]) >= 1
         # with if_busy: wait it is still the same key in flight, not a wait for the lease
-        waiting = await http.post(f"/conversations/{conv}/runs", headers=key,
-                                  json={"prompts": ["/sleep 2 slow"], "if_busy": "wait"})
+        waiting = await http.post(
+            f"/conversations/{conv}/runs",
+            headers=key,
+            json={"prompts": ["/sleep 2 slow"], "if_busy": "wait"},
+        )
         assert waiting.status_code == 422  # another body (if_busy differs)
 
         first = await asyncio.wait_for(running, 30)
         assert first.status_code == 201
-        replay = await http.post(f"/conversations/{conv}/runs", headers=key,
-                                 json={"prompts": ["/sleep 2 slow"]})
+        replay = await http.post(
+            f"/conversations/{conv}/runs", headers=key, json={"prompts": ["/sleep 2 slow"]}
+        )
         assert replay.headers["idempotent-replayed"] == "true"
         assert replay.json() == first.json()
         assert len(await all_runs(http, conv)) == 1
@@ -98,15 +110,17 @@ async def test_keys_are_scoped_per_tenant(postgres_url: str, servers: Servers) -
         key = {"Idempotency-Key": "tenant-key"}
         ran = []
         for http in (http_acme, http_globex):
-            answer = await http.post("/conversations/shared-id/runs", headers=key,
-                                     json={"prompts": ["mine"]})
+            answer = await http.post(
+                "/conversations/shared-id/runs", headers=key, json={"prompts": ["mine"]}
+            )
             assert answer.status_code == 201 and "idempotent-replayed" not in answer.headers
             ran.append(answer.json()["run_id"])
         assert ran[0] != ran[1]
         # each tenant replays its own answer only
         for http, run_id in zip((http_acme, http_globex), ran, strict=True):
-            again = await http.post("/conversations/shared-id/runs", headers=key,
-                                    json={"prompts": ["mine"]})
+            again = await http.post(
+                "/conversations/shared-id/runs", headers=key, json={"prompts": ["mine"]}
+            )
             assert again.headers["idempotent-replayed"] == "true"
             assert again.json()["run_id"] == run_id
             assert [r["run_id"] for r in await all_runs(http, "shared-id")] == [run_id]
@@ -114,8 +128,9 @@ async def test_keys_are_scoped_per_tenant(postgres_url: str, servers: Servers) -
         peek = await http_globex.get(f"/conversations/shared-id/runs/{ran[0]}")
         assert peek.status_code == 404
     async with client(a) as anonymous:
-        refused = await anonymous.post("/conversations/shared-id/runs", headers=key,
-                                       json={"prompts": ["mine"]})
+        refused = await anonymous.post(
+            "/conversations/shared-id/runs", headers=key, json={"prompts": ["mine"]}
+        )
         assert refused.status_code == 401
 
 
@@ -126,8 +141,9 @@ async def test_expired_keys_are_purged_and_no_longer_replay(
     key = {"Idempotency-Key": "short-lived"}
     async with client(server) as http:
         conv, _ = await create_conversation(http)
-        first = await http.post(f"/conversations/{conv}/runs", headers=key,
-                                json={"prompts": ["again later"]})
+        first = await http.post(
+            f"/conversations/{conv}/runs", headers=key, json={"prompts": ["again later"]}
+        )
         assert first.status_code == 201
         assert await _stored_keys(postgres_url, conv) == ["short-lived"]
 
@@ -136,8 +152,9 @@ async def test_expired_keys_are_purged_and_no_longer_replay(
             return True if await _stored_keys(postgres_url, conv) == [] else None
 
         await eventually(purged, within=20, interval=0.2, what="the expired key to be purged")
-        again = await http.post(f"/conversations/{conv}/runs", headers=key,
-                                json={"prompts": ["again later"]})
+        again = await http.post(
+            f"/conversations/{conv}/runs", headers=key, json={"prompts": ["again later"]}
+        )
         assert again.status_code == 201 and "idempotent-replayed" not in again.headers
         assert again.json()["run_id"] != first.json()["run_id"]
         assert len(await all_runs(http, conv)) == 2
@@ -152,10 +169,9 @@ async def _stored_keys(url: str, conv: str) -> list[str]:
     engine = make_engine(url)
     try:
         async with read_transaction(engine) as conn:
-            rows = await conn.execute(select(idempotency_keys.c.key)
-                                      .where(idempotency_keys.c.conversation_id == conv))
+            rows = await conn.execute(
+                select(idempotency_keys.c.key).where(idempotency_keys.c.conversation_id == conv)
+            )
             return [row[0] for row in rows]
     finally:
         await engine.dispose()
-
-

@@ -36,8 +36,9 @@ async def manager(repo: Repository, database_url: str) -> AsyncIterator[RunManag
 
 
 async def _start(manager: RunManager, conv: str, prompt: str, **body: Any) -> ActiveRun:
-    started = await manager.start("default", conv, RunCreate(prompts=[prompt], **body),
-                                  if_match=None)
+    started = await manager.start(
+        "default", conv, RunCreate(prompts=[prompt], **body), if_match=None
+    )
     assert isinstance(started, ActiveRun)
     return started
 
@@ -98,8 +99,11 @@ async def test_a_run_that_lost_its_lease_is_stopped_and_stores_nothing(
     active = await _start(manager, "c1", "/sleep 30 paused")
     # as if this process had been paused past its lease: another process marks it interrupted
     async with write_transaction(repo.engine) as conn:
-        await conn.execute(update(runs).where(runs.c.run_id == active.run_id)
-                           .values(lease_expires_at=utcnow() - timedelta(seconds=1)))
+        await conn.execute(
+            update(runs)
+            .where(runs.c.run_id == active.run_id)
+            .values(lease_expires_at=utcnow() - timedelta(seconds=1))
+        )
     assert await repo.interrupt_expired() == 1
     await manager.start_keeper()  # its next renewal finds the run is no longer its own
     body = await _answer(manager, active)
@@ -121,39 +125,56 @@ async def test_finish_is_fenced_by_the_lease(repo: Repository) -> None:
     await repo.create_conversation("default", "c1")
     prompt = UserMessage.text("late")
     started = await repo.start_run(
-        "default", "c1", run_id="r1", if_match=None, prompts=(prompt,), agent="default",
-        on_failure="keep", owner="me", lease_seconds=0.001,
+        "default",
+        "c1",
+        run_id="r1",
+        if_match=None,
+        prompts=(prompt,),
+        agent="default",
+        on_failure="keep",
+        owner="me",
+        lease_seconds=0.001,
     )
     assert started.loaded is not None
     await asyncio.sleep(0.01)
     assert await repo.interrupt_expired() == 1
-    answer = AssistantMessage(content=(TextBlock(text="too late"),), provider="echo",
-                              model="echo", stop_reason="end_turn")
+    answer = AssistantMessage(
+        content=(TextBlock(text="too late"),), provider="echo", model="echo", stop_reason="end_turn"
+    )
     context = started.loaded.context.model_copy(update={"messages": (prompt, answer)})
-    result = Result(status="completed", context=context, new_messages=(prompt, answer),
-                    final=answer)
-    outcome = await repo.finish_run("default", "c1", "r1", base=started.loaded, result=result,
-                                    store=True)
+    result = Result(
+        status="completed", context=context, new_messages=(prompt, answer), final=answer
+    )
+    outcome = await repo.finish_run(
+        "default", "c1", "r1", base=started.loaded, result=result, store=True
+    )
     assert outcome.status == "interrupted" and outcome.stored is False
     assert outcome.etag == started.loaded.etag
     stored = await repo.load_context("default", "c1")
     assert stored.etag == started.loaded.etag and stored.context.messages == ()
 
 
-async def test_renewal_is_one_statement_that_reports_cancels_and_losses(
-    repo: Repository
-) -> None:
+async def test_renewal_is_one_statement_that_reports_cancels_and_losses(repo: Repository) -> None:
     for conv in ("c1", "c2", "c3"):
         await repo.create_conversation("default", conv)
-        await repo.start_run("default", conv, run_id=f"r-{conv}", if_match=None, prompts=(),
-                             agent="default", on_failure="keep", owner="me", lease_seconds=30)
+        await repo.start_run(
+            "default",
+            conv,
+            run_id=f"r-{conv}",
+            if_match=None,
+            prompts=(),
+            agent="default",
+            on_failure="keep",
+            owner="me",
+            lease_seconds=30,
+        )
     await repo.request_cancel("default", "c2", "r-c2")
     async with write_transaction(repo.engine) as conn:  # r-c3 went to another process
-        await conn.execute(update(runs).where(runs.c.run_id == "r-c3")
-                           .values(lease_owner="someone else"))
+        await conn.execute(
+            update(runs).where(runs.c.run_id == "r-c3").values(lease_owner="someone else")
+        )
     with _statements(repo) as executed:
-        renewal = await repo.renew_leases(["r-c1", "r-c2", "r-c3"], owner="me",
-                                          lease_seconds=30)
+        renewal = await repo.renew_leases(["r-c1", "r-c2", "r-c3"], owner="me", lease_seconds=30)
     assert renewal.renewed == {"r-c1", "r-c2"}
     assert renewal.cancel_requested == {"r-c2"}
     # one statement for every run of the process, however many (BEGIN aside)
@@ -180,9 +201,17 @@ async def test_waiting_for_a_busy_conversation_polls_with_reads(
     """``if_busy: wait`` tries to take the lease once, then reads until the conversation looks
     free: waiters do not queue writes (on SQLite every write takes the one write lock)."""
     await repo.create_conversation("default", "c1")
-    held = await repo.start_run("default", "c1", run_id="holder", if_match=None, prompts=(),
-                                agent="default", on_failure="keep", owner="other",
-                                lease_seconds=30)
+    held = await repo.start_run(
+        "default",
+        "c1",
+        run_id="holder",
+        if_match=None,
+        prompts=(),
+        agent="default",
+        on_failure="keep",
+        owner="other",
+        lease_seconds=30,
+    )
     assert held.loaded is not None
     assert await repo.lease_holder("default", "c1") == "holder"
     with _statements(repo) as executed:
@@ -194,8 +223,14 @@ async def test_waiting_for_a_busy_conversation_polls_with_reads(
         assert not waiting.done()
         from app.agent.records import Result
 
-        await repo.finish_run("default", "c1", "holder", base=held.loaded, store=False,
-                              result=Result(status="completed", context=held.loaded.context))
+        await repo.finish_run(
+            "default",
+            "c1",
+            "holder",
+            base=held.loaded,
+            store=False,
+            result=Result(status="completed", context=held.loaded.context),
+        )
         assert await repo.lease_holder("default", "c1") is None
         active = await asyncio.wait_for(waiting, 10)
     body = await _answer(manager, active)
@@ -225,47 +260,83 @@ async def test_keys_of_runs_in_flight_outlive_their_retention(repo: Repository) 
     await repo.create_conversation("default", "c1")
     claim = IdempotencyClaim(key="k", request_hash="h", ttl_seconds=1)
     started = await repo.start_run(
-        "default", "c1", run_id="r1", if_match=None, prompts=(), agent="default",
-        on_failure="keep", owner="me", lease_seconds=30, idempotency=claim,
+        "default",
+        "c1",
+        run_id="r1",
+        if_match=None,
+        prompts=(),
+        agent="default",
+        on_failure="keep",
+        owner="me",
+        lease_seconds=30,
+        idempotency=claim,
     )
     assert started.loaded is not None
     await asyncio.sleep(1.1)
     assert await repo.purge_idempotency_keys() == 0  # still running: the key stays, and
     with pytest.raises(IdempotencyInFlight):  # a repeat is still "in flight", not a new request
         await repo.start_run(
-            "default", "c1", run_id="r2", if_match=None, prompts=(), agent="default",
-            on_failure="keep", owner="me", lease_seconds=30, idempotency=claim,
+            "default",
+            "c1",
+            run_id="r2",
+            if_match=None,
+            prompts=(),
+            agent="default",
+            on_failure="keep",
+            owner="me",
+            lease_seconds=30,
+            idempotency=claim,
         )
     from app.agent.records import Result
 
-    await repo.finish_run("default", "c1", "r1", base=started.loaded,
-                          result=Result(status="completed", context=started.loaded.context),
-                          store=True, respond=lambda outcome: (201, {"status": outcome.status}))
+    await repo.finish_run(
+        "default",
+        "c1",
+        "r1",
+        base=started.loaded,
+        result=Result(status="completed", context=started.loaded.context),
+        store=True,
+        respond=lambda outcome: (201, {"status": outcome.status}),
+    )
     assert await repo.purge_idempotency_keys() == 1
 
 
-async def test_takeovers_and_sweeps_of_expired_leases_do_not_deadlock(
-    repo: Repository
-) -> None:
+async def test_takeovers_and_sweeps_of_expired_leases_do_not_deadlock(repo: Repository) -> None:
     """After a crash, clients taking conversations over and sweepers marking the same runs
     interrupted lock rows in one order: none of them fails."""
     convs = [f"c{i}" for i in range(20)]
     for conv in convs:
         await repo.create_conversation("default", conv)
-        await repo.start_run("default", conv, run_id=f"dead-{conv}", if_match=None, prompts=(),
-                             agent="default", on_failure="keep", owner="dead",
-                             lease_seconds=0.001)
+        await repo.start_run(
+            "default",
+            conv,
+            run_id=f"dead-{conv}",
+            if_match=None,
+            prompts=(),
+            agent="default",
+            on_failure="keep",
+            owner="dead",
+            lease_seconds=0.001,
+        )
     await asyncio.sleep(0.01)
 
     async def take(conv: str) -> None:
         started = await repo.start_run(
-            "default", conv, run_id=f"new-{conv}", if_match=None, prompts=(), agent="default",
-            on_failure="keep", owner="alive", lease_seconds=30,
+            "default",
+            conv,
+            run_id=f"new-{conv}",
+            if_match=None,
+            prompts=(),
+            agent="default",
+            on_failure="keep",
+            owner="alive",
+            lease_seconds=30,
         )
         assert started.run is not None
 
     results = await asyncio.gather(
-        *(take(conv) for conv in convs), *(repo.interrupt_expired() for _ in range(4)),
+        *(take(conv) for conv in convs),
+        *(repo.interrupt_expired() for _ in range(4)),
         return_exceptions=True,
     )
     assert [r for r in results if isinstance(r, BaseException)] == []

@@ -12,10 +12,13 @@ import httpx
 from .harness import Server, Servers, client, create_conversation, sse_events, stored_context
 
 
-async def _stream(http: httpx.AsyncClient, conv: str, prompt: str, **headers: str
-                  ) -> tuple[httpx.Response, list[tuple[str, Any]]]:
+async def _stream(
+    http: httpx.AsyncClient, conv: str, prompt: str, **headers: str
+) -> tuple[httpx.Response, list[tuple[str, Any]]]:
     async with http.stream(
-        "POST", f"/conversations/{conv}/runs", json={"prompts": [prompt]},
+        "POST",
+        f"/conversations/{conv}/runs",
+        json={"prompts": [prompt]},
         headers={"Accept": "text/event-stream", **headers},
     ) as response:
         events = [item async for item in sse_events(response)]
@@ -85,8 +88,11 @@ async def test_sse_order_and_last_event_equals_the_json_answer(
         assert finished["context"] == context
         assert response.headers["location"] == f"/conversations/{conv}/runs/{finished['run_id']}"
         # ...and the same body as the JSON answer: the same request as JSON replays that answer
-        replay = await http.post(f"/conversations/{conv}/runs", headers=key,
-                                 json={"prompts": ['/tool wait {"seconds": 0.2}']})
+        replay = await http.post(
+            f"/conversations/{conv}/runs",
+            headers=key,
+            json={"prompts": ['/tool wait {"seconds": 0.2}']},
+        )
         assert replay.status_code == 201 and replay.headers["idempotent-replayed"] == "true"
         assert replay.json() == finished
         assert replay.headers["etag"] == etag
@@ -108,8 +114,11 @@ async def test_sse_with_compaction_and_failure(postgres_url: str, servers: Serve
         finished = _check_order(events, etag)
         names = [name for name, _ in events]
         assert "compaction" in names
-        failed_attempt = next(i for i, (n, d) in enumerate(events)
-                              if n == "message" and d.get("stop_reason") == "error")
+        failed_attempt = next(
+            i
+            for i, (n, d) in enumerate(events)
+            if n == "message" and d.get("stop_reason") == "error"
+        )
         assert failed_attempt < names.index("compaction") < len(names) - 2
         assert finished["status"] == "completed" and len(finished["compactions"]) == 1
         assert finished["compactions"][0] == events[names.index("compaction")][1]

@@ -32,17 +32,26 @@ async def test_anthropic_thinking_tool_loop_with_overload_retry(
 ) -> None:
     anthropic_fake.add(
         A.Error.overloaded(),
-        A.Reply([A.Thinking("I will wait."), A.Redacted(),
-                 A.ToolUse("wait", {"seconds": 0}, id="toolu_w1")]),
+        A.Reply(
+            [
+                A.Thinking("I will wait."),
+                A.Redacted(),
+                A.ToolUse("wait", {"seconds": 0}, id="toolu_w1"),
+            ]
+        ),
         A.Reply([A.Thinking(""), A.Text("Waited.")]),
         A.Reply([A.Text("Still here.")], error_event=("overloaded_error", "Overloaded")),
         A.Reply([A.Text("Still here.")]),
     )
-    provider = AnthropicProvider(api_key=anthropic_fake.api_key, base_url=anthropic_fake.base_url,
-                                 model="claude-fake", max_tokens=4096, thinking_budget=1024,
-                                 timeout=10)
-    agent = Agent(AgentConfig(provider=provider, model="claude-fake", tools=TOOLS,
-                              retry=NO_WAIT))
+    provider = AnthropicProvider(
+        api_key=anthropic_fake.api_key,
+        base_url=anthropic_fake.base_url,
+        model="claude-fake",
+        max_tokens=4096,
+        thinking_budget=1024,
+        timeout=10,
+    )
+    agent = Agent(AgentConfig(provider=provider, model="claude-fake", tools=TOOLS, retry=NO_WAIT))
     try:
         context, _ = await run(agent, Context(system_prompt="Be brief."), "wait a moment")
         kinds = [m.type for m in context.messages]
@@ -52,8 +61,10 @@ async def test_anthropic_thinking_tool_loop_with_overload_retry(
         assert [b.type for b in first.content] == ["thinking", "redacted_thinking", "tool_call"]
         last = context.messages[3]
         assert isinstance(last, AssistantMessage)
-        assert last.content == (ThinkingBlock(thinking="", signature=A.sign("")),
-                                TextBlock(text="Waited."))
+        assert last.content == (
+            ThinkingBlock(thinking="", signature=A.sign("")),
+            TextBlock(text="Waited."),
+        )
 
         context, _ = await run(agent, context, "still there?")
         assert [m.type for m in context.messages][-2:] == ["user", "assistant"]
@@ -73,8 +84,9 @@ async def test_openai_tool_loop_with_cut_stream(openai_fake: O.OpenAIFake) -> No
         O.Error.rate_limit(retry_after="0"),
         O.Reply(text="Waited."),
     )
-    provider = OpenAIProvider(api_key=openai_fake.api_key, base_url=openai_fake.base_url,
-                              model="gpt-fake", timeout=10)
+    provider = OpenAIProvider(
+        api_key=openai_fake.api_key, base_url=openai_fake.base_url, model="gpt-fake", timeout=10
+    )
     agent = Agent(AgentConfig(provider=provider, model="gpt-fake", tools=TOOLS, retry=NO_WAIT))
     try:
         context, result = await run(agent, Context(), "wait a moment")

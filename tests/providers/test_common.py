@@ -17,24 +17,28 @@ from tests.fakes import anthropic_fake as A
 from tests.fakes import openai_fake as O
 
 
-@pytest.mark.parametrize(("headers", "expected"), [
-    ({"retry-after": "3"}, 3.0),
-    ({"Retry-After": "0.5"}, 0.5),
-    ({"retry-after-ms": "1200"}, 1.2),
-    ({"retry-after-ms": "250", "retry-after": "9"}, 0.25),
-    ({"retry-after-ms": "junk", "retry-after": "9"}, 9.0),
-    ({"retry-after": "-1"}, None),
-    ({"retry-after": "soon"}, None),
-    ({}, None),
-])
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({"retry-after": "3"}, 3.0),
+        ({"Retry-After": "0.5"}, 0.5),
+        ({"retry-after-ms": "1200"}, 1.2),
+        ({"retry-after-ms": "250", "retry-after": "9"}, 0.25),
+        ({"retry-after-ms": "junk", "retry-after": "9"}, 9.0),
+        ({"retry-after": "-1"}, None),
+        ({"retry-after": "soon"}, None),
+        ({}, None),
+    ],
+)
 def test_parse_retry_after(headers: dict[str, str], expected: float | None) -> None:
     assert parse_retry_after(headers) == expected
 
 
 def test_parse_retry_after_http_date() -> None:
     now = time.time()
-    assert parse_retry_after({"retry-after": formatdate(now + 30, usegmt=True)},
-                             now=now) == pytest.approx(30, abs=1)
+    assert parse_retry_after(
+        {"retry-after": formatdate(now + 30, usegmt=True)}, now=now
+    ) == pytest.approx(30, abs=1)
     assert parse_retry_after({"retry-after": formatdate(now - 30, usegmt=True)}, now=now) == 0
 
 
@@ -46,19 +50,22 @@ def test_scrub() -> None:
     assert out.startswith("bad key [redacted]")
 
 
-@pytest.mark.parametrize(("status", "code", "kind"), [
-    (400, "context_length_exceeded", "overflow"),
-    (400, None, "fatal"),
-    (401, None, "fatal"),
-    (403, None, "fatal"),
-    (404, None, "fatal"),
-    (408, None, "retryable"),
-    (409, None, "retryable"),
-    (429, "rate_limit_exceeded", "retryable"),
-    (429, "insufficient_quota", "fatal"),
-    (500, None, "retryable"),
-    (529, None, "retryable"),
-])
+@pytest.mark.parametrize(
+    ("status", "code", "kind"),
+    [
+        (400, "context_length_exceeded", "overflow"),
+        (400, None, "fatal"),
+        (401, None, "fatal"),
+        (403, None, "fatal"),
+        (404, None, "fatal"),
+        (408, None, "retryable"),
+        (409, None, "retryable"),
+        (429, "rate_limit_exceeded", "retryable"),
+        (429, "insufficient_quota", "fatal"),
+        (500, None, "retryable"),
+        (529, None, "retryable"),
+    ],
+)
 def test_classify_status(status: int, code: str | None, kind: str) -> None:
     assert classify_status(status, code=code, error_type=None, message="x") == kind
 
@@ -78,8 +85,9 @@ async def _cancel_midway(provider: Provider) -> float:
     got_one = asyncio.Event()
 
     async def consume() -> None:
-        async for _ in provider.stream(ProviderRequest(
-                system_prompt="", messages=(UserMessage.text("x"),), model="m")):
+        async for _ in provider.stream(
+            ProviderRequest(system_prompt="", messages=(UserMessage.text("x"),), model="m")
+        ):
             got_one.set()
 
     task = asyncio.create_task(consume())
@@ -91,14 +99,16 @@ async def _cancel_midway(provider: Provider) -> float:
     return time.monotonic() - started
 
 
-async def test_cancelling_a_stream_is_prompt(openai_fake: O.OpenAIFake,
-                                             anthropic_fake: A.AnthropicFake) -> None:
+async def test_cancelling_a_stream_is_prompt(
+    openai_fake: O.OpenAIFake, anthropic_fake: A.AnthropicFake
+) -> None:
     openai_fake.add(O.Reply(text="x" * 50, chunk_size=1, delay=0.1))
     anthropic_fake.add(A.Reply([A.Text("x" * 50)], chunk_size=1, delay=0.1))
     providers: list[Provider] = [
         OpenAIProvider(api_key=openai_fake.api_key, base_url=openai_fake.base_url, model="m"),
-        AnthropicProvider(api_key=anthropic_fake.api_key, base_url=anthropic_fake.base_url,
-                          model="m"),
+        AnthropicProvider(
+            api_key=anthropic_fake.api_key, base_url=anthropic_fake.base_url, model="m"
+        ),
     ]
     for provider in providers:
         try:
@@ -109,8 +119,7 @@ async def test_cancelling_a_stream_is_prompt(openai_fake: O.OpenAIFake,
 
 async def test_breaking_out_of_a_stream_closes_it(openai_fake: O.OpenAIFake) -> None:
     openai_fake.add(O.Reply(text="y" * 30, chunk_size=1, delay=0.05), O.Reply(text="next"))
-    provider = OpenAIProvider(api_key=openai_fake.api_key, base_url=openai_fake.base_url,
-                              model="m")
+    provider = OpenAIProvider(api_key=openai_fake.api_key, base_url=openai_fake.base_url, model="m")
     try:
         request = ProviderRequest(system_prompt="", messages=(UserMessage.text("x"),), model="m")
         stream = provider.stream(request)

@@ -39,34 +39,51 @@ TOOLS = (ToolSpec("lookup", "Look a thing up.", {"type": "object", "properties":
 
 
 @pytest.fixture(params=[True, False], ids=["stream", "json"])
-async def provider(request: pytest.FixtureRequest, openai_fake: OpenAIFake
-                   ) -> AsyncIterator[OpenAIProvider]:
-    p = OpenAIProvider(api_key=openai_fake.api_key, base_url=openai_fake.base_url,
-                       model="gpt-fake", timeout=10, stream=request.param)
+async def provider(
+    request: pytest.FixtureRequest, openai_fake: OpenAIFake
+) -> AsyncIterator[OpenAIProvider]:
+    p = OpenAIProvider(
+        api_key=openai_fake.api_key,
+        base_url=openai_fake.base_url,
+        model="gpt-fake",
+        timeout=10,
+        stream=request.param,
+    )
     yield p
     await p.aclose()
 
 
 @pytest.fixture
 async def streaming(openai_fake: OpenAIFake) -> AsyncIterator[OpenAIProvider]:
-    p = OpenAIProvider(api_key=openai_fake.api_key, base_url=openai_fake.base_url,
-                       model="gpt-fake", timeout=10)
+    p = OpenAIProvider(
+        api_key=openai_fake.api_key, base_url=openai_fake.base_url, model="gpt-fake", timeout=10
+    )
     yield p
     await p.aclose()
 
 
-def req(*messages: UserMessage | AssistantMessage | ToolResultMessage, system: str = "Be brief.",
-        tools: tuple[ToolSpec, ...] = (), max_tokens: int | None = None) -> ProviderRequest:
-    return ProviderRequest(system_prompt=system, messages=messages, tools=tools,
-                           model="gpt-fake", max_output_tokens=max_tokens)
+def req(
+    *messages: UserMessage | AssistantMessage | ToolResultMessage,
+    system: str = "Be brief.",
+    tools: tuple[ToolSpec, ...] = (),
+    max_tokens: int | None = None,
+) -> ProviderRequest:
+    return ProviderRequest(
+        system_prompt=system,
+        messages=messages,
+        tools=tools,
+        model="gpt-fake",
+        max_output_tokens=max_tokens,
+    )
 
 
 # --- text ---------------------------------------------------------------------------------
 
 
 async def test_text(provider: OpenAIProvider, openai_fake: OpenAIFake) -> None:
-    openai_fake.add(Reply(text="Hello, wörld! 👋", prompt_tokens=21, completion_tokens=5,
-                          id="chatcmpl-abc"))
+    openai_fake.add(
+        Reply(text="Hello, wörld! 👋", prompt_tokens=21, completion_tokens=5, id="chatcmpl-abc")
+    )
     message = await answer(provider, req(UserMessage.text("hi")))
     assert message.content == (TextBlock(text="Hello, wörld! 👋"),)
     assert message.stop_reason == "end_turn"
@@ -100,8 +117,9 @@ async def test_stream_events_shape(streaming: OpenAIProvider, openai_fake: OpenA
     assert any(isinstance(e, UsageUpdate) for e in result.events)
 
 
-async def test_empty_system_prompt_is_left_out(provider: OpenAIProvider,
-                                               openai_fake: OpenAIFake) -> None:
+async def test_empty_system_prompt_is_left_out(
+    provider: OpenAIProvider, openai_fake: OpenAIFake
+) -> None:
     openai_fake.add(Reply(text="ok"))
     await answer(provider, req(UserMessage.text("hi"), system=""))
     assert openai_fake.chat_requests[-1].json["messages"] == [{"role": "user", "content": "hi"}]
@@ -113,10 +131,12 @@ async def test_usage_with_cached_tokens(provider: OpenAIProvider, openai_fake: O
     assert message.usage == Usage(input_tokens=2000, output_tokens=12, cache_read_tokens=1536)
 
 
-async def test_usage_on_the_finish_chunk(streaming: OpenAIProvider,
-                                         openai_fake: OpenAIFake) -> None:
-    openai_fake.add(Reply(text="ok", prompt_tokens=3, completion_tokens=4,
-                          usage_in_last_choice_chunk=True))
+async def test_usage_on_the_finish_chunk(
+    streaming: OpenAIProvider, openai_fake: OpenAIFake
+) -> None:
+    openai_fake.add(
+        Reply(text="ok", prompt_tokens=3, completion_tokens=4, usage_in_last_choice_chunk=True)
+    )
     message = await answer(streaming, req(UserMessage.text("hi")))
     assert message.usage == Usage(input_tokens=3, output_tokens=4)
 
@@ -134,8 +154,10 @@ async def test_reasoning_content_becomes_unsigned_thinking_and_is_not_sent_back(
 ) -> None:
     openai_fake.add(Reply(reasoning="Let me think.", text="42"), Reply(text="ok"))
     first = await answer(provider, req(UserMessage.text("q")))
-    assert first.content == (ThinkingBlock(thinking="Let me think.", signature=""),
-                             TextBlock(text="42"))
+    assert first.content == (
+        ThinkingBlock(thinking="Let me think.", signature=""),
+        TextBlock(text="42"),
+    )
     await answer(provider, req(UserMessage.text("q"), first, UserMessage.text("and?")))
     sent = openai_fake.chat_requests[-1].json["messages"]
     assert sent[2] == {"role": "assistant", "content": "42"}
@@ -151,8 +173,13 @@ async def test_tool_call_round_trip_preserves_raw_arguments(
     provider: OpenAIProvider, openai_fake: OpenAIFake
 ) -> None:
     openai_fake.add(
-        Reply(text="Looking.", tool_calls=[ToolCall("lookup", ODD_ARGS, id="call_A1"),
-                                           ToolCall("lookup", BROKEN_ARGS, id="call_B2")]),
+        Reply(
+            text="Looking.",
+            tool_calls=[
+                ToolCall("lookup", ODD_ARGS, id="call_A1"),
+                ToolCall("lookup", BROKEN_ARGS, id="call_B2"),
+            ],
+        ),
         Reply(text="Done."),
     )
     prompt = UserMessage.text("find")
@@ -164,26 +191,45 @@ async def test_tool_call_round_trip_preserves_raw_arguments(
         ToolCallBlock(id="call_B2", name="lookup", arguments=BROKEN_ARGS),
     )
     sent_tools = openai_fake.chat_requests[-1].json["tools"]
-    assert sent_tools == [{"type": "function", "function": {
-        "name": "lookup", "description": "Look a thing up.",
-        "parameters": {"type": "object", "properties": {}}}}]
+    assert sent_tools == [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "description": "Look a thing up.",
+                "parameters": {"type": "object", "properties": {}},
+            },
+        }
+    ]
 
     results = (
-        ToolResultMessage(tool_call_id="call_A1", tool_name="lookup",
-                          content=(TextBlock(text="found A"),)),
-        ToolResultMessage(tool_call_id="call_B2", tool_name="lookup",
-                          content=(TextBlock(text="bad arguments"),), is_error=True),
+        ToolResultMessage(
+            tool_call_id="call_A1", tool_name="lookup", content=(TextBlock(text="found A"),)
+        ),
+        ToolResultMessage(
+            tool_call_id="call_B2",
+            tool_name="lookup",
+            content=(TextBlock(text="bad arguments"),),
+            is_error=True,
+        ),
     )
     second = await answer(provider, req(prompt, first, *results, tools=TOOLS))
     assert second.content == (TextBlock(text="Done."),)
     raw = openai_fake.chat_requests[-1].json["messages"]
     assert raw[2] == {
-        "role": "assistant", "content": "Looking.",
+        "role": "assistant",
+        "content": "Looking.",
         "tool_calls": [
-            {"id": "call_A1", "type": "function",
-             "function": {"name": "lookup", "arguments": ODD_ARGS}},
-            {"id": "call_B2", "type": "function",
-             "function": {"name": "lookup", "arguments": BROKEN_ARGS}},
+            {
+                "id": "call_A1",
+                "type": "function",
+                "function": {"name": "lookup", "arguments": ODD_ARGS},
+            },
+            {
+                "id": "call_B2",
+                "type": "function",
+                "function": {"name": "lookup", "arguments": BROKEN_ARGS},
+            },
         ],
     }
     assert raw[3] == {"role": "tool", "tool_call_id": "call_A1", "content": "found A"}
@@ -196,8 +242,9 @@ async def test_tool_call_without_text_sends_null_content(
     openai_fake.add(Reply(tool_calls=[ToolCall("lookup", "{}", id="call_1")]), Reply(text="k"))
     first = await answer(provider, req(UserMessage.text("x"), tools=TOOLS))
     assert first.content == (ToolCallBlock(id="call_1", name="lookup", arguments="{}"),)
-    result = ToolResultMessage(tool_call_id="call_1", tool_name="lookup",
-                               content=(TextBlock(text="r"),))
+    result = ToolResultMessage(
+        tool_call_id="call_1", tool_name="lookup", content=(TextBlock(text="r"),)
+    )
     await answer(provider, req(UserMessage.text("x"), first, result, tools=TOOLS))
     assert openai_fake.chat_requests[-1].json["messages"][2]["content"] is None
 
@@ -208,10 +255,16 @@ async def test_fake_rejects_reserialized_arguments(
     openai_fake.add(Reply(tool_calls=[ToolCall("lookup", ODD_ARGS, id="call_A1")]))
     first = await answer(provider, req(UserMessage.text("x"), tools=TOOLS))
     call = first.tool_calls[0]
-    reserialized = first.model_copy(update={"content": (call.model_copy(
-        update={"arguments": json.dumps(json.loads(call.arguments))}),)})
-    result = ToolResultMessage(tool_call_id="call_A1", tool_name="lookup",
-                               content=(TextBlock(text="r"),))
+    reserialized = first.model_copy(
+        update={
+            "content": (
+                call.model_copy(update={"arguments": json.dumps(json.loads(call.arguments))}),
+            )
+        }
+    )
+    result = ToolResultMessage(
+        tool_call_id="call_A1", tool_name="lookup", content=(TextBlock(text="r"),)
+    )
     failed = await failure(provider, req(UserMessage.text("x"), reserialized, result))
     assert failed.error is not None and failed.error.kind == "fatal"
     assert failed.error.status == 400
@@ -227,8 +280,9 @@ async def test_fake_rejects_orphan_call_and_orphan_result(
     assert "must be followed by tool messages" in failed.error.message
     assert "call_9" in failed.error.message
 
-    orphan = ToolResultMessage(tool_call_id="call_0", tool_name="lookup",
-                               content=(TextBlock(text="r"),))
+    orphan = ToolResultMessage(
+        tool_call_id="call_0", tool_name="lookup", content=(TextBlock(text="r"),)
+    )
     failed = await failure(provider, req(UserMessage.text("x"), orphan))
     assert failed.error is not None and failed.error.kind == "fatal"
     assert "must be a response to a preceeding message with 'tool_calls'" in failed.error.message
@@ -237,9 +291,16 @@ async def test_fake_rejects_orphan_call_and_orphan_result(
 async def test_ollama_style_deltas_without_index(
     streaming: OpenAIProvider, openai_fake: OpenAIFake
 ) -> None:
-    openai_fake.add(Reply(tool_calls=[ToolCall("lookup", '{"q": "first one"}', id="call_x"),
-                                      ToolCall("lookup", '{"q": "second"}', id="call_y")],
-                          omit_index=True, chunk_size=4))
+    openai_fake.add(
+        Reply(
+            tool_calls=[
+                ToolCall("lookup", '{"q": "first one"}', id="call_x"),
+                ToolCall("lookup", '{"q": "second"}', id="call_y"),
+            ],
+            omit_index=True,
+            chunk_size=4,
+        )
+    )
     message = await answer(streaming, req(UserMessage.text("x"), tools=TOOLS))
     assert message.tool_calls == (
         ToolCallBlock(id="call_x", name="lookup", arguments='{"q": "first one"}'),
@@ -250,15 +311,22 @@ async def test_ollama_style_deltas_without_index(
 async def test_deltas_without_index_or_id_get_stable_generated_ids(
     provider: OpenAIProvider, openai_fake: OpenAIFake
 ) -> None:
-    openai_fake.add(Reply(tool_calls=[ToolCall("lookup", '{"q": "first one"}'),
-                                      ToolCall("other", '{"q": 2}')],
-                          omit_index=True, omit_id=True, chunk_size=5))
+    openai_fake.add(
+        Reply(
+            tool_calls=[ToolCall("lookup", '{"q": "first one"}'), ToolCall("other", '{"q": 2}')],
+            omit_index=True,
+            omit_id=True,
+            chunk_size=5,
+        )
+    )
     from ._drive import attempt
 
     result = await attempt(provider, req(UserMessage.text("x"), tools=TOOLS))
     calls = result.message.tool_calls
     assert [(c.name, c.arguments) for c in calls] == [
-        ("lookup", '{"q": "first one"}'), ("other", '{"q": 2}')]
+        ("lookup", '{"q": "first one"}'),
+        ("other", '{"q": 2}'),
+    ]
     assert calls[0].id != calls[1].id
     assert all(c.id.startswith("call_") for c in calls)
     starts = [e for e in result.events if isinstance(e, ToolCallStart)]
@@ -272,27 +340,35 @@ async def test_deltas_without_index_or_id_get_stable_generated_ids(
 
 async def test_images_base64_and_url(provider: OpenAIProvider, openai_fake: OpenAIFake) -> None:
     openai_fake.add(Reply(tool_calls=[ToolCall("shot", "{}", id="call_img")]), Reply(text="ok"))
-    prompt = UserMessage(content=(
-        TextBlock(text="What is this?"),
-        ImageBlock(source=Base64Source(media_type="image/png", data=PNG)),
-        ImageBlock(source=UrlSource(url="https://example.com/cat.jpg")),
-    ))
+    prompt = UserMessage(
+        content=(
+            TextBlock(text="What is this?"),
+            ImageBlock(source=Base64Source(media_type="image/png", data=PNG)),
+            ImageBlock(source=UrlSource(url="https://example.com/cat.jpg")),
+        )
+    )
     first = await answer(provider, req(prompt, tools=TOOLS))
     assert openai_fake.chat_requests[-1].json["messages"][1]["content"] == [
         {"type": "text", "text": "What is this?"},
         {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}},
         {"type": "image_url", "image_url": {"url": "https://example.com/cat.jpg"}},
     ]
-    result = ToolResultMessage(tool_call_id="call_img", tool_name="shot", content=(
-        ImageBlock(source=Base64Source(media_type="image/png", data=PNG)),))
+    result = ToolResultMessage(
+        tool_call_id="call_img",
+        tool_name="shot",
+        content=(ImageBlock(source=Base64Source(media_type="image/png", data=PNG)),),
+    )
     await answer(provider, req(prompt, first, result, UserMessage.text("describe"), tools=TOOLS))
     sent = openai_fake.chat_requests[-1].json["messages"]
     assert sent[3]["role"] == "tool" and sent[3]["tool_call_id"] == "call_img"
     assert isinstance(sent[3]["content"], str) and sent[3]["content"]
-    assert sent[4] == {"role": "user", "content": [
-        {"type": "text", "text": "Image output of tool call call_img (shot):"},
-        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}},
-    ]}
+    assert sent[4] == {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "Image output of tool call call_img (shot):"},
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}},
+        ],
+    }
     assert sent[5] == {"role": "user", "content": "describe"}
 
 
@@ -310,21 +386,33 @@ async def test_overflow(provider: OpenAIProvider, openai_fake: OpenAIFake) -> No
 
 async def test_overflow_by_message_only(provider: OpenAIProvider, openai_fake: OpenAIFake) -> None:
     # vLLM / llama.cpp style: no code, only the wording
-    openai_fake.add(Error(400, "This model's maximum context length is 4096 tokens. However, "
-                          "you requested 5000 tokens.", type="BadRequestError"))
+    openai_fake.add(
+        Error(
+            400,
+            "This model's maximum context length is 4096 tokens. However, "
+            "you requested 5000 tokens.",
+            type="BadRequestError",
+        )
+    )
     failed = await failure(provider, req(UserMessage.text("x")))
     assert failed.error is not None and failed.error.kind == "overflow"
 
 
-@pytest.mark.parametrize(("headers", "expected"), [
-    ({"retry_after": "2"}, 2.0),
-    ({"retry_after": None, "retry_after_ms": "1500"}, 1.5),
-    ({"retry_after": "7", "retry_after_ms": "250"}, 0.25),
-    ({"retry_after": None}, None),
-])
-async def test_rate_limit_retry_after(provider: OpenAIProvider, openai_fake: OpenAIFake,
-                                      headers: dict[str, str | None],
-                                      expected: float | None) -> None:
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({"retry_after": "2"}, 2.0),
+        ({"retry_after": None, "retry_after_ms": "1500"}, 1.5),
+        ({"retry_after": "7", "retry_after_ms": "250"}, 0.25),
+        ({"retry_after": None}, None),
+    ],
+)
+async def test_rate_limit_retry_after(
+    provider: OpenAIProvider,
+    openai_fake: OpenAIFake,
+    headers: dict[str, str | None],
+    expected: float | None,
+) -> None:
     openai_fake.add(Error.rate_limit(**headers))
     failed = await failure(provider, req(UserMessage.text("x")))
     assert failed.error is not None
@@ -334,22 +422,30 @@ async def test_rate_limit_retry_after(provider: OpenAIProvider, openai_fake: Ope
 
 
 async def test_quota_exhausted_is_fatal(provider: OpenAIProvider, openai_fake: OpenAIFake) -> None:
-    openai_fake.add(Error(429, "You exceeded your current quota.", type="insufficient_quota",
-                          code="insufficient_quota"))
+    openai_fake.add(
+        Error(
+            429,
+            "You exceeded your current quota.",
+            type="insufficient_quota",
+            code="insufficient_quota",
+        )
+    )
     failed = await failure(provider, req(UserMessage.text("x")))
     assert failed.error is not None and failed.error.kind == "fatal"
 
 
 @pytest.mark.parametrize("status", [500, 502, 503, 529])
-async def test_server_errors_are_retryable(provider: OpenAIProvider, openai_fake: OpenAIFake,
-                                           status: int) -> None:
+async def test_server_errors_are_retryable(
+    provider: OpenAIProvider, openai_fake: OpenAIFake, status: int
+) -> None:
     openai_fake.add(Error.server(status), Error.server(status), Reply(text="finally"))
     for _ in range(2):
         failed = await failure(provider, req(UserMessage.text("x")))
         assert failed.error is not None
         assert failed.error.kind == "retryable" and failed.error.status == status
     assert (await answer(provider, req(UserMessage.text("x")))).content == (
-        TextBlock(text="finally"),)
+        TextBlock(text="finally"),
+    )
 
 
 async def test_not_found_is_fatal(provider: OpenAIProvider, openai_fake: OpenAIFake) -> None:
@@ -387,33 +483,49 @@ async def test_cut_stream_is_retryable_and_keeps_the_partial(
 async def test_stream_ending_without_finish_reason_is_retryable(
     streaming: OpenAIProvider, openai_fake: OpenAIFake
 ) -> None:
-    openai_fake.add(Reply(tool_calls=[ToolCall("lookup", '{"q": 1}', id="call_1")],
-                          chunk_size=2, end_after=3))
+    openai_fake.add(
+        Reply(tool_calls=[ToolCall("lookup", '{"q": 1}', id="call_1")], chunk_size=2, end_after=3)
+    )
     failed = await failure(streaming, req(UserMessage.text("x"), tools=TOOLS))
     assert failed.error is not None and failed.error.kind == "retryable"
     assert "finish_reason" in failed.error.message
     assert not failed.message.replayable
 
 
-async def test_error_chunk_inside_a_200_stream(streaming: OpenAIProvider,
-                                               openai_fake: OpenAIFake) -> None:
-    openai_fake.add(Reply(text="so far", stream_error={"error": {
-        "message": "upstream model crashed", "type": "server_error", "code": None}}))
+async def test_error_chunk_inside_a_200_stream(
+    streaming: OpenAIProvider, openai_fake: OpenAIFake
+) -> None:
+    openai_fake.add(
+        Reply(
+            text="so far",
+            stream_error={
+                "error": {"message": "upstream model crashed", "type": "server_error", "code": None}
+            },
+        )
+    )
     failed = await failure(streaming, req(UserMessage.text("x")))
     assert failed.error is not None and failed.error.kind == "retryable"
     assert "upstream model crashed" in failed.error.message
     assert failed.message.content == (TextBlock(text="so far"),)
 
 
-async def test_raw_sse_unknown_fields_are_tolerated(streaming: OpenAIProvider,
-                                                    openai_fake: OpenAIFake) -> None:
+async def test_raw_sse_unknown_fields_are_tolerated(
+    streaming: OpenAIProvider, openai_fake: OpenAIFake
+) -> None:
     base = {"id": "x1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
-    openai_fake.add(RawSSE([
-        {**base, "choices": [{"index": 0, "delta": {"content": "A", "weird": 1}}]},
-        {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
-         "extra_field": {"a": 1}},
-        "[DONE]",
-    ]))
+    openai_fake.add(
+        RawSSE(
+            [
+                {**base, "choices": [{"index": 0, "delta": {"content": "A", "weird": 1}}]},
+                {
+                    **base,
+                    "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                    "extra_field": {"a": 1},
+                },
+                "[DONE]",
+            ]
+        )
+    )
     message = await answer(streaming, req(UserMessage.text("x")))
     assert message.content == (TextBlock(text="A"),) and message.response_id == "x1"
 
@@ -431,8 +543,9 @@ async def test_unreachable_server_is_retryable() -> None:
 
 async def test_read_timeout_is_retryable(openai_fake: OpenAIFake) -> None:
     openai_fake.add(Reply(text="slow", delay=1.0))
-    p = OpenAIProvider(api_key=openai_fake.api_key, base_url=openai_fake.base_url,
-                       model="gpt-fake", timeout=0.3)
+    p = OpenAIProvider(
+        api_key=openai_fake.api_key, base_url=openai_fake.base_url, model="gpt-fake", timeout=0.3
+    )
     try:
         failed = await failure(p, req(UserMessage.text("x")))
     finally:

@@ -67,8 +67,9 @@ async def snapshot(database_url: str) -> Rows:
 def http_client(app: Any, key: str | None = None, **headers: str) -> AppClient:
     if key is not None:
         headers["Authorization"] = f"Bearer {key}"
-    http = AppClient(transport=httpx.ASGITransport(app=app), base_url="http://carryover.test",
-                     headers=headers)
+    http = AppClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://carryover.test", headers=headers
+    )
     http.app = app
     return http
 

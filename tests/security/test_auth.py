@@ -102,14 +102,15 @@ async def test_health_checks_and_the_api_description_need_no_key(tenants: Tenant
 
 
 async def test_unauthenticated_requests_learn_nothing_about_routes_or_bodies(
-    tenants: Tenants
+    tenants: Tenants,
 ) -> None:
     """Authentication comes before routing, JSON parsing and the body limit."""
     for answer in (
         await tenants.anonymous.get("/no/such/route"),
         await tenants.anonymous.patch("/conversations"),
-        await tenants.anonymous.post("/conversations", content=b"{not json",
-                                     headers={"content-type": "application/json"}),
+        await tenants.anonymous.post(
+            "/conversations", content=b"{not json", headers={"content-type": "application/json"}
+        ),
         await tenants.anonymous.get("/conversations/bad%20id"),
         await tenants.anonymous.post("/conversations", content=b"x" * (9 * 1024 * 1024)),
     ):
@@ -197,8 +198,10 @@ async def test_a_revoked_key_stops_working_within_the_cache_period(
         while (await acme.get("/conversations")).status_code == 200:
             assert time.monotonic() - revoked_at < 3, "the revoked key still works"
             await asyncio.sleep(0.1)
-        assert "unknown or revoked" in assert_unauthorized(
-            await acme.get("/conversations"), invalid=True)["detail"]
+        assert (
+            "unknown or revoked"
+            in assert_unauthorized(await acme.get("/conversations"), invalid=True)["detail"]
+        )
         assert (await http_client(app, other).get("/conversations")).status_code == 200
 
 

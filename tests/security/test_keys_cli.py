@@ -30,7 +30,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in list(os.environ):
         if name.upper().startswith("CARRYOVER_") or name.upper() in (
-            "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "PROMETHEUS_MULTIPROC_DIR"
+            "OPENAI_API_KEY",
+            "ANTHROPIC_API_KEY",
+            "PROMETHEUS_MULTIPROC_DIR",
         ):
             monkeypatch.delenv(name)
     get_settings.cache_clear()
@@ -81,9 +83,12 @@ def status_with(database_url: str, key: str | None, **settings: Any) -> int:
     async def go() -> int:
         app = create_app(Settings(database_url=database_url, **settings))
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        async with app.router.lifespan_context(app), httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://t", headers=headers
-        ) as client:
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://t", headers=headers
+            ) as client,
+        ):
             return (await client.get("/conversations")).status_code
 
     return run_blocking(go)
@@ -109,7 +114,11 @@ def test_create_prints_the_key_once_and_stores_only_its_hash(
     # list shows id, tenant, prefix, created, revoked — never the key
     [[listed_id, listed_tenant, listed_prefix, created, listed_revoked]] = list_rows(capsys)
     assert (listed_id, listed_tenant, listed_prefix, listed_revoked) == (
-        key_id, "acme", key[:11], "-")
+        key_id,
+        "acme",
+        key[:11],
+        "-",
+    )
     assert created.endswith("Z")
     assert status_with(database, key) == 200
     assert status_with(database, None) == 401
@@ -139,8 +148,13 @@ def test_revoke_takes_a_key_out_and_says_when(
 def test_keys_usage_errors(database: str, capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = keys("revoke", "key_nope", capsys=capsys)
     assert status == 1 and "no API key with id 'key_nope'" in err
-    for argv in (["create"], ["create", "--tenant", "two words"], ["create", "--tenant", ""],
-                 ["create", "--tenant", "x" * 65], []):
+    for argv in (
+        ["create"],
+        ["create", "--tenant", "two words"],
+        ["create", "--tenant", ""],
+        ["create", "--tenant", "x" * 65],
+        [],
+    ):
         with pytest.raises(SystemExit) as info:
             main(["keys", *argv])
         assert info.value.code == 2
@@ -183,7 +197,8 @@ def test_serve_refuses_again_once_every_database_key_is_revoked(
 
 
 def test_serve_refuses_when_the_database_cannot_say(
-    monkeypatch: pytest.MonkeyPatch, served: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    served: list[dict[str, Any]],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("CARRYOVER_DATABASE_URL", "postgresql://u:hunter22@127.0.0.1:1/x")
@@ -194,18 +209,20 @@ def test_serve_refuses_when_the_database_cannot_say(
 
 
 def test_serve_says_which_access_rule_applies_on_loopback(
-    database: str, served: list[dict[str, Any]], capsys: pytest.CaptureFixture[str],
+    database: str,
+    served: list[dict[str, Any]],
+    capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     assert main(["serve"]) == 0
     assert "access: no API keys configured: no authentication, loopback only" in (
-        capsys.readouterr().out)
+        capsys.readouterr().out
+    )
     keys("create", "--tenant", "acme", capsys=capsys)
     monkeypatch.setenv("CARRYOVER_API_KEYS", "globex:globex-key-1234")
     get_settings.cache_clear()
     assert main(["serve"]) == 0
-    assert "access: API keys for 1 tenant(s), 1 key(s) in the database" in (
-        capsys.readouterr().out)
+    assert "access: API keys for 1 tenant(s), 1 key(s) in the database" in (capsys.readouterr().out)
 
 
 def test_the_real_command_refuses_a_public_host(tmp_path: Path) -> None:
@@ -213,7 +230,11 @@ def test_the_real_command_refuses_a_public_host(tmp_path: Path) -> None:
     env["CARRYOVER_DATABASE_URL"] = f"sqlite:///{tmp_path / 'c.db'}"
     done = subprocess.run(
         [sys.executable, "-m", "app.cli", "serve", "--host", "0.0.0.0", "--port", "1"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 2, done.stderr
     assert "refusing to listen on '0.0.0.0' without authentication" in done.stderr

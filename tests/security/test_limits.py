@@ -18,9 +18,15 @@ from tests.fakes.openai_fake import openai_fake as openai_fake
 
 from .conftest import AppClient, StartApp, assert_problem, http_client, snapshot
 
-LIMITS = {"max_body_bytes": 4096, "max_image_bytes": 300, "max_prompts_per_run": 2,
-          "max_text_chars": 100, "max_context_messages": 3, "max_page_size": 5,
-          "default_page_size": 5}
+LIMITS = {
+    "max_body_bytes": 4096,
+    "max_image_bytes": 300,
+    "max_prompts_per_run": 2,
+    "max_text_chars": 100,
+    "max_context_messages": 3,
+    "max_page_size": 5,
+    "default_page_size": 5,
+}
 CONV = "limited"
 
 
@@ -30,8 +36,7 @@ def text(value: str) -> dict[str, Any]:
 
 def image(size: int) -> dict[str, Any]:
     data = base64.b64encode(b"\x89" * size).decode()
-    return {"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                                        "data": data}}
+    return {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
 
 
 def user(*blocks: dict[str, Any]) -> dict[str, Any]:
@@ -44,9 +49,16 @@ def assistant(*blocks: dict[str, Any]) -> dict[str, Any]:
 
 def tool_turn(result: dict[str, Any]) -> list[dict[str, Any]]:
     call = {"type": "tool_call", "id": "call_1", "name": "time_now", "arguments": "{}"}
-    return [user(text("time?")), assistant(call),
-            {"type": "tool_result", "tool_call_id": "call_1", "tool_name": "time_now",
-             "content": [result]}]
+    return [
+        user(text("time?")),
+        assistant(call),
+        {
+            "type": "tool_result",
+            "tool_call_id": "call_1",
+            "tool_name": "time_now",
+            "content": [result],
+        },
+    ]
 
 
 @pytest.fixture
@@ -84,14 +96,21 @@ async def test_a_body_over_max_body_bytes_is_413(limited: AppClient, database_ur
 
     for send in (
         lambda c: c.post(f"/conversations/{CONV}/runs", json=big),
-        lambda c: c.put(f"/conversations/{CONV}/context", json={"summary": "s" * 5000},
-                        headers={"If-Match": "*"}),
+        lambda c: c.put(
+            f"/conversations/{CONV}/context",
+            json={"summary": "s" * 5000},
+            headers={"If-Match": "*"},
+        ),
         lambda c: c.post("/conversations", json={"system_prompt": "p" * 5000}),
-        lambda c: c.post(f"/conversations/{CONV}/runs", content=chunks(),
-                         headers={"content-type": "application/json"}),
+        lambda c: c.post(
+            f"/conversations/{CONV}/runs",
+            content=chunks(),
+            headers={"content-type": "application/json"},
+        ),
     ):
-        problem = await refused_without_a_write(limited, database_url, send, 413,
-                                                "payload-too-large")
+        problem = await refused_without_a_write(
+            limited, database_url, send, 413, "payload-too-large"
+        )
         assert (problem["limit"], problem["maximum"]) == ("max_body_bytes", 4096)
         assert "4096 bytes" in problem["detail"]
 
@@ -101,69 +120,112 @@ async def test_a_body_over_max_body_bytes_is_413(limited: AppClient, database_ur
 REFUSED: dict[str, tuple[str, Callable[[AppClient], Any], str | None]] = {
     "image in a prompt": (
         "max_image_bytes",
-        lambda c: c.post(f"/conversations/{CONV}/runs",
-                         json={"prompts": [user(text("look"), image(301))]}),
-        "body.prompts[0].content[1].source.data"),
+        lambda c: c.post(
+            f"/conversations/{CONV}/runs", json={"prompts": [user(text("look"), image(301))]}
+        ),
+        "body.prompts[0].content[1].source.data",
+    ),
     "image in a context": (
         "max_image_bytes",
-        lambda c: c.put(f"/conversations/{CONV}/context", headers={"If-Match": "*"},
-                        json={"messages": [user(image(301))]}),
-        "body.messages[0].content[0].source.data"),
+        lambda c: c.put(
+            f"/conversations/{CONV}/context",
+            headers={"If-Match": "*"},
+            json={"messages": [user(image(301))]},
+        ),
+        "body.messages[0].content[0].source.data",
+    ),
     "image in a tool result": (
         "max_image_bytes",
-        lambda c: c.put(f"/conversations/{CONV}/context", headers={"If-Match": "*"},
-                        json={"messages": tool_turn(image(301))}),
-        "body.messages[2].content[0].source.data"),
+        lambda c: c.put(
+            f"/conversations/{CONV}/context",
+            headers={"If-Match": "*"},
+            json={"messages": tool_turn(image(301))},
+        ),
+        "body.messages[2].content[0].source.data",
+    ),
     "prompts per run": (
         "max_prompts_per_run",
         lambda c: c.post(f"/conversations/{CONV}/runs", json={"prompts": ["a", "b", "c"]}),
-        None),
+        None,
+    ),
     "text of a bare prompt": (
         "max_text_chars",
         lambda c: c.post(f"/conversations/{CONV}/runs", json={"prompts": ["x" * 101]}),
-        "body.prompts[0].content[0].text"),
+        "body.prompts[0].content[0].text",
+    ),
     "text of a prompt block": (
         "max_text_chars",
-        lambda c: c.post(f"/conversations/{CONV}/runs",
-                         json={"prompts": ["ok", user(text("fine"), text("y" * 101))]}),
-        "body.prompts[1].content[1].text"),
+        lambda c: c.post(
+            f"/conversations/{CONV}/runs",
+            json={"prompts": ["ok", user(text("fine"), text("y" * 101))]},
+        ),
+        "body.prompts[1].content[1].text",
+    ),
     "system prompt of a new conversation": (
         "max_text_chars",
         lambda c: c.post("/conversations", json={"id": "new", "system_prompt": "s" * 101}),
-        "body.system_prompt"),
+        "body.system_prompt",
+    ),
     "system prompt of a context": (
         "max_text_chars",
-        lambda c: c.put(f"/conversations/{CONV}/context", headers={"If-Match": "*"},
-                        json={"system_prompt": "s" * 101}),
-        "body.system_prompt"),
+        lambda c: c.put(
+            f"/conversations/{CONV}/context",
+            headers={"If-Match": "*"},
+            json={"system_prompt": "s" * 101},
+        ),
+        "body.system_prompt",
+    ),
     "summary of a context": (
         "max_text_chars",
-        lambda c: c.put("/conversations/created/context", headers={"If-None-Match": "*"},
-                        json={"summary": "s" * 101}),
-        "body.summary"),
+        lambda c: c.put(
+            "/conversations/created/context",
+            headers={"If-None-Match": "*"},
+            json={"summary": "s" * 101},
+        ),
+        "body.summary",
+    ),
     "assistant text in a context": (
         "max_text_chars",
-        lambda c: c.put(f"/conversations/{CONV}/context", headers={"If-Match": "*"},
-                        json={"messages": [user(text("q")), assistant(text("a" * 101))]}),
-        "body.messages[1].content[0].text"),
+        lambda c: c.put(
+            f"/conversations/{CONV}/context",
+            headers={"If-Match": "*"},
+            json={"messages": [user(text("q")), assistant(text("a" * 101))]},
+        ),
+        "body.messages[1].content[0].text",
+    ),
     "tool result text in a context": (
         "max_text_chars",
-        lambda c: c.put(f"/conversations/{CONV}/context", headers={"If-Match": "*"},
-                        json={"messages": tool_turn(text("r" * 101))}),
-        "body.messages[2].content[0].text"),
+        lambda c: c.put(
+            f"/conversations/{CONV}/context",
+            headers={"If-Match": "*"},
+            json={"messages": tool_turn(text("r" * 101))},
+        ),
+        "body.messages[2].content[0].text",
+    ),
     "messages of a context": (
         "max_context_messages",
-        lambda c: c.put(f"/conversations/{CONV}/context", headers={"If-Match": "*"},
-                        json={"messages": [*tool_turn(text("r")), user(text("more"))]}),
-        None),
+        lambda c: c.put(
+            f"/conversations/{CONV}/context",
+            headers={"If-Match": "*"},
+            json={"messages": [*tool_turn(text("r")), user(text("more"))]},
+        ),
+        None,
+    ),
     "page of conversations": (
-        "max_page_size", lambda c: c.get("/conversations", params={"limit": 6}), None),
+        "max_page_size",
+        lambda c: c.get("/conversations", params={"limit": 6}),
+        None,
+    ),
     "page of runs": (
         "max_page_size",
-        lambda c: c.get(f"/conversations/{CONV}/runs", params={"limit": 1_000_000}), None),
+        lambda c: c.get(f"/conversations/{CONV}/runs", params={"limit": 1_000_000}),
+        None,
+    ),
     "page of the transcript": (
         "max_page_size",
-        lambda c: c.get(f"/conversations/{CONV}/transcript", params={"limit": 6}), None),
+        lambda c: c.get(f"/conversations/{CONV}/transcript", params={"limit": 6}),
+        None,
+    ),
 }
 
 
@@ -181,16 +243,22 @@ async def test_a_limit_exceeded_is_422_naming_it_and_writes_nothing(
 
 async def test_everything_at_the_limits_is_accepted(limited: AppClient) -> None:
     at_most = image(300)
-    ran = await limited.post(f"/conversations/{CONV}/runs",
-                             json={"prompts": ["x" * 100, user(at_most)]})
+    ran = await limited.post(
+        f"/conversations/{CONV}/runs", json={"prompts": ["x" * 100, user(at_most)]}
+    )
     assert ran.status_code == 201, ran.text
     current = (await limited.get(f"/conversations/{CONV}/context")).headers["etag"]
-    put = await limited.put(f"/conversations/{CONV}/context", headers={"If-Match": current},
-                            json={"system_prompt": "s" * 100, "summary": "u" * 100,
-                                  "messages": tool_turn(at_most)})
+    put = await limited.put(
+        f"/conversations/{CONV}/context",
+        headers={"If-Match": current},
+        json={"system_prompt": "s" * 100, "summary": "u" * 100, "messages": tool_turn(at_most)},
+    )
     assert put.status_code == 200, put.text
-    for url in ("/conversations", f"/conversations/{CONV}/runs",
-                f"/conversations/{CONV}/transcript"):
+    for url in (
+        "/conversations",
+        f"/conversations/{CONV}/runs",
+        f"/conversations/{CONV}/transcript",
+    ):
         assert (await limited.get(url, params={"limit": 5})).status_code == 200
 
 
@@ -204,8 +272,12 @@ def test_the_defaults_fit_production_use() -> None:
     assert (settings.max_page_size, settings.default_page_size) == (200, 50)
     # the largest image allowed fits a body, base64-encoded, with room for the rest
     assert settings.max_image_bytes * 4 // 3 < settings.max_body_bytes
-    for name, bad in (("max_body_bytes", 10), ("max_prompts_per_run", 0),
-                      ("max_page_size", 0), ("max_image_bytes", 7 * 1024 * 1024)):
+    for name, bad in (
+        ("max_body_bytes", 10),
+        ("max_prompts_per_run", 0),
+        ("max_page_size", 0),
+        ("max_image_bytes", 7 * 1024 * 1024),
+    ):
         with pytest.raises(ValueError, match=name):
             Settings(**{name: bad})
 
@@ -217,12 +289,12 @@ async def test_a_largest_image_under_the_default_limits_is_stored(
         client = http_client(app)
         await client.post("/conversations", json={"id": "big"})
         largest = image(5 * 1024 * 1024)
-        ran = await client.post("/conversations/big/runs",
-                                json={"prompts": [user(text("look"), largest)]})
+        ran = await client.post(
+            "/conversations/big/runs", json={"prompts": [user(text("look"), largest)]}
+        )
         assert ran.status_code == 201, ran.text[:300]
         one_more = image(5 * 1024 * 1024 + 1)
-        refused = await client.post("/conversations/big/runs",
-                                    json={"prompts": [user(one_more)]})
+        refused = await client.post("/conversations/big/runs", json={"prompts": [user(one_more)]})
         assert assert_problem(refused, 422, "limit-exceeded")["limit"] == "max_image_bytes"
         stored = (await client.get("/conversations/big/context")).json()
         assert stored["messages"][0]["content"][1] == largest
@@ -242,8 +314,10 @@ class Listener:
     async def __aenter__(self) -> Listener:
         async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             self.connections += 1
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: image/png\r\ncontent-length: 0\r\n"
-                         b"connection: close\r\n\r\n")
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: image/png\r\ncontent-length: 0\r\n"
+                b"connection: close\r\n\r\n"
+            )
             await writer.drain()
             writer.close()
 
@@ -259,33 +333,52 @@ class Listener:
 
 
 async def test_image_urls_are_stored_and_passed_on_never_fetched(
-    start_app: StartApp, openai_fake: OpenAIFake,
+    start_app: StartApp,
+    openai_fake: OpenAIFake,
 ) -> None:
     openai_fake.default = Reply(text="A cat.")
-    profile = AgentProfile(provider="openai", model="gpt-fake", base_url=openai_fake.base_url,
-                           api_key=openai_fake.api_key)
+    profile = AgentProfile(
+        provider="openai",
+        model="gpt-fake",
+        base_url=openai_fake.base_url,
+        api_key=openai_fake.api_key,
+    )
     async with Listener() as listener, start_app(agents={"gpt": profile}) as app:
         client = http_client(app)
         picture = {"type": "image", "source": {"type": "url", "url": listener.url}}
-        created = await client.put("/conversations/pics/context", headers={"If-None-Match": "*"},
-                                   json={"messages": [user(text("earlier"), picture),
-                                                      assistant(text("Nice."))]})
+        created = await client.put(
+            "/conversations/pics/context",
+            headers={"If-None-Match": "*"},
+            json={"messages": [user(text("earlier"), picture), assistant(text("Nice."))]},
+        )
         assert created.status_code == 201, created.text
         for agent in ("default", "gpt"):  # echo, and a provider over HTTP
-            ran = await client.post("/conversations/pics/runs", json={
-                "agent": agent, "prompts": [user(text("and this?"), picture)]})
+            ran = await client.post(
+                "/conversations/pics/runs",
+                json={"agent": agent, "prompts": [user(text("and this?"), picture)]},
+            )
             assert ran.status_code == 201 and ran.json()["status"] == "completed", ran.text
         await asyncio.sleep(0.2)  # a fetch, if anything had started one, would have connected
         stored = (await client.get("/conversations/pics/context")).json()
         transcript = (await client.get("/conversations/pics/transcript")).json()
     assert listener.connections == 0
-    images = [b for m in stored["messages"] if m["type"] == "user" for b in m["content"]
-              if b["type"] == "image"]
+    images = [
+        b
+        for m in stored["messages"]
+        if m["type"] == "user"
+        for b in m["content"]
+        if b["type"] == "image"
+    ]
     assert images == [picture] * 3
     assert listener.url in str(transcript)
     sent = openai_fake.chat_requests[-1].json["messages"]
-    urls = [part["image_url"]["url"] for message in sent if isinstance(message["content"], list)
-            for part in message["content"] if part["type"] == "image_url"]
+    urls = [
+        part["image_url"]["url"]
+        for message in sent
+        if isinstance(message["content"], list)
+        for part in message["content"]
+        if part["type"] == "image_url"
+    ]
     assert urls == [listener.url] * 3  # the provider gets the URL itself, to fetch or not
 
 
@@ -295,10 +388,14 @@ async def test_a_url_image_is_not_resolved_even_when_it_is_refused(
     async with Listener() as listener:
         picture = {"type": "image", "source": {"type": "url", "url": listener.url}}
         await refused_without_a_write(
-            limited, database_url,
-            lambda c: c.post(f"/conversations/{CONV}/runs",
-                             json={"prompts": ["a", "b", user(picture)]}),
-            422, "limit-exceeded")
+            limited,
+            database_url,
+            lambda c: c.post(
+                f"/conversations/{CONV}/runs", json={"prompts": ["a", "b", user(picture)]}
+            ),
+            422,
+            "limit-exceeded",
+        )
         await asyncio.sleep(0.1)
     assert listener.connections == 0
 
@@ -308,5 +405,3 @@ def test_limits_are_configurable_from_the_environment(monkeypatch: pytest.Monkey
         monkeypatch.setenv(f"CARRYOVER_{name.upper()}", str(value))
     settings = Settings()
     assert {name: getattr(settings, name) for name in LIMITS} == LIMITS
-
-

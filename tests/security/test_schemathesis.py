@@ -46,13 +46,19 @@ from tests.conftest import _copy_sqlite
 
 from .conftest import ACME_KEY, API_KEYS
 
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
-          response_headers_conformance, response_schema_conformance]
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+]
 AUTH = {"Authorization": f"Bearer {ACME_KEY}"}
 BASE_URL = f"http://{asgi.HOST}"
 MAX_EXAMPLES = 30
-SETTINGS = settings(max_examples=MAX_EXAMPLES, deadline=None, database=None,
-                    suppress_health_check=list(HealthCheck))
+SETTINGS = settings(
+    max_examples=MAX_EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+)
 
 #: the document the app serves (it does not depend on settings; test_api_document checks it)
 DOCUMENT = openapi_document()
@@ -80,8 +86,14 @@ def database(tmp_path_factory: pytest.TempPathFactory, _sqlite_template: Path) -
 
 @pytest.fixture(scope="module")
 def fuzzed_app(database: Path) -> Any:
-    return create_app(Settings(database_url=f"sqlite:///{database}", api_keys=API_KEYS,
-                               lease_seconds=2.0, busy_wait_seconds=1.0))
+    return create_app(
+        Settings(
+            database_url=f"sqlite:///{database}",
+            api_keys=API_KEYS,
+            lease_seconds=2.0,
+            busy_wait_seconds=1.0,
+        )
+    )
 
 
 def forget_conversations(database: Path) -> None:
@@ -124,14 +136,18 @@ def test_stateful(session: Any, database: Path) -> None:
         def get_call_kwargs(self, case: Any) -> dict[str, Any]:
             return {"session": session, "base_url": BASE_URL, "headers": AUTH}
 
-        def validate_response(self, response: Any, case: Any, additional_checks: Any = None,
-                              **kwargs: Any) -> None:
+        def validate_response(
+            self, response: Any, case: Any, additional_checks: Any = None, **kwargs: Any
+        ) -> None:
             answered[case.operation.label, response.status_code] += 1
             case.validate_response(response, checks=CHECKS, transport_kwargs=kwargs)
 
     Workflow.run(settings=settings(SETTINGS, stateful_step_count=6))
     # the links were followed: conversations were created, then used through their id
     assert answered["POST /conversations", 201] > 0, answered
-    followed = sum(n for (label, status), n in answered.items()
-                   if "{conversation_id}" in label and 200 <= status < 300)
+    followed = sum(
+        n
+        for (label, status), n in answered.items()
+        if "{conversation_id}" in label and 200 <= status < 300
+    )
     assert followed > 0, answered

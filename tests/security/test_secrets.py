@@ -26,8 +26,10 @@ OTHER_SECRET = "team-WXQ7-local-model-secret-9913"  # no sk- prefix: only the ex
 
 @pytest.fixture
 def fakes() -> Iterator[tuple[O.OpenAIFake, A.AnthropicFake]]:
-    with O.OpenAIFake(api_key=OPENAI_SECRET) as openai, \
-            A.AnthropicFake(api_key=ANTHROPIC_SECRET) as anthropic:
+    with (
+        O.OpenAIFake(api_key=OPENAI_SECRET) as openai,
+        A.AnthropicFake(api_key=ANTHROPIC_SECRET) as anthropic,
+    ):
         yield openai, anthropic
 
 
@@ -48,7 +50,9 @@ def secrets_in(text: str, secrets: list[str]) -> list[str]:
 
 
 async def test_no_secret_in_logs_errors_records_or_metrics(
-    start_app: StartApp, database_url: str, fakes: tuple[O.OpenAIFake, A.AnthropicFake],
+    start_app: StartApp,
+    database_url: str,
+    fakes: tuple[O.OpenAIFake, A.AnthropicFake],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     openai, anthropic = fakes
@@ -57,54 +61,85 @@ async def test_no_secret_in_logs_errors_records_or_metrics(
     caplog.set_level(logging.DEBUG)  # every logger, the SDKs' and httpx's included
 
     # Providers: a good answer, then errors that echo the key whole, and a wrong key.
-    openai.add(O.Reply(text="fine"),
-               O.Error(401, f"Incorrect API key provided: {OPENAI_SECRET}.",
-                       code="invalid_api_key"),
-               O.Error(500, f"upstream failed for key {OPENAI_SECRET}", type="server_error"))
-    anthropic.add(A.Reply([A.Text("fine")]),
-                  A.Error(403, "permission_error", f"key {ANTHROPIC_SECRET} may not"))
+    openai.add(
+        O.Reply(text="fine"),
+        O.Error(401, f"Incorrect API key provided: {OPENAI_SECRET}.", code="invalid_api_key"),
+        O.Error(500, f"upstream failed for key {OPENAI_SECRET}", type="server_error"),
+    )
+    anthropic.add(
+        A.Reply([A.Text("fine")]),
+        A.Error(403, "permission_error", f"key {ANTHROPIC_SECRET} may not"),
+    )
     profiles = {
-        "gpt": AgentProfile(provider="openai", model="gpt-fake", base_url=openai.base_url,
-                            max_retries=0, api_key=Settings().openai_api_key),
-        "claude": AgentProfile(provider="anthropic", model="claude-fake", max_retries=0,
-                               base_url=anthropic.base_url,
-                               api_key=Settings().anthropic_api_key),
-        "local": AgentProfile(provider="openai", model="gpt-fake", base_url=openai.base_url,
-                              max_retries=0, api_key_env="LOCAL_MODEL_KEY"),
+        "gpt": AgentProfile(
+            provider="openai",
+            model="gpt-fake",
+            base_url=openai.base_url,
+            max_retries=0,
+            api_key=Settings().openai_api_key,
+        ),
+        "claude": AgentProfile(
+            provider="anthropic",
+            model="claude-fake",
+            max_retries=0,
+            base_url=anthropic.base_url,
+            api_key=Settings().anthropic_api_key,
+        ),
+        "local": AgentProfile(
+            provider="openai",
+            model="gpt-fake",
+            base_url=openai.base_url,
+            max_retries=0,
+            api_key_env="LOCAL_MODEL_KEY",
+        ),
     }
     answers: list[httpx.Response] = []
     async with start_app(api_keys=API_KEYS, agents=profiles) as app:
         acme = http_client(app, ACME_KEY)
         answers.append(await acme.post("/conversations", json={"id": "leak"}))
         for agent in ("gpt", "gpt", "gpt", "claude", "claude", "local", "default"):
-            answers.append(await acme.post("/conversations/leak/runs",
-                                           json={"agent": agent, "prompts": ["/fail" if
-                                                                             agent == "default"
-                                                                             else "hello"]}))
+            answers.append(
+                await acme.post(
+                    "/conversations/leak/runs",
+                    json={"agent": agent, "prompts": ["/fail" if agent == "default" else "hello"]},
+                )
+            )
         # callers with wrong, mangled and misplaced keys
-        for client in (http_client(app, ACME_KEY + "x"), http_client(app, ACME_KEY[:-1]),
-                       http_client(app, None, Authorization=f"Basic {GLOBEX_KEY}"),
-                       http_client(app, None, Authorization=f"Token {stored_key}"),
-                       http_client(app, stored_key[:-2])):
+        for client in (
+            http_client(app, ACME_KEY + "x"),
+            http_client(app, ACME_KEY[:-1]),
+            http_client(app, None, Authorization=f"Basic {GLOBEX_KEY}"),
+            http_client(app, None, Authorization=f"Token {stored_key}"),
+            http_client(app, stored_key[:-2]),
+        ):
             answers.append(await client.get("/conversations/leak"))
-            answers.append(await client.post("/conversations/leak/runs",
-                                             json={"prompts": ["hi"]}))
+            answers.append(await client.post("/conversations/leak/runs", json={"prompts": ["hi"]}))
         initech = http_client(app, stored_key)
         answers.append(await initech.get("/conversations/leak"))  # 404: acme's
-        answers.append(await acme.post("/conversations/leak/runs", json={"agent": "nope",
-                                                                          "prompts": ["x"]}))
-        records = [await acme.get("/conversations/leak/runs"),
-                   await acme.get("/conversations/leak/transcript"),
-                   await acme.get("/conversations/leak/context"),
-                   await acme.get("/conversations/leak")]
+        answers.append(
+            await acme.post("/conversations/leak/runs", json={"agent": "nope", "prompts": ["x"]})
+        )
+        records = [
+            await acme.get("/conversations/leak/runs"),
+            await acme.get("/conversations/leak/transcript"),
+            await acme.get("/conversations/leak/context"),
+            await acme.get("/conversations/leak"),
+        ]
         runs = records[0].json()["items"]
         records += [await acme.get(f"/conversations/leak/runs/{r['run_id']}") for r in runs]
         metrics = await acme.get("/metrics")
         openapi = await acme.get("/openapi.json")
 
     statuses = [r.json()["status"] for r in answers[1:8]]
-    assert statuses == ["completed", "failed", "failed", "completed", "failed", "failed",
-                        "failed"], [a.text[:200] for a in answers[1:8]]
+    assert statuses == [
+        "completed",
+        "failed",
+        "failed",
+        "completed",
+        "failed",
+        "failed",
+        "failed",
+    ], [a.text[:200] for a in answers[1:8]]
     assert [r.status_code for r in answers[8:18]] == [401] * 10
     assert answers[18].status_code == 404 and answers[19].status_code == 422
     assert len(runs) == 7 and metrics.status_code == 200
@@ -117,9 +152,11 @@ async def test_no_secret_in_logs_errors_records_or_metrics(
         "records": "\n".join(r.text for r in records),
         "metrics": metrics.text,
         "openapi": openapi.text,
-        "logs": caplog.text + "\n".join(
+        "logs": caplog.text
+        + "\n".join(
             f"{r.getMessage()} {r.exc_text or ''} {json.dumps(vars(r), default=str)}"
-            for r in caplog.records),
+            for r in caplog.records
+        ),
     }
     for where, text in everything.items():
         assert secrets_in(text, secrets) == [], where
@@ -135,8 +172,13 @@ def test_settings_never_print_a_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CARRYOVER_DATABASE_URL", "postgresql://carryover:pg-Secret-77@db/x")
     settings = Settings()
     secrets = [OPENAI_SECRET, ANTHROPIC_SECRET, ACME_KEY, GLOBEX_KEY, "pg-Secret-77"]
-    shown: list[Any] = [repr(settings), str(settings), settings.model_dump_json(),
-                        repr(settings.profiles()), settings.database_url_display]
+    shown: list[Any] = [
+        repr(settings),
+        str(settings),
+        settings.model_dump_json(),
+        repr(settings.profiles()),
+        settings.database_url_display,
+    ]
     for text in shown:
         assert secrets_in(str(text), secrets) == [], text
     assert set(settings.secret_values()) >= set(secrets)

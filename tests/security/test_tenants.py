@@ -18,12 +18,18 @@ async def acme_conversation(tenants: Tenants) -> dict[str, Any]:
     acme = tenants.acme
     created = await acme.post("/conversations", json={"id": CONV, "system_prompt": "acme only"})
     assert created.status_code == 201
-    ran = await acme.post(f"/conversations/{CONV}/runs", json={"prompts": ["acme secret"]},
-                          headers={"Idempotency-Key": "key-1"})
+    ran = await acme.post(
+        f"/conversations/{CONV}/runs",
+        json={"prompts": ["acme secret"]},
+        headers={"Idempotency-Key": "key-1"},
+    )
     assert ran.status_code == 201 and ran.json()["status"] == "completed"
     context = await acme.get(f"/conversations/{CONV}/context")
-    return {"run_id": ran.json()["run_id"], "etag": context.headers["etag"],
-            "context": context.json()}
+    return {
+        "run_id": ran.json()["run_id"],
+        "etag": context.headers["etag"],
+        "context": context.json(),
+    }
 
 
 def assert_not_found(response: Any) -> None:
@@ -46,8 +52,11 @@ async def test_another_tenant_sees_nothing_of_a_conversation(
         await globex.put(f"{base}/context", json=context, headers={"If-Match": acme["etag"]}),
         await globex.put(f"{base}/context", json=context, headers={"If-Match": "*"}),
         await globex.post(f"{base}/runs", json={"prompts": ["hi"]}),
-        await globex.post(f"{base}/runs", json={"prompts": ["hi"]},
-                          headers={"If-Match": acme["etag"], "Idempotency-Key": "key-1"}),
+        await globex.post(
+            f"{base}/runs",
+            json={"prompts": ["hi"]},
+            headers={"If-Match": acme["etag"], "Idempotency-Key": "key-1"},
+        ),
         await globex.get(f"{base}/runs"),
         await globex.get(run),
         await globex.post(f"{run}/cancel"),
@@ -68,12 +77,14 @@ async def test_the_same_id_in_two_tenants_is_two_conversations(
 ) -> None:
     acme = await acme_conversation(tenants)
     globex, base = tenants.globex, f"/conversations/{CONV}"
-    created = await globex.put(f"{base}/context", json={"system_prompt": "globex"},
-                               headers={"If-None-Match": "*"})
+    created = await globex.put(
+        f"{base}/context", json={"system_prompt": "globex"}, headers={"If-None-Match": "*"}
+    )
     assert created.status_code == 201
     # the same Idempotency-Key and body as acme's first run: a new run, not acme's answer
-    ran = await globex.post(f"{base}/runs", json={"prompts": ["acme secret"]},
-                            headers={"Idempotency-Key": "key-1"})
+    ran = await globex.post(
+        f"{base}/runs", json={"prompts": ["acme secret"]}, headers={"Idempotency-Key": "key-1"}
+    )
     assert ran.status_code == 201 and "idempotent-replayed" not in ran.headers
     assert ran.json()["run_id"] != acme["run_id"]
     assert ran.json()["context"]["system_prompt"] == "globex"
@@ -81,8 +92,9 @@ async def test_the_same_id_in_two_tenants_is_two_conversations(
     [globex_run] = (await globex.get(f"{base}/runs")).json()["items"]
     assert globex_run["run_id"] == ran.json()["run_id"]
     # acme's replay is still acme's
-    again = await tenants.acme.post(f"{base}/runs", json={"prompts": ["acme secret"]},
-                                    headers={"Idempotency-Key": "key-1"})
+    again = await tenants.acme.post(
+        f"{base}/runs", json={"prompts": ["acme secret"]}, headers={"Idempotency-Key": "key-1"}
+    )
     assert again.headers["idempotent-replayed"] == "true"
     assert again.json()["run_id"] == acme["run_id"]
     # each lists only its own, and deleting one leaves the other
@@ -101,8 +113,7 @@ async def test_an_active_run_of_one_tenant_neither_blocks_nor_shows_to_another(
     base = f"/conversations/{CONV}"
     for client in (tenants.acme, tenants.globex):
         assert (await client.post("/conversations", json={"id": CONV})).status_code == 201
-    slow = asyncio.create_task(
-        tenants.acme.post(f"{base}/runs", json={"prompts": ["/sleep 1.5"]}))
+    slow = asyncio.create_task(tenants.acme.post(f"{base}/runs", json={"prompts": ["/sleep 1.5"]}))
     try:
         active = None
         for _ in range(100):

@@ -22,11 +22,16 @@ TOOLS = ToolRegistry.from_paths(
 
 
 def echo_agent(context_window: int = 128_000) -> Agent:
-    return Agent(AgentConfig(
-        provider=EchoProvider(), tools=TOOLS, context_window=context_window,
-        compact_at=0.5, keep_after_compaction=0.2,
-        retry=RetryPolicy(max_retries=0, base_delay=0.0, jitter=0.0),
-    ))
+    return Agent(
+        AgentConfig(
+            provider=EchoProvider(),
+            tools=TOOLS,
+            context_window=context_window,
+            compact_at=0.5,
+            keep_after_compaction=0.2,
+            retry=RetryPolicy(max_retries=0, base_delay=0.0, jitter=0.0),
+        )
+    )
 
 
 async def run_and_store(repo: Repository, agent: Agent, text: str | None) -> Result:
@@ -34,7 +39,8 @@ async def run_and_store(repo: Repository, agent: Agent, text: str | None) -> Res
     prompts = (UserMessage.text(text),) if text is not None else ()
     result = (
         await agent.run(Input(context=base.context, prompts=prompts))
-        if text is not None else await agent.compact(base.context)
+        if text is not None
+        else await agent.compact(base.context)
     )
     run = await repo.insert_run(T, "c1", base_etag=base.etag, prompts=prompts)
     outcome = await repo.finish_run(T, "c1", run.run_id, base=base, result=result, store=True)
@@ -54,8 +60,12 @@ async def test_agent_results_reload_exactly(
     for i in range(4):
         await run_and_store(repo, plain, f"question {i} " + "words " * 20)
     tooled = await run_and_store(repo, plain, "/tool time_now {}")
-    assert [m.type for m in tooled.new_messages] == ["user", "assistant", "tool_result",
-                                                     "assistant"]
+    assert [m.type for m in tooled.new_messages] == [
+        "user",
+        "assistant",
+        "tool_result",
+        "assistant",
+    ]
     overflowed = await run_and_store(repo, plain, "/overflow please")
     assert [c.reason for c in overflowed.compactions] == ["overflow"]
     failed = await run_and_store(repo, plain, "/fail now")
@@ -72,15 +82,20 @@ async def test_agent_results_reload_exactly(
     # The overflow run is transcribed in the order it happened.
     runs = await repo.list_runs(T, "c1", limit=100)
     overflow_run = runs[5].run_id
-    entries = [e for e in await repo.list_transcript(T, "c1", limit=1000)
-               if e.run_id == overflow_run]
+    entries = [
+        e for e in await repo.list_transcript(T, "c1", limit=1000) if e.run_id == overflow_run
+    ]
     assert [(e.kind, e.failed) for e in entries] == [
-        ("prompt", False), ("attempt", True), ("compaction", False), ("attempt", False),
+        ("prompt", False),
+        ("attempt", True),
+        ("compaction", False),
+        ("attempt", False),
     ]
     # Threshold compactions of the small-window runs come before their prompts.
     for run_id in [r.run_id for r in runs[7:11]]:
-        kinds = [e.kind for e in await repo.list_transcript(T, "c1", limit=1000)
-                 if e.run_id == run_id]
+        kinds = [
+            e.kind for e in await repo.list_transcript(T, "c1", limit=1000) if e.run_id == run_id
+        ]
         assert kinds[0] in ("compaction", "prompt") and kinds.count("prompt") == 1
         if "compaction" in kinds:
             assert kinds.index("compaction") < kinds.index("prompt")

@@ -65,7 +65,8 @@ async def test_replace_with_a_stale_etag_is_refused_and_writes_nothing(repo: Rep
     assert loaded.context == conversation(6)
     assert loaded.etag == second
     assert [e.kind for e in await repo.list_transcript("acme", "c1")] == [
-        "context_replaced", "context_replaced",
+        "context_replaced",
+        "context_replaced",
     ]
 
 
@@ -95,7 +96,8 @@ async def test_every_replacement_is_in_the_transcript(repo: Repository) -> None:
     second = await repo.replace_context("acme", "c1", rich_context(), if_match=first)
     entries = await repo.list_transcript("acme", "c1")
     assert [(e.seq, e.kind, e.run_id) for e in entries] == [
-        (1, "context_replaced", None), (2, "context_replaced", None),
+        (1, "context_replaced", None),
+        (2, "context_replaced", None),
     ]
     assert entries[1].body == {"etag": second, "context": dump_context(rich_context())}
 

@@ -24,8 +24,15 @@ from app.store.tables import (
 
 from .builders import compaction, completed_run, conversation, user
 
-CHILD_TABLES = [context_messages, runs, run_new_messages, run_finals, run_compactions,
-                transcript, idempotency_keys]
+CHILD_TABLES = [
+    context_messages,
+    runs,
+    run_new_messages,
+    run_finals,
+    run_compactions,
+    transcript,
+    idempotency_keys,
+]
 
 
 async def test_create_then_get(repo: Repository) -> None:
@@ -62,7 +69,9 @@ async def test_list_pages_by_id(repo: Repository) -> None:
     second = await repo.list_conversations("acme", after_id=first[-1].id, limit=2)
     third = await repo.list_conversations("acme", after_id=second[-1].id, limit=2)
     assert [[c.id for c in page] for page in (first, second, third)] == [
-        ["a", "b"], ["c", "d"], ["e"],
+        ["a", "b"],
+        ["c", "d"],
+        ["e"],
     ]
     assert await repo.list_conversations("acme", after_id="e") == []
 
@@ -72,9 +81,9 @@ async def _count_children(engine: AsyncEngine, tenant: str, conv_id: str) -> dic
         return {
             t.name: (
                 await conn.execute(
-                    select(func.count()).select_from(t).where(
-                        t.c.tenant == tenant, t.c.conversation_id == conv_id
-                    )
+                    select(func.count())
+                    .select_from(t)
+                    .where(t.c.tenant == tenant, t.c.conversation_id == conv_id)
                 )
             ).scalar_one()
             for t in CHILD_TABLES
@@ -102,9 +111,15 @@ async def _populate(repo: Repository, engine: AsyncEngine, conv_id: str) -> None
         now = utcnow()
         await conn.execute(
             idempotency_keys.insert().values(
-                tenant="acme", conversation_id=conv_id, key="k1", request_hash="h",
-                run_id=run.run_id, status_code=201, response={"ok": True},
-                created_at=now, expires_at=now,
+                tenant="acme",
+                conversation_id=conv_id,
+                key="k1",
+                request_hash="h",
+                run_id=run.run_id,
+                status_code=201,
+                response={"ok": True},
+                created_at=now,
+                expires_at=now,
             )
         )
 

@@ -70,12 +70,16 @@ async def test_a_completed_run_stores_its_context_and_records_everything(
     assert record.run.usage == res.usage.model_dump(mode="json")
     assert record.run.prompts == [user("p").model_dump(mode="json")]
     assert (record.new_messages, record.final, record.compactions) == (
-        res.new_messages, res.final, res.compactions,
+        res.new_messages,
+        res.final,
+        res.compactions,
     )
 
     entries = await repo.list_transcript(T, "c1")
     assert [(e.kind, e.run_id, e.failed) for e in entries] == [
-        ("context_replaced", None, False), ("prompt", run_id, False), ("attempt", run_id, False),
+        ("context_replaced", None, False),
+        ("prompt", run_id, False),
+        ("attempt", run_id, False),
     ]
     assert [e.seq for e in entries] == [1, 2, 3]
 
@@ -127,8 +131,12 @@ async def test_a_discarded_failed_run_leaves_the_stored_state_alone(repo: Reposi
 
     def make(ctx: Context) -> Result:
         p = user("do it")
-        return result("failed", ctx.model_copy(update={"messages": (*ctx.messages, p)}),
-                      [p, attempt], error=error)
+        return result(
+            "failed",
+            ctx.model_copy(update={"messages": (*ctx.messages, p)}),
+            [p, attempt],
+            error=error,
+        )
 
     _, res, run_id, outcome = await run_once(repo, "c1", make, store=False)
 
@@ -148,8 +156,12 @@ async def test_a_failed_run_kept_stores_its_context(repo: Repository) -> None:
 
     def make(ctx: Context) -> Result:
         p = user("do it")
-        return result("failed", ctx.model_copy(update={"messages": (*ctx.messages, p)}),
-                      [p, failed_attempt()], error=AttemptError(kind="fatal", message="x"))
+        return result(
+            "failed",
+            ctx.model_copy(update={"messages": (*ctx.messages, p)}),
+            [p, failed_attempt()],
+            error=AttemptError(kind="fatal", message="x"),
+        )
 
     _, res, _, outcome = await run_once(repo, "c1", make, store=True)
     assert (outcome.status, outcome.stored) == ("failed", True)
@@ -164,15 +176,17 @@ async def test_a_run_whose_conversation_was_deleted_or_recreated_records_nothing
     run = await repo.insert_run(T, "c1", base_etag=base.etag, prompts=[])
     await repo.delete_conversation(T, "c1")
     with pytest.raises(NotFound):
-        await repo.finish_run(T, "c1", run.run_id, base=base,
-                              result=completed_run(base.context), store=True)
+        await repo.finish_run(
+            T, "c1", run.run_id, base=base, result=completed_run(base.context), store=True
+        )
 
     # Re-created under the same id: the old run must not write into the new incarnation.
     await repo.replace_context(T, "c1", conversation(2), create=True)
     fresh = await repo.load_context(T, "c1")
     with pytest.raises(NotFound):
-        await repo.finish_run(T, "c1", run.run_id, base=base,
-                              result=completed_run(base.context), store=True)
+        await repo.finish_run(
+            T, "c1", run.run_id, base=base, result=completed_run(base.context), store=True
+        )
     after = await repo.load_context(T, "c1")
     assert (after.context, after.etag) == (fresh.context, fresh.etag)
     assert len(await repo.list_transcript(T, "c1")) == 1
@@ -233,7 +247,10 @@ async def test_compactions_folding_the_base_and_a_prompt_of_the_run_store_exactl
 
     entries = [e for e in await repo.list_transcript(T, "c1") if e.run_id == run_id]
     assert [(e.kind, e.failed) for e in entries] == [
-        ("compaction", False), ("prompt", False), ("attempt", True), ("compaction", False),
+        ("compaction", False),
+        ("prompt", False),
+        ("attempt", True),
+        ("compaction", False),
         ("attempt", False),
     ]
     assert [e.body["folded"] for e in entries if e.kind == "compaction"] == [
@@ -255,8 +272,12 @@ async def test_a_manual_compaction_stores_the_compacted_context(repo: Repository
 
     def make(ctx: Context) -> Result:
         c = compaction(ctx.messages[:4], "S", reason="manual")
-        return result("completed", ctx.model_copy(update={"summary": "S",
-                                                          "messages": ctx.messages[4:]}), [], [c])
+        return result(
+            "completed",
+            ctx.model_copy(update={"summary": "S", "messages": ctx.messages[4:]}),
+            [],
+            [c],
+        )
 
     _, res, run_id, _outcome = await run_once(repo, "c1", make)
     loaded = await repo.load_context(T, "c1")
@@ -271,13 +292,17 @@ async def test_a_tool_exchange_is_transcribed_in_order(repo: Repository) -> None
     call = ToolCallBlock(id="call_9", name="time_now", arguments="{}")
     p = user("what time is it?")
     asks = AssistantMessage(content=(call,), stop_reason="tool_use")
-    answer = ToolResultMessage(tool_call_id="call_9", tool_name="time_now",
-                               content=(TextBlock(text="noon"),))
+    answer = ToolResultMessage(
+        tool_call_id="call_9", tool_name="time_now", content=(TextBlock(text="noon"),)
+    )
     says = assistant("It is noon.")
 
     def make(ctx: Context) -> Result:
-        return result("completed", ctx.model_copy(update={"messages": (p, asks, answer, says)}),
-                      [p, asks, answer, says])
+        return result(
+            "completed",
+            ctx.model_copy(update={"messages": (p, asks, answer, says)}),
+            [p, asks, answer, says],
+        )
 
     _, res, _run_id, _ = await run_once(repo, "c1", make)
     assert (await repo.load_context(T, "c1")).context == res.context
@@ -291,6 +316,7 @@ async def test_many_runs_with_compactions_always_reload_as_their_result(
 ) -> None:
     await repo.replace_context(T, "c1", conversation(3), create=True)
     for i in range(8):
+
         def make(ctx: Context, i: int = i) -> Result:
             p, a = user(f"q{i}"), assistant(f"a{i}")
             grown: tuple[AnyMessage, ...] = (*ctx.messages, p, a)
@@ -298,9 +324,12 @@ async def test_many_runs_with_compactions_always_reload_as_their_result(
             if not fold:
                 return result("completed", ctx.model_copy(update={"messages": grown}), [p, a])
             c = compaction(grown[:fold], f"S{i}", previous=ctx.summary)
-            return result("completed", ctx.model_copy(update={"summary": f"S{i}",
-                                                              "messages": grown[fold:]}),
-                          [p, a], [c])
+            return result(
+                "completed",
+                ctx.model_copy(update={"summary": f"S{i}", "messages": grown[fold:]}),
+                [p, a],
+                [c],
+            )
 
         _, res, _, outcome = await run_once(repo, "c1", make)
         assert outcome.stored
@@ -319,8 +348,9 @@ async def test_a_result_that_does_not_extend_its_base_is_still_stored_exactly(
         return result("completed", ctx.model_copy(update={"messages": rewritten}), [user("p")])
 
     base = await repo.load_context(T, "c1")
-    plan = plan_context_write(base.context, base.first_position, base.next_position,
-                              make(base.context))
+    plan = plan_context_write(
+        base.context, base.first_position, base.next_position, make(base.context)
+    )
     assert plan.delete_before == base.next_position and len(plan.inserts) == 5
     _, res, _, _ = await run_once(repo, "c1", make)
     assert (await repo.load_context(T, "c1")).context == res.context
@@ -331,9 +361,7 @@ async def test_a_result_that_does_not_extend_its_base_is_still_stored_exactly(
 
 async def test_runs_are_listed_oldest_first_in_pages(repo: Repository) -> None:
     await repo.create_conversation(T, "c1")
-    ids = [
-        (await repo.insert_run(T, "c1", base_etag='"x-1"', prompts=[])).run_id for _ in range(5)
-    ]
+    ids = [(await repo.insert_run(T, "c1", base_etag='"x-1"', prompts=[])).run_id for _ in range(5)]
     page1 = await repo.list_runs(T, "c1", limit=2)
     page2 = await repo.list_runs(T, "c1", after=page1[-1].run_id, limit=2)
     page3 = await repo.list_runs(T, "c1", after=page2[-1].run_id, limit=2)
@@ -363,10 +391,12 @@ async def test_concurrent_runs_from_the_same_base_store_exactly_one(repo: Reposi
     base = await repo.load_context(T, "c1")
     runs = [await repo.insert_run(T, "c1", base_etag=base.etag, prompts=[]) for _ in range(6)]
     results = [completed_run(base.context, f"q{i}", f"a{i}") for i in range(6)]
-    outcomes = await asyncio.gather(*(
-        repo.finish_run(T, "c1", run.run_id, base=base, result=res, store=True)
-        for run, res in zip(runs, results, strict=True)
-    ))
+    outcomes = await asyncio.gather(
+        *(
+            repo.finish_run(T, "c1", run.run_id, base=base, result=res, store=True)
+            for run, res in zip(runs, results, strict=True)
+        )
+    )
     assert sorted(o.status for o in outcomes) == ["completed"] + ["conflicted"] * 5
     winner = next(r for r, o in zip(results, outcomes, strict=True) if o.stored)
     loaded = await repo.load_context(T, "c1")

@@ -68,8 +68,9 @@ def with_tools(ctx: Context) -> Result:
     asks = AssistantMessage(
         content=(ToolCallBlock(id="c1", name="time_now", arguments="{}"),), stop_reason="tool_use"
     )
-    answer = ToolResultMessage(tool_call_id="c1", tool_name="time_now",
-                               content=(TextBlock(text="noon"),))
+    answer = ToolResultMessage(
+        tool_call_id="c1", tool_name="time_now", content=(TextBlock(text="noon"),)
+    )
     says = assistant("noon")
     msgs = (p, asks, answer, says)
     return result("completed", ctx.model_copy(update={"messages": (*ctx.messages, *msgs)}), msgs)
@@ -83,7 +84,10 @@ def with_compaction(ctx: Context) -> Result:
 
 
 async def measure(
-    repo: Repository, engine: AsyncEngine, conv_id: str, size: int,
+    repo: Repository,
+    engine: AsyncEngine,
+    conv_id: str,
+    size: int,
     make: Callable[[Context], Result],
 ) -> Writes:
     await repo.replace_context(T, conv_id, conversation(size), create=True)
@@ -106,8 +110,11 @@ RUN_WRITE = [
     "INSERT INTO transcript",
 ]
 WITH_COMPACTION = [
-    *RUN_WRITE[:1], "DELETE FROM context_messages", *RUN_WRITE[1:5],
-    "INSERT INTO run_compactions", *RUN_WRITE[5:],
+    *RUN_WRITE[:1],
+    "DELETE FROM context_messages",
+    *RUN_WRITE[1:5],
+    "INSERT INTO run_compactions",
+    *RUN_WRITE[5:],
 ]
 
 
@@ -117,8 +124,11 @@ WITH_COMPACTION = [
     ids=["plain", "tools", "compaction"],
 )
 async def test_a_runs_write_does_not_grow_with_the_conversation(
-    repo: Repository, engine: AsyncEngine, make: Callable[[Context], Result],
-    expected: list[str], rows: int,
+    repo: Repository,
+    engine: AsyncEngine,
+    make: Callable[[Context], Result],
+    expected: list[str],
+    rows: int,
 ) -> None:
     small = await measure(repo, engine, "small", SMALL, make)
     large = await measure(repo, engine, "large", LARGE, make)

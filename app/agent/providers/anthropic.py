@@ -95,7 +95,10 @@ from .base import (
 )
 
 __all__ = [
-    "AnthropicProvider", "build_messages", "build_tools", "continues_unthinking_loop",
+    "AnthropicProvider",
+    "build_messages",
+    "build_tools",
+    "continues_unthinking_loop",
     "tool_input",
 ]
 
@@ -142,12 +145,16 @@ def _text(text: str) -> list[dict[str, Any]]:
 def _image(block: ImageBlock) -> dict[str, Any]:
     source = block.source
     if isinstance(source, Base64Source):
-        return {"type": "image", "source": {
-            "type": "base64", "media_type": source.media_type, "data": source.data}}
+        return {
+            "type": "image",
+            "source": {"type": "base64", "media_type": source.media_type, "data": source.data},
+        }
     match = _DATA_URL.match(source.url)
     if match:
-        return {"type": "image", "source": {
-            "type": "base64", "media_type": match.group(1), "data": match.group(2)}}
+        return {
+            "type": "image",
+            "source": {"type": "base64", "media_type": match.group(1), "data": match.group(2)},
+        }
     return {"type": "image", "source": {"type": "url", "url": source.url}}
 
 
@@ -163,15 +170,22 @@ def _assistant_blocks(message: AssistantMessage) -> list[dict[str, Any]]:
     for block in message.content:
         if isinstance(block, ThinkingBlock):
             if block.signature:  # exactly as received; thinking may be ""
-                out.append({"type": "thinking", "thinking": block.thinking,
-                            "signature": block.signature})
+                out.append(
+                    {"type": "thinking", "thinking": block.thinking, "signature": block.signature}
+                )
         elif isinstance(block, RedactedThinkingBlock):
             out.append({"type": "redacted_thinking", "data": block.data})
         elif isinstance(block, TextBlock):
             out += _text(block.text)
         elif isinstance(block, ToolCallBlock):
-            out.append({"type": "tool_use", "id": _tool_id(block.id), "name": block.name,
-                        "input": tool_input(block.arguments)})
+            out.append(
+                {
+                    "type": "tool_use",
+                    "id": _tool_id(block.id),
+                    "name": block.name,
+                    "input": tool_input(block.arguments),
+                }
+            )
     return out
 
 
@@ -221,8 +235,7 @@ def continues_unthinking_loop(turns: Sequence[dict[str, Any]]) -> bool:
 
 def build_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
     return [
-        {"name": t.name, "description": t.description, "input_schema": t.parameters}
-        for t in tools
+        {"name": t.name, "description": t.description, "input_schema": t.parameters} for t in tools
     ]
 
 
@@ -247,7 +260,10 @@ def _compact(value: Any) -> str:
 
 
 _USAGE_FIELDS = (
-    "input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens",
+    "input_tokens",
+    "output_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
 )
 
 
@@ -291,8 +307,10 @@ class _Translator:
             message = _get(event, "message")
             self.wire_usage = _merge_usage(self.wire_usage, _get(message, "usage"))
             return [
-                MessageStart(response_id=str(_get(message, "id") or ""),
-                             model=str(_get(message, "model") or "")),
+                MessageStart(
+                    response_id=str(_get(message, "id") or ""),
+                    model=str(_get(message, "model") or ""),
+                ),
                 UsageUpdate(usage=_usage(self.wire_usage)),
             ]
         if kind == "content_block_start" and isinstance(index, int):
@@ -302,8 +320,9 @@ class _Translator:
         if kind == "content_block_stop" and isinstance(index, int):
             out: list[StreamEvent] = []
             if index in self.tool_inputs and index not in self.tool_args_seen:
-                out.append(ToolCallDelta(index=index, arguments=_compact(
-                    self.tool_inputs[index] or {})))
+                out.append(
+                    ToolCallDelta(index=index, arguments=_compact(self.tool_inputs[index] or {}))
+                )
             return [*out, BlockStop(index=index)]
         if kind == "message_delta":
             self.wire_usage = _merge_usage(self.wire_usage, _get(event, "usage"))
@@ -324,8 +343,9 @@ class _Translator:
         if kind == "thinking":
             # Always open the block, so a thinking block that streams only its signature
             # becomes ThinkingBlock(thinking="", signature=...).
-            out: list[StreamEvent] = [ThinkingDelta(index=index,
-                                                    thinking=_get(block, "thinking") or "")]
+            out: list[StreamEvent] = [
+                ThinkingDelta(index=index, thinking=_get(block, "thinking") or "")
+            ]
             signature = _get(block, "signature")
             if signature:
                 out.append(SignatureDelta(index=index, signature=signature))
@@ -334,8 +354,13 @@ class _Translator:
             return [RedactedThinking(index=index, data=_get(block, "data") or "")]
         if kind == "tool_use":
             self.tool_inputs[index] = _get(block, "input")
-            return [ToolCallStart(index=index, id=str(_get(block, "id") or ""),
-                                  name=str(_get(block, "name") or ""))]
+            return [
+                ToolCallStart(
+                    index=index,
+                    id=str(_get(block, "id") or ""),
+                    name=str(_get(block, "name") or ""),
+                )
+            ]
         return []  # block types never requested (server tools, ...)
 
     def _delta(self, index: int, delta: Any) -> list[StreamEvent]:
@@ -409,8 +434,13 @@ class AnthropicProvider:
             if exc.status_code < 400:
                 return self._event_error(error_type, text)
             return status_error(
-                self.name, exc.status_code, code=None, error_type=error_type, message=text,
-                headers=exc.response.headers, api_key=self._api_key,
+                self.name,
+                exc.status_code,
+                code=None,
+                error_type=error_type,
+                message=text,
+                headers=exc.response.headers,
+                api_key=self._api_key,
             )
         if isinstance(exc, (anthropic.APIConnectionError, *TRANSPORT_ERRORS)):
             return connection_error(self.name, exc, self._api_key)
@@ -425,9 +455,9 @@ class AnthropicProvider:
             kind = "overflow"
         return ProviderError(
             "overflow" if kind == "overflow" else "fatal" if kind == "fatal" else "retryable",
-            f"{self.name}: error event {error_type or 'unknown'}: "
-            f"{scrub(message, self._api_key)}",
-            status=status, code=error_type,
+            f"{self.name}: error event {error_type or 'unknown'}: {scrub(message, self._api_key)}",
+            status=status,
+            code=error_type,
         )
 
     def _raise(self, exc: Exception) -> ProviderError:
@@ -463,9 +493,7 @@ class AnthropicProvider:
                 if translator.stopped:
                     break
         if not translator.stopped:
-            raise ProviderError(
-                "retryable", f"{self.name}: the stream ended before message_stop"
-            )
+            raise ProviderError("retryable", f"{self.name}: the stream ended before message_stop")
 
     def _overflow_stop(self) -> ProviderError:
         return ProviderError(
@@ -478,8 +506,9 @@ class AnthropicProvider:
         except Exception as exc:
             raise self._raise(exc) from None
         usage = _usage(_merge_usage({}, _get(response, "usage")))
-        yield MessageStart(response_id=str(_get(response, "id") or ""),
-                           model=str(_get(response, "model") or ""))
+        yield MessageStart(
+            response_id=str(_get(response, "id") or ""), model=str(_get(response, "model") or "")
+        )
         for index, block in enumerate(_get(response, "content") or ()):
             kind = _get(block, "type")
             if kind == "text":
@@ -492,8 +521,11 @@ class AnthropicProvider:
             elif kind == "redacted_thinking":
                 yield RedactedThinking(index=index, data=_get(block, "data") or "")
             elif kind == "tool_use":
-                yield ToolCallStart(index=index, id=str(_get(block, "id") or ""),
-                                    name=str(_get(block, "name") or ""))
+                yield ToolCallStart(
+                    index=index,
+                    id=str(_get(block, "id") or ""),
+                    name=str(_get(block, "name") or ""),
+                )
                 yield ToolCallDelta(index=index, arguments=_compact(_get(block, "input") or {}))
             else:
                 continue

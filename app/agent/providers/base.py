@@ -136,8 +136,16 @@ class MessageStop:
 
 
 StreamEvent = (
-    MessageStart | TextDelta | ThinkingDelta | SignatureDelta | RedactedThinking | ToolCallStart
-    | ToolCallDelta | BlockStop | UsageUpdate | MessageStop
+    MessageStart
+    | TextDelta
+    | ThinkingDelta
+    | SignatureDelta
+    | RedactedThinking
+    | ToolCallStart
+    | ToolCallDelta
+    | BlockStop
+    | UsageUpdate
+    | MessageStop
 )
 
 

@@ -73,13 +73,17 @@ class EchoProvider:
         directive, _, rest = text.partition(" ")
         if directive == "/fail":
             raise ProviderError(
-                "fatal", "echo: simulated server error (the request failed after its retries)",
-                status=500, code="server_error",
+                "fatal",
+                "echo: simulated server error (the request failed after its retries)",
+                status=500,
+                code="server_error",
             )
         if directive == "/overflow" and len(history) > 1:
             raise ProviderError(
-                "overflow", "echo: simulated context window overflow",
-                status=400, code="context_length_exceeded",
+                "overflow",
+                "echo: simulated context window overflow",
+                status=400,
+                code="context_length_exceeded",
             )
         if directive == "/sleep":
             seconds, _, rest = rest.partition(" ")

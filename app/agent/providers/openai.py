@@ -132,11 +132,13 @@ def build_messages(system_prompt: str, messages: Sequence[AnyMessage]) -> list[d
             text = "".join(b.text for b in message.content if isinstance(b, TextBlock))
             images = [b for b in message.content if isinstance(b, ImageBlock)]
             if images:
-                pending_images.append({
-                    "type": "text",
-                    "text": f"Image output of tool call {message.tool_call_id} "
-                    f"({message.tool_name}):",
-                })
+                pending_images.append(
+                    {
+                        "type": "text",
+                        "text": f"Image output of tool call {message.tool_call_id} "
+                        f"({message.tool_name}):",
+                    }
+                )
                 pending_images.extend(
                     {"type": "image_url", "image_url": {"url": _image_url(b)}} for b in images
                 )
@@ -349,8 +351,12 @@ class OpenAIProvider:
         if isinstance(exc, openai.APIStatusError):
             code, error_type, message = error_fields(exc.body)
             return status_error(
-                self.name, exc.status_code, code=code, error_type=error_type,
-                message=message or exc.message, headers=exc.response.headers,
+                self.name,
+                exc.status_code,
+                code=code,
+                error_type=error_type,
+                message=message or exc.message,
+                headers=exc.response.headers,
                 api_key=self._api_key,
             )
         if isinstance(exc, (openai.APIConnectionError, *TRANSPORT_ERRORS)):
@@ -437,4 +443,3 @@ class OpenAIProvider:
             translator.finish_reason = "tool_calls" if translator.calls else "stop"
         for event in translator.stop():
             yield event
-

@@ -44,10 +44,16 @@ router = APIRouter(tags=["conversations"])
 
 def conversation_body(conv: tables.Conversation, run_count: int) -> Conversation:
     return Conversation(
-        id=conv.id, etag=conv.etag, system_prompt=conv.system_prompt,
-        has_summary=bool(conv.summary), message_count=conv.message_count, run_count=run_count,
-        transcript_count=conv.transcript_seq, active_run_id=conv.active_run_id,
-        created_at=conv.created_at, updated_at=conv.updated_at,
+        id=conv.id,
+        etag=conv.etag,
+        system_prompt=conv.system_prompt,
+        has_summary=bool(conv.summary),
+        message_count=conv.message_count,
+        run_count=run_count,
+        transcript_count=conv.transcript_seq,
+        active_run_id=conv.active_run_id,
+        created_at=conv.created_at,
+        updated_at=conv.updated_at,
     )
 
 
@@ -62,7 +68,9 @@ def conversation_body(conv: tables.Conversation, run_count: int) -> Conversation
     operation_id="create_conversation",
 )
 async def create_conversation(
-    svc: ServicesDep, tenant: TenantDep, response: Response,
+    svc: ServicesDep,
+    tenant: TenantDep,
+    response: Response,
     body: Annotated[ConversationCreate | None, Body()] = None,
 ) -> Conversation:
     """Create an empty conversation, with a generated id unless the body names one."""
@@ -81,8 +89,10 @@ async def create_conversation(
 
 
 @router.get(
-    "/conversations", response_model=ConversationPage,
-    responses=problem_responses(400, 422), operation_id="list_conversations",
+    "/conversations",
+    response_model=ConversationPage,
+    responses=problem_responses(400, 422),
+    operation_id="list_conversations",
 )
 async def list_conversations(
     svc: ServicesDep, tenant: TenantDep, cursor: CursorQuery = None, limit: LimitQuery = None
@@ -101,7 +111,8 @@ async def list_conversations(
 
 
 @router.get(
-    "/conversations/{conversation_id}", response_model=Conversation,
+    "/conversations/{conversation_id}",
+    response_model=Conversation,
     responses={200: {"headers": {"ETag": ETAG_HEADER}}, **problem_responses(404, 422)},
     operation_id="get_conversation",
 )
@@ -118,12 +129,15 @@ async def get_conversation(
 
 
 @router.delete(
-    "/conversations/{conversation_id}", status_code=204,
+    "/conversations/{conversation_id}",
+    status_code=204,
     responses=problem_responses(400, 404, PRECONDITION_FAILED, 422),
     operation_id="delete_conversation",
 )
 async def delete_conversation(
-    svc: ServicesDep, tenant: TenantDep, conversation_id: ConversationPath,
+    svc: ServicesDep,
+    tenant: TenantDep,
+    conversation_id: ConversationPath,
     if_match: IfMatchHeader = None,
 ) -> Response:
     """Delete the conversation and all its records. Honours If-Match."""
@@ -134,8 +148,11 @@ async def delete_conversation(
             tenant, conversation_id, if_match_value(if_match)
         )
     except PreconditionFailed as exc:
-        raise Problem(PRECONDITION_FAILED, "If-Match does not match the stored context",
-                      current_etag=exc.current_etag) from None
+        raise Problem(
+            PRECONDITION_FAILED,
+            "If-Match does not match the stored context",
+            current_etag=exc.current_etag,
+        ) from None
     if not deleted:
         raise conversation_not_found(conversation_id)
     return Response(status_code=204)
@@ -146,14 +163,18 @@ async def delete_conversation(
     response_model=Context,
     responses={
         200: {"headers": {"ETag": ETAG_HEADER}},
-        304: {"description": "Not modified: the ETag in If-None-Match is current",
-              "headers": {"ETag": ETAG_HEADER}},
+        304: {
+            "description": "Not modified: the ETag in If-None-Match is current",
+            "headers": {"ETag": ETAG_HEADER},
+        },
         **problem_responses(400, 404, 422),
     },
     operation_id="get_context",
 )
 async def get_context(
-    svc: ServicesDep, tenant: TenantDep, conversation_id: ConversationPath,
+    svc: ServicesDep,
+    tenant: TenantDep,
+    conversation_id: ConversationPath,
     if_none_match: IfNoneMatchHeader = None,
 ) -> Response:
     """The stored Context, with its ETag; `If-None-Match` answers 304 when unchanged."""
@@ -182,28 +203,37 @@ async def get_context(
     status_code=200,
     responses={
         200: {"description": "Replaced", "headers": {"ETag": ETAG_HEADER}},
-        201: {"description": "Created (If-None-Match: *)",
-              "headers": {"ETag": ETAG_HEADER, "Location": LOCATION_HEADER}},
+        201: {
+            "description": "Created (If-None-Match: *)",
+            "headers": {"ETag": ETAG_HEADER, "Location": LOCATION_HEADER},
+        },
         **problem_responses(400, 404, PRECONDITION_FAILED, 422, PRECONDITION_REQUIRED),
     },
     operation_id="put_context",
 )
 async def put_context(
-    svc: ServicesDep, tenant: TenantDep, conversation_id: ConversationPath, context: Context,
-    if_match: IfMatchHeader = None, if_none_match: IfNoneMatchHeader = None,
+    svc: ServicesDep,
+    tenant: TenantDep,
+    conversation_id: ConversationPath,
+    context: Context,
+    if_match: IfMatchHeader = None,
+    if_none_match: IfNoneMatchHeader = None,
 ) -> Response:
     """Replace the Context (`If-Match`) or create the conversation with it
     (`If-None-Match: *`). Without either: 428. The context must be replayable (422)."""
     match = if_match_value(if_match)
     none_match = parse_condition(if_none_match, "If-None-Match")
     if match is None and none_match is None:
-        raise Problem(PRECONDITION_REQUIRED,
-                      "send If-Match with the current ETag to replace the context, or "
-                      "If-None-Match: * to create the conversation")
+        raise Problem(
+            PRECONDITION_REQUIRED,
+            "send If-Match with the current ETag to replace the context, or "
+            "If-None-Match: * to create the conversation",
+        )
     if match is None and none_match is not None and not none_match.any:
-        raise Problem(PRECONDITION_REQUIRED,
-                      "If-None-Match on PUT only supports '*' (create if absent); use If-Match "
-                      "to replace")
+        raise Problem(
+            PRECONDITION_REQUIRED,
+            "If-None-Match on PUT only supports '*' (create if absent); use If-Match to replace",
+        )
     check_context(svc.settings, context)
     try:
         validate_context(context)
@@ -215,8 +245,11 @@ async def put_context(
         if current_etag is None:  # If-None-Match: * found the conversation
             conv = await svc.repo.get_conversation(tenant, conversation_id)
             current_etag = conv.etag if conv is not None else None
-        return Problem(PRECONDITION_FAILED, "the precondition does not hold for the stored "
-                       "context", current_etag=current_etag)
+        return Problem(
+            PRECONDITION_FAILED,
+            "the precondition does not hold for the stored context",
+            current_etag=current_etag,
+        )
 
     if match is not None and none_match is not None:
         # RFC 9110 §13.2.2: If-Match, then If-None-Match. If-Match needs the conversation to
@@ -224,8 +257,9 @@ async def put_context(
         conv = await svc.repo.get_conversation(tenant, conversation_id)
         if conv is None:
             raise conversation_not_found(conversation_id)
-        outcome = evaluate_preconditions(if_match=if_match, if_none_match=if_none_match,
-                                         current=conv.etag, safe_method=False)
+        outcome = evaluate_preconditions(
+            if_match=if_match, if_none_match=if_none_match, current=conv.etag, safe_method=False
+        )
         if outcome != "proceed":
             raise await precondition_failed(conv.etag)
     try:
@@ -238,6 +272,7 @@ async def put_context(
     except PreconditionFailed as exc:
         raise await precondition_failed(exc.current_etag) from None
     return JSONResponse(
-        context.model_dump(mode="json"), status_code=201,
+        context.model_dump(mode="json"),
+        status_code=201,
         headers={"ETag": etag, "Location": f"/conversations/{conversation_id}"},
     )

@@ -21,8 +21,10 @@ async def healthz() -> Health:
 
 
 @router.get(
-    "/readyz", response_model=Readiness,
-    responses={503: {"model": Readiness, "description": "Not ready"}}, operation_id="readyz",
+    "/readyz",
+    response_model=Readiness,
+    responses={503: {"model": Readiness, "description": "Not ready"}},
+    operation_id="readyz",
 )
 async def readyz(svc: ServicesDep) -> Response:
     """Ready when the database answers and its schema is at the head revision."""
@@ -33,15 +35,23 @@ async def readyz(svc: ServicesDep) -> Response:
     except Exception:
         revision, reachable = None, False
     ready = reachable and revision == expected
-    body = Readiness(status="ready" if ready else "not_ready", database=reachable,
-                     schema_revision=revision, expected_revision=expected)
+    body = Readiness(
+        status="ready" if ready else "not_ready",
+        database=reachable,
+        schema_revision=revision,
+        expected_revision=expected,
+    )
     return JSONResponse(body.model_dump(mode="json"), status_code=200 if ready else 503)
 
 
 @router.get(
     "/metrics",
-    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
-                     "description": "Prometheus text exposition"}},
+    responses={
+        200: {
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+            "description": "Prometheus text exposition",
+        }
+    },
     operation_id="metrics",
 )
 async def metrics() -> Response:

@@ -68,22 +68,25 @@ router = APIRouter(tags=["runs"])
 
 PreferHeader = Annotated[
     str | None,
-    Header(alias="Prefer", description="`return=minimal` (RFC 7240) leaves `context` out of "
-                                       "the answer"),
+    Header(
+        alias="Prefer", description="`return=minimal` (RFC 7240) leaves `context` out of the answer"
+    ),
 ]
 IdempotencyKeyHeader = Annotated[
     str | None,
-    Header(alias="Idempotency-Key", max_length=255,
-           description="Repeat a request safely: the same key and body replay the first answer"),
+    Header(
+        alias="Idempotency-Key",
+        max_length=255,
+        description="Repeat a request safely: the same key and body replay the first answer",
+    ),
 ]
 AcceptHeader = Annotated[
     str | None,
-    Header(alias="Accept", description="`text/event-stream` streams the run as server-sent "
-                                       "events"),
+    Header(alias="Accept", description="`text/event-stream` streams the run as server-sent events"),
 ]
 
 SSE_DESCRIPTION = (
-    "With `Accept: text/event-stream` or `\"stream\": true`: server-sent events `run.started`, "
+    'With `Accept: text/event-stream` or `"stream": true`: server-sent events `run.started`, '
     "`delta` (text, thinking and tool-call parts), `message` (each completed message), "
     "`tool.started`, `tool.finished`, `compaction`, and last `run.finished` carrying the same "
     "body as the JSON answer."
@@ -94,10 +97,23 @@ SSE_DESCRIPTION = (
 SSE_EVENT: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "event": {"type": "string", "enum": ["run.started", "delta", "message", "tool.started",
-                                             "tool.finished", "compaction", "run.finished"]},
-        "data": {"type": "string", "contentMediaType": "application/json",
-                 "description": "The event's JSON payload; for run.finished, the Run"},
+        "event": {
+            "type": "string",
+            "enum": [
+                "run.started",
+                "delta",
+                "message",
+                "tool.started",
+                "tool.finished",
+                "compaction",
+                "run.finished",
+            ],
+        },
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "description": "The event's JSON payload; for run.finished, the Run",
+        },
     },
     "required": ["event", "data"],
 }
@@ -118,14 +134,20 @@ def _idempotency_key(value: str | None) -> str | None:
     if key.startswith('"') and key.endswith('"') and len(key) >= 2:
         key = key[1:-1]  # the draft defines the key as an sf-string
     if not key or not all(0x20 <= ord(c) < 0x7F for c in key):
-        raise Problem(BAD_HEADER, "Idempotency-Key must be a non-empty string of visible ASCII",
-                      header="Idempotency-Key")
+        raise Problem(
+            BAD_HEADER,
+            "Idempotency-Key must be a non-empty string of visible ASCII",
+            header="Idempotency-Key",
+        )
     return key
 
 
 def _stopping() -> Problem:
-    return Problem(NOT_READY, "this server is stopping and starts no new run; try another "
-                   "replica or again shortly", headers={"Retry-After": "1"})
+    return Problem(
+        NOT_READY,
+        "this server is stopping and starts no new run; try another replica or again shortly",
+        headers={"Retry-After": "1"},
+    )
 
 
 @router.post(
@@ -140,10 +162,13 @@ def _stopping() -> Problem:
         },
         409: {
             "description": "Another run is in progress (`run-in-progress`), or the first "
-                           "request with this Idempotency-Key still runs",
+            "request with this Idempotency-Key still runs",
             "headers": {"Retry-After": RETRY_AFTER_HEADER},
-            "content": {"application/problem+json": {
-                "schema": {"$ref": "#/components/schemas/ProblemDetails"}}},
+            "content": {
+                "application/problem+json": {
+                    "schema": {"$ref": "#/components/schemas/ProblemDetails"}
+                }
+            },
         },
         **problem_responses(400, 404, PRECONDITION_FAILED, 413, 422),
     },
@@ -167,21 +192,30 @@ async def create_run(
     minimal = _minimal(prefer)
     try:
         started = await svc.runs.start(
-            tenant, conversation_id, body, if_match=if_match_value(if_match),
-            idempotency_key=_idempotency_key(idempotency_key), minimal=minimal, stream=stream,
+            tenant,
+            conversation_id,
+            body,
+            if_match=if_match_value(if_match),
+            idempotency_key=_idempotency_key(idempotency_key),
+            minimal=minimal,
+            stream=stream,
         )
     except NotFound:
         raise conversation_not_found(conversation_id) from None
     except PreconditionFailed as exc:
-        raise Problem(PRECONDITION_FAILED, "If-Match does not match the stored context; "
-                      "nothing ran", current_etag=exc.current_etag) from None
+        raise Problem(
+            PRECONDITION_FAILED,
+            "If-Match does not match the stored context; nothing ran",
+            current_etag=exc.current_etag,
+        ) from None
     except Busy as exc:
         raise run_in_progress(exc.active_run_id, int(exc.retry_after)) from None
     except IdempotencyMismatch as exc:
         raise Problem(IDEMPOTENCY_KEY_MISMATCH, str(exc)) from None
     except IdempotencyInFlight as exc:
-        raise Problem(IDEMPOTENCY_KEY_IN_FLIGHT, str(exc), run_id=exc.run_id,
-                      headers={"Retry-After": "1"}) from None
+        raise Problem(
+            IDEMPOTENCY_KEY_IN_FLIGHT, str(exc), run_id=exc.run_id, headers={"Retry-After": "1"}
+        ) from None
     except ShuttingDown:
         raise _stopping() from None
 
@@ -197,10 +231,10 @@ async def create_run(
     location = _location(conversation_id, started.run_id)
     if stream:
         return StreamingResponse(
-            _events(svc.runs, started, body.on_disconnect, minimal), status_code=201,
+            _events(svc.runs, started, body.on_disconnect, minimal),
+            status_code=201,
             media_type="text/event-stream",
-            headers={"Location": location, "Cache-Control": "no-store",
-                     "X-Accel-Buffering": "no"},
+            headers={"Location": location, "Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
     view = await svc.runs.wait(
         started, on_disconnect=body.on_disconnect, disconnected=request.is_disconnected
@@ -247,9 +281,14 @@ async def _events(
     try:
         run = active.started.run
         assert run is not None
-        yield _sse("run.started", {"run_id": active.run_id,
-                                   "conversation_id": active.conversation_id,
-                                   "base_etag": run.base_etag})
+        yield _sse(
+            "run.started",
+            {
+                "run_id": active.run_id,
+                "conversation_id": active.conversation_id,
+                "base_etag": run.base_etag,
+            },
+        )
         while True:
             event = await active.events.get()
             if event is None:
@@ -266,12 +305,17 @@ async def _events(
 
 
 @router.get(
-    "/conversations/{conversation_id}/runs", response_model=RunPage,
-    responses=problem_responses(400, 404, 422), operation_id="list_runs",
+    "/conversations/{conversation_id}/runs",
+    response_model=RunPage,
+    responses=problem_responses(400, 404, 422),
+    operation_id="list_runs",
 )
 async def list_runs(
-    svc: ServicesDep, tenant: TenantDep, conversation_id: ConversationPath,
-    cursor: CursorQuery = None, limit: LimitQuery = None,
+    svc: ServicesDep,
+    tenant: TenantDep,
+    conversation_id: ConversationPath,
+    cursor: CursorQuery = None,
+    limit: LimitQuery = None,
 ) -> Response:
     """The conversation's runs, oldest first, as full records (without their context)."""
     size = page_limit(svc.settings, limit)
@@ -285,15 +329,19 @@ async def list_runs(
     more = len(records) > size
     records = records[:size]
     # Records leave out ``context`` (not ``"context": null``), as a minimal POST answer does.
-    return JSONResponse({
-        "items": [record_view(r).body() for r in records],
-        "next_cursor": encode_cursor(records[-1].run.run_id) if more else None,
-    })
+    return JSONResponse(
+        {
+            "items": [record_view(r).body() for r in records],
+            "next_cursor": encode_cursor(records[-1].run.run_id) if more else None,
+        }
+    )
 
 
 @router.get(
-    "/conversations/{conversation_id}/runs/{run_id}", response_model=Run,
-    responses=problem_responses(404, 422), operation_id="get_run",
+    "/conversations/{conversation_id}/runs/{run_id}",
+    response_model=Run,
+    responses=problem_responses(404, 422),
+    operation_id="get_run",
 )
 async def get_run(
     svc: ServicesDep, tenant: TenantDep, conversation_id: ConversationPath, run_id: RunIdPath
@@ -307,7 +355,8 @@ async def get_run(
 
 @router.post(
     "/conversations/{conversation_id}/runs/{run_id}/cancel",
-    status_code=202, response_model=Run,
+    status_code=202,
+    response_model=Run,
     responses=problem_responses(404, RUN_NOT_ACTIVE, 422),
     operation_id="cancel_run",
 )
@@ -319,8 +368,9 @@ async def cancel_run(
     try:
         await svc.runs.cancel(tenant, conversation_id, run_id)
     except NotFound:
-        raise Problem(NOT_FOUND, f"run {run_id!r} not found in conversation {conversation_id!r}"
-                      ) from None
+        raise Problem(
+            NOT_FOUND, f"run {run_id!r} not found in conversation {conversation_id!r}"
+        ) from None
     except Conflict as exc:
         raise Problem(RUN_NOT_ACTIVE, str(exc)) from None
     record = await svc.repo.get_run(tenant, conversation_id, run_id)
@@ -332,41 +382,58 @@ async def cancel_run(
 class CompactRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    agent: str = Field(default="default", min_length=1, max_length=64,
-                       description="The agent profile whose provider writes the summary")
+    agent: str = Field(
+        default="default",
+        min_length=1,
+        max_length=64,
+        description="The agent profile whose provider writes the summary",
+    )
 
 
 @router.post(
     "/conversations/{conversation_id}/compact",
-    status_code=201, response_model=Run,
+    status_code=201,
+    response_model=Run,
     responses={
-        201: {"description": "The compaction's run record (no compaction when there was "
-                             "nothing to fold)",
-              "headers": {"Location": LOCATION_HEADER, "ETag": ETAG_HEADER}},
-        409: {"description": "Another run is in progress",
-              "headers": {"Retry-After": RETRY_AFTER_HEADER},
-              "content": {"application/problem+json": {
-                  "schema": {"$ref": "#/components/schemas/ProblemDetails"}}}},
+        201: {
+            "description": "The compaction's run record (no compaction when there was "
+            "nothing to fold)",
+            "headers": {"Location": LOCATION_HEADER, "ETag": ETAG_HEADER},
+        },
+        409: {
+            "description": "Another run is in progress",
+            "headers": {"Retry-After": RETRY_AFTER_HEADER},
+            "content": {
+                "application/problem+json": {
+                    "schema": {"$ref": "#/components/schemas/ProblemDetails"}
+                }
+            },
+        },
         **problem_responses(400, 404, PRECONDITION_FAILED, 422),
     },
     operation_id="compact_conversation",
 )
 async def compact(
-    svc: ServicesDep, tenant: TenantDep, conversation_id: ConversationPath,
+    svc: ServicesDep,
+    tenant: TenantDep,
+    conversation_id: ConversationPath,
     body: Annotated[CompactRequest | None, Body()] = None,
-    if_match: IfMatchHeader = None, prefer: PreferHeader = None,
+    if_match: IfMatchHeader = None,
+    prefer: PreferHeader = None,
 ) -> Response:
     """Fold all but the current turn into the summary now."""
     body = body or CompactRequest()
     minimal = _minimal(prefer)
     try:
-        view = await svc.runs.compact(tenant, conversation_id, body.agent,
-                                      if_match_value(if_match))
+        view = await svc.runs.compact(tenant, conversation_id, body.agent, if_match_value(if_match))
     except NotFound:
         raise conversation_not_found(conversation_id) from None
     except PreconditionFailed as exc:
-        raise Problem(PRECONDITION_FAILED, "If-Match does not match the stored context",
-                      current_etag=exc.current_etag) from None
+        raise Problem(
+            PRECONDITION_FAILED,
+            "If-Match does not match the stored context",
+            current_etag=exc.current_etag,
+        ) from None
     except Busy as exc:
         raise run_in_progress(exc.active_run_id, int(exc.retry_after)) from None
     except ShuttingDown:

@@ -23,20 +23,26 @@ router = APIRouter(tags=["transcript"])
 
 
 @router.get(
-    "/conversations/{conversation_id}/transcript", response_model=TranscriptPage,
-    responses=problem_responses(400, 404, 422), operation_id="get_transcript",
+    "/conversations/{conversation_id}/transcript",
+    response_model=TranscriptPage,
+    responses=problem_responses(400, 404, 422),
+    operation_id="get_transcript",
 )
 async def get_transcript(
-    svc: ServicesDep, tenant: TenantDep, conversation_id: ConversationPath,
-    cursor: CursorQuery = None, limit: LimitQuery = None,
+    svc: ServicesDep,
+    tenant: TenantDep,
+    conversation_id: ConversationPath,
+    cursor: CursorQuery = None,
+    limit: LimitQuery = None,
 ) -> TranscriptPage:
     """Every admitted prompt, assistant attempt (failed ones flagged), tool result, compaction
     and context replacement, in order, each with its run id, sequence number and time."""
     size = page_limit(svc.settings, limit)
     after = decode_cursor(cursor, int) or 0
     try:
-        rows = await svc.repo.list_transcript(tenant, conversation_id, after_seq=after,
-                                              limit=size + 1)
+        rows = await svc.repo.list_transcript(
+            tenant, conversation_id, after_seq=after, limit=size + 1
+        )
     except NotFound:
         raise conversation_not_found(conversation_id) from None
     more = len(rows) > size
