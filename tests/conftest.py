@@ -10,8 +10,9 @@
 
 PostgreSQL comes from ``CARRYOVER_TEST_POSTGRES_URL`` (default
 ``postgresql://postgres@127.0.0.1:5432/test``), used as the admin connection that creates and
-drops the per-test databases. When it is unreachable the ``postgresql`` cases are skipped, or
-fail when ``CARRYOVER_REQUIRE_POSTGRES=1`` (CI sets it).
+drops the per-test databases. When no connection to it can be made (server unreachable, its
+database missing, login refused) the ``postgresql`` cases are skipped with the reason, or fail
+when ``CARRYOVER_REQUIRE_POSTGRES=1`` (CI sets it).
 
 Admin work runs on its own event loop in a helper thread, so these fixtures never touch the
 event loop pytest-asyncio gives each test.
@@ -20,9 +21,9 @@ event loop pytest-asyncio gives each test.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shutil
-import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -65,14 +66,37 @@ def _postgres_url(database: str) -> str:
 
 
 def _require_postgres() -> None:
+    """Skip (or, with ``CARRYOVER_REQUIRE_POSTGRES=1``, fail) unless the admin database answers."""
+    problem = _postgres_problem()
+    if problem is None:
+        return
+    if os.environ.get("CARRYOVER_REQUIRE_POSTGRES") == "1":
+        pytest.fail(f"{problem} (CARRYOVER_REQUIRE_POSTGRES=1)")
+    pytest.skip(problem)
+
+
+@functools.cache
+def _postgres_problem() -> str | None:
+    """Why the admin connection cannot be used, or ``None``: a real login to the admin
+    database, asked once per session. A listening port alone is not enough (the database named
+    in ``CARRYOVER_TEST_POSTGRES_URL`` may not exist, or the role may be refused)."""
     url = make_url(POSTGRES_ADMIN_URL)
+    where = f"PostgreSQL {url.render_as_string(hide_password=True)} (CARRYOVER_TEST_POSTGRES_URL)"
+    admin_db = url.database or "postgres"
+
+    async def probe() -> None:
+        conn = await asyncpg.connect(_postgres_url(admin_db), timeout=5)
+        await conn.close()
+
     try:
-        socket.create_connection((url.host or "127.0.0.1", url.port or 5432), timeout=2).close()
-    except OSError as exc:
-        message = f"PostgreSQL at {url.host}:{url.port or 5432} is unreachable: {exc}"
-        if os.environ.get("CARRYOVER_REQUIRE_POSTGRES") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+        run_blocking(probe)
+    except asyncpg.InvalidCatalogNameError:
+        return f"{where}: database {admin_db!r} does not exist; create it or point the URL at one"
+    except (TimeoutError, OSError) as exc:
+        return f"{where} is unreachable: {exc or type(exc).__name__}"
+    except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        return f"{where} refused the connection: {type(exc).__name__}: {exc}"
+    return None
 
 
 async def _postgres_admin(sql: str) -> None:
