@@ -1,9 +1,12 @@
-"""The ``carryover`` command: ``serve``, ``migrate``, ``keys`` and ``openapi`` (SPEC §6).
+"""The ``carryover`` command: ``serve``, ``migrate``, ``keys`` and ``openapi`` (docs/contract.md
+"Running it").
 
 - ``carryover serve [--host H] [--port P] [--workers N]`` migrates the database to head, then
   serves the app factory ``app.api.app:create_app`` with uvicorn. It refuses a non-loopback
   host when no API keys are configured (none in ``CARRYOVER_API_KEYS``, none active in the
-  database), unless ``CARRYOVER_ALLOW_UNAUTHENTICATED_PUBLIC`` is set.
+  database), unless ``CARRYOVER_ALLOW_UNAUTHENTICATED_PUBLIC`` is set. Its banner ("… listening
+  on URL") is printed once the port accepts connections, as a JSON line with
+  ``CARRYOVER_LOG_FORMAT=json``.
 - ``carryover migrate [--downgrade REVISION]`` only migrates (to head, or down to REVISION,
   e.g. ``base``).
 - ``carryover keys create --tenant NAME`` creates an API key bound to a tenant and prints it
@@ -22,6 +25,7 @@ import argparse
 import asyncio
 import importlib
 import json
+import logging
 import os
 import shutil
 import sys
@@ -36,9 +40,12 @@ from pydantic import ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from .config import TENANT_NAME, Settings, get_settings, is_loopback, validation_messages
-from .observability import RedactSecrets, configure_logging, logging_config
+from .observability import RedactSecrets, banner_line, configure_logging, logging_config
 
 if TYPE_CHECKING:
+    import socket
+
+    import uvicorn
     from fastapi import FastAPI
 
     from app.store.keys import KeyStore
@@ -179,25 +186,28 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+def _access(settings: Settings, db_keys: int | None) -> str:
+    stored = f", {db_keys} key(s) in the database" if db_keys else ""
+    if settings.api_keys:
+        return f"API keys for {len(settings.api_keys.tenants)} tenant(s){stored}"
+    if db_keys:
+        return f"API keys required ({db_keys} key(s) in the database)"
+    if db_keys is None:
+        return "the database's API keys could not be counted; requests need a key if it holds any"
+    if settings.allow_unauthenticated_public and not is_loopback(settings.host):
+        return "NO authentication (CARRYOVER_ALLOW_UNAUTHENTICATED_PUBLIC is set)"
+    return "no API keys configured: no authentication, loopback only"
+
+
 def describe(settings: Settings, db_keys: int | None = 0) -> str:
-    """What ``serve`` says at start: where, which agent, which database, which access rule.
+    """What ``serve`` says once it listens: where, which agent, which database, which access
+    rule.
 
     ``db_keys``: active keys in the database, ``None`` when they could not be counted.
     """
     profile = settings.profile()
     names = ", ".join(sorted(settings.profiles()))
     workers = f"{settings.workers} worker" + ("s" if settings.workers != 1 else "")
-    stored = f", {db_keys} key(s) in the database" if db_keys else ""
-    if settings.api_keys:
-        access = f"API keys for {len(settings.api_keys.tenants)} tenant(s){stored}"
-    elif db_keys:
-        access = f"API keys required ({db_keys} key(s) in the database)"
-    elif db_keys is None:
-        access = "the database's API keys could not be counted; requests need a key if it holds any"
-    elif settings.allow_unauthenticated_public and not is_loopback(settings.host):
-        access = "NO authentication (CARRYOVER_ALLOW_UNAUTHENTICATED_PUBLIC is set)"
-    else:
-        access = "no API keys configured: no authentication, loopback only"
     model = f", model {profile.model}" if profile.model else ""
     base = f", base URL {profile.base_url}" if profile.base_url else ""
     return "\n".join(
@@ -206,8 +216,29 @@ def describe(settings: Settings, db_keys: int | None = 0) -> str:
             f"  agent profile 'default': provider {profile.provider}{model}{base}",
             f"  agent profiles: {names}",
             f"  database: {settings.database_url_display}",
-            f"  access: {access}",
+            f"  access: {_access(settings, db_keys)}",
         ]
+    )
+
+
+def banner(settings: Settings, db_keys: int | None = 0) -> str:
+    """:func:`describe` in the configured log format: as is, or one JSON line whose
+    ``message`` is its first line and whose fields carry the rest."""
+    if settings.log_format != "json":
+        return describe(settings, db_keys)
+    profile = settings.profile()
+    return banner_line(
+        describe(settings, db_keys).splitlines()[0],
+        "json",
+        logger="carryover.serve",
+        url=_url(settings.host, settings.port),
+        workers=settings.workers,
+        provider=profile.provider,
+        model=profile.model,
+        base_url=profile.base_url,
+        profiles=sorted(settings.profiles()),
+        database=settings.database_url_display,
+        access=_access(settings, db_keys),
     )
 
 
@@ -222,6 +253,7 @@ def serve(args: argparse.Namespace) -> int:
             raise CliError(refusal, status=2)
     secrets = settings.secret_values()
     configure_logging(settings.log_level, settings.log_format, secrets)
+    logging.captureWarnings(True)  # a library's warning is a log line, in the log's format
     _migrate(settings)
     if db_keys is None:
         db_keys = _count_keys(settings, missing_ok=True)
@@ -230,25 +262,60 @@ def serve(args: argparse.Namespace) -> int:
         # Each worker keeps its own counters; prometheus-client aggregates them from files.
         metrics_dir = tempfile.mkdtemp(prefix="carryover-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
-    print(describe(settings, db_keys), flush=True)
+    text = banner(settings, db_keys)
 
     import uvicorn
 
+    config = uvicorn.Config(
+        APP_FACTORY,
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers,
+        log_config=logging_config(settings.log_level, settings.log_format, secrets),
+        server_header=False,
+    )
     try:
-        uvicorn.run(
-            APP_FACTORY,
-            factory=True,
-            host=settings.host,
-            port=settings.port,
-            workers=settings.workers,
-            log_config=logging_config(settings.log_level, settings.log_format, secrets),
-            server_header=False,
-        )
+        started = run_server(config, on_listening=lambda: print(text, flush=True))
     finally:
         if metrics_dir is not None:
             os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
             shutil.rmtree(metrics_dir, ignore_errors=True)
+    if not started:
+        raise CliError("the server did not start (see the log above)", status=3)
     return 0
+
+
+def run_server(config: uvicorn.Config, on_listening: Callable[[], None]) -> bool:
+    """Serve ``config`` as ``uvicorn.run`` does, calling ``on_listening`` once the port accepts
+    connections: with one worker when the server has bound it (after the app's startup), with
+    several once the shared socket listens (connections wait in its backlog until a worker
+    takes them). Whether the server started."""
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    if config.workers > 1:
+        sock = config.bind_socket()
+        sock.listen(config.backlog)
+        on_listening()
+        try:
+            Multiprocess(config, sockets=[sock]).run()
+        except KeyboardInterrupt:
+            pass
+        return True
+
+    class AnnouncingServer(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                on_listening()
+
+    server = AnnouncingServer(config)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    return server.started
 
 
 def _count_keys(settings: Settings, *, missing_ok: bool) -> int | None:
@@ -418,7 +485,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except CliError as exc:
-        print(f"carryover: {exc}", file=sys.stderr)
+        # JSON logs stay JSON to the last line (the settings may be what failed: read the
+        # variable itself)
+        fmt = os.environ.get("CARRYOVER_LOG_FORMAT", "text").strip().lower()
+        line = banner_line(f"carryover: {exc}", fmt, logger="carryover", level=logging.ERROR)
+        print(line, file=sys.stderr)
         return exc.status
     except KeyboardInterrupt:
         return 130

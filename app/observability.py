@@ -9,7 +9,11 @@ With several worker processes, set ``PROMETHEUS_MULTIPROC_DIR`` (``carryover ser
 when ``--workers`` > 1) and :func:`render_metrics` aggregates every worker's figures.
 
 Logging goes to stderr as text or JSON lines; :class:`RedactSecrets` replaces any configured
-secret (API keys, provider keys, the database password) that reaches a log record.
+secret (API keys, provider keys, the database password) that reaches a log record. With JSON
+every line is one object — uvicorn's own lines and its access log included (the access log
+with ``client``, ``method``, ``path``, ``http_version`` and ``status`` fields) — and no line
+carries a terminal colour code; :func:`banner_line` renders ``carryover serve``'s banner the
+same way.
 """
 
 from __future__ import annotations
@@ -211,6 +215,25 @@ class RedactSecrets(logging.Filter):
         return True
 
 
+#: record attributes that are formatting hints, never fields: uvicorn's ``color_message``
+#: holds ANSI colour codes
+_HINT_ATTRS = frozenset({"color_message"})
+ACCESS_FIELDS = ("client", "method", "path", "http_version", "status")
+
+
+class AccessFields(logging.Filter):
+    """Give uvicorn's access records their parts as fields (``client``, ``method``, ``path``,
+    ``http_version``, ``status``), read from the record's arguments. Installed before
+    :class:`RedactSecrets`, which folds the arguments into the message."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if record.name == "uvicorn.access" and isinstance(args, tuple) and len(args) == 5:
+            for name, value in zip(ACCESS_FIELDS, args, strict=True):
+                setattr(record, name, value)
+        return True
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message, ``extra=`` fields, exception."""
 
@@ -222,7 +245,11 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
         }
         for name, value in vars(record).items():
-            if name not in _STANDARD_RECORD_ATTRS and not name.startswith("_"):
+            if (
+                name not in _STANDARD_RECORD_ATTRS
+                and name not in _HINT_ATTRS
+                and not name.startswith("_")
+            ):
                 entry[name] = value
         if record.exc_info and not record.exc_text:
             record.exc_text = self.formatException(record.exc_info)
@@ -231,6 +258,30 @@ class JsonFormatter(logging.Formatter):
         if record.stack_info:
             entry["stack"] = record.stack_info
         return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+def banner_line(
+    text: str,
+    fmt: str = "text",
+    logger: str = "carryover",
+    level: int = logging.INFO,
+    **fields: Any,
+) -> str:
+    """A message printed outside logging (``carryover serve``'s banner, a command's error) in
+    the configured format: ``text`` as is, or one JSON line shaped like a log record, with
+    ``fields`` beside the message."""
+    if fmt != "json":
+        return text
+    record = logging.makeLogRecord(
+        {
+            "name": logger,
+            "levelno": level,
+            "levelname": logging.getLevelName(level),
+            "msg": text,
+            **fields,
+        }
+    )
+    return JsonFormatter().format(record)
 
 
 def logging_config(
@@ -247,14 +298,17 @@ def logging_config(
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "filters": {"redact": {"()": f"{__name__}.RedactSecrets", "secrets": list(secrets)}},
+        "filters": {
+            "access": {"()": f"{__name__}.AccessFields"},
+            "redact": {"()": f"{__name__}.RedactSecrets", "secrets": list(secrets)},
+        },
         "formatters": {"carryover": formatter},
         "handlers": {
             "stderr": {
                 "class": "logging.StreamHandler",
                 "stream": "ext://sys.stderr",
                 "formatter": "carryover",
-                "filters": ["redact"],
+                "filters": ["access", "redact"],
             }
         },
         "root": {"level": level.upper(), "handlers": ["stderr"]},

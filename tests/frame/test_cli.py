@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+import uvicorn
 from fastapi import FastAPI
 
 from app import cli
 from app.api.problems import install_problem_handlers, problem_responses
 from app.cli import APP_FACTORY, build_parser, main, openapi_json
+
+from .live_server import live_server
 
 
 class Calls:
@@ -26,8 +32,8 @@ class Calls:
 
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> Calls:
-    """Record migrations and uvicorn.run instead of doing them; the database holds
-    ``calls.db_keys`` API keys."""
+    """Record migrations and the server's configuration instead of migrating and serving (the
+    server "listens" at once); the database holds ``calls.db_keys`` API keys."""
     recorded = Calls()
 
     async def upgrade(url: str) -> None:
@@ -36,10 +42,20 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Calls:
     async def downgrade(url: str, revision: str) -> None:
         recorded.downgrades.append((url, revision))
 
-    def run(app: str, **kwargs: Any) -> None:
+    def run_server(config: uvicorn.Config, on_listening: Callable[[], None]) -> bool:
         recorded.served.append(
-            {"app": app, **kwargs, "metrics_dir": os.environ.get("PROMETHEUS_MULTIPROC_DIR")}
+            {
+                "app": config.app,
+                "factory": config.factory,
+                "host": config.host,
+                "port": config.port,
+                "workers": config.workers,
+                "log_config": config.log_config,
+                "metrics_dir": os.environ.get("PROMETHEUS_MULTIPROC_DIR"),
+            }
         )
+        on_listening()
+        return True
 
     async def active_key_count(url: str) -> int:
         return recorded.db_keys
@@ -47,7 +63,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Calls:
     monkeypatch.setattr("app.store.migrate.upgrade", upgrade)
     monkeypatch.setattr("app.store.migrate.downgrade", downgrade)
     monkeypatch.setattr("app.store.keys.active_key_count", active_key_count)
-    monkeypatch.setattr("uvicorn.run", run)
+    monkeypatch.setattr(cli, "run_server", run_server)
     return recorded
 
 
@@ -188,9 +204,9 @@ def test_serve_stops_when_migration_fails(
     async def upgrade(url: str) -> None:
         raise OSError("connection refused for password hunter22")
 
-    served: list[str] = []
+    served: list[object] = []
     monkeypatch.setattr("app.store.migrate.upgrade", upgrade)
-    monkeypatch.setattr("uvicorn.run", lambda app, **kw: served.append(app))
+    monkeypatch.setattr(cli, "run_server", lambda config, on_listening: served.append(config))
     monkeypatch.setenv("CARRYOVER_DATABASE_URL", "postgresql://u:hunter22@127.0.0.1:1/x")
     assert main(["serve"]) == 1
     err = capsys.readouterr().err
@@ -286,3 +302,37 @@ def test_openapi_without_the_app_factory(
     monkeypatch.setattr(cli, "APP_FACTORY", "app.no_such_module:create_app")
     assert main(["openapi", "-o", "-"]) == 1
     assert "app.no_such_module:create_app does not exist" in capsys.readouterr().err
+
+
+# --- a real server ---------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_serve_says_listening_only_once_the_port_accepts_connections(
+    tmp_path: Path, workers: int
+) -> None:
+    with live_server(tmp_path, "--workers", str(workers)) as server:
+        line = server.read_until(lambda text: "listening on" in text)
+        # at the moment the line is out, the port takes a connection (no retry, no wait)
+        socket.create_connection(("127.0.0.1", server.port), timeout=30).close()
+        assert f"listening on {server.url} ({workers} worker" in line
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            assert client.get("/healthz").status_code == 200
+        out, err = server.stop()
+    assert out.startswith("Carryover ")
+    assert "database: sqlite:///" in out
+    assert server.process.returncode == 0, err
+
+
+@pytest.mark.timeout(120)
+def test_serve_says_nothing_of_listening_when_the_port_is_taken(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with live_server(tmp_path, port=port) as server:
+            out, err = server.wait()
+    assert "listening" not in out
+    assert "address already in use" in err.lower()
+    assert server.process.returncode not in (0, None)

@@ -1,10 +1,15 @@
-"""Metrics in their own registry with bounded labels; logs with secrets redacted."""
+"""Metrics in their own registry with bounded labels; logs with secrets redacted, and with
+``CARRYOVER_LOG_FORMAT=json`` nothing but JSON lines from a real server."""
 
 from __future__ import annotations
 
 import json
 import logging
+import socket
+from pathlib import Path
+from typing import Any
 
+import httpx
 import prometheus_client
 import pytest
 from fastapi import FastAPI
@@ -23,6 +28,8 @@ from app.observability import (
     observe_tool_call,
     render_metrics,
 )
+
+from .live_server import live_server
 
 
 def sample(name: str, **labels: str) -> float:
@@ -155,3 +162,101 @@ def test_short_values_are_not_treated_as_secrets() -> None:
     redact = RedactSecrets(["abc", SECRET])
     assert redact.redact(f"abc {SECRET}") == "abc [REDACTED]"
     assert RedactSecrets().redact(SECRET) == SECRET
+
+
+def test_json_logs_carry_no_colour_codes_and_give_access_lines_their_fields(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    configure_logging("INFO", "json", [SECRET])
+    logging.getLogger("uvicorn.error").info(
+        "Started server process [%d]", 42, extra={"color_message": "Started [\x1b[36m%d\x1b[0m]"}
+    )
+    logging.getLogger("uvicorn.access").info(
+        '%s - "%s %s HTTP/%s" %d', "127.0.0.1:5000", "GET", f"/x?key={SECRET}", "1.1", 404
+    )
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\\u001b" not in err
+    started, access = (json.loads(line) for line in err.splitlines())
+    assert started["message"] == "Started server process [42]"
+    assert "color_message" not in started
+    assert access["message"] == '127.0.0.1:5000 - "GET /x?key=[REDACTED] HTTP/1.1" 404'
+    assert {name: access[name] for name in observability.ACCESS_FIELDS} == {
+        "client": "127.0.0.1:5000",
+        "method": "GET",
+        "path": "/x?key=[REDACTED]",
+        "http_version": "1.1",
+        "status": 404,
+    }
+
+
+def test_banner_line_is_the_text_or_one_json_record() -> None:
+    assert observability.banner_line("hello\n  world") == "hello\n  world"
+    line = observability.banner_line("hello", "json", logger="carryover.serve", url="http://x")
+    assert "\n" not in line
+    entry = json.loads(line)
+    assert (entry["message"], entry["logger"], entry["level"]) == (
+        "hello",
+        "carryover.serve",
+        "INFO",
+    )
+    assert entry["url"] == "http://x"
+
+
+def _json_lines(text: str) -> list[dict[str, Any]]:
+    entries = []
+    for line in text.splitlines():
+        entry = json.loads(line)  # every line, not only most
+        assert isinstance(entry, dict) and {"time", "level", "logger", "message"} <= set(entry)
+        entries.append(entry)
+    return entries
+
+
+@pytest.mark.timeout(120)
+def test_serve_with_json_logs_prints_only_json_lines(tmp_path: Path) -> None:
+    with live_server(tmp_path, CARRYOVER_LOG_FORMAT="json") as server:
+        banner = json.loads(server.read_until(lambda line: "listening on" in line))
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            assert client.get("/healthz").status_code == 200
+            assert client.get("/no/such/route").status_code == 404
+            created = client.post("/conversations", json={"id": "json-logs"})
+            assert created.status_code == 201
+            bad = client.post(
+                "/conversations/json-logs/runs",
+                content=b"{not json",
+                headers={"Content-Type": "application/json"},
+            )
+            assert 400 <= bad.status_code < 500
+            run = client.post("/conversations/json-logs/runs", json={"prompts": ["/fail"]})
+            assert run.json()["status"] == "failed"
+        out, err = server.stop()
+    assert "\x1b" not in out + err and "\\u001b" not in out + err
+    stdout, stderr = _json_lines(out), _json_lines(err)
+    assert stdout[0] == banner
+    assert banner["url"] == server.url and banner["database"].startswith("sqlite:///")
+    assert banner["message"].startswith("Carryover ")
+    messages = [entry["message"] for entry in stderr]
+    assert any(m.startswith("Uvicorn running on") for m in messages)
+    assert "Application startup complete." in messages
+    assert any(m.startswith("Finished server process") for m in messages)
+    access = [e for e in stderr if e["logger"] == "uvicorn.access"]
+    assert [(e["method"], e["path"], e["status"]) for e in access] == [
+        ("GET", "/healthz", 200),
+        ("GET", "/no/such/route", 404),
+        ("POST", "/conversations", 201),
+        ("POST", "/conversations/json-logs/runs", bad.status_code),
+        ("POST", "/conversations/json-logs/runs", 201),
+    ]
+
+
+@pytest.mark.timeout(120)
+def test_serve_with_json_logs_reports_a_failed_start_in_json(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with live_server(tmp_path, port=port, CARRYOVER_LOG_FORMAT="json") as server:
+            out, err = server.wait()
+    assert server.process.returncode not in (0, None)
+    entries = _json_lines(out) + _json_lines(err)
+    errors = [e["message"] for e in entries if e["level"] == "ERROR"]
+    assert any("address already in use" in m.lower() for m in errors), entries
