@@ -127,6 +127,11 @@ def _minimal(prefer: str | None) -> bool:
     return prefers_minimal(prefer)  # 400 bad-header for a Prefer that breaks RFC 7240's grammar
 
 
+def _preference_applied(minimal: bool) -> dict[str, str]:
+    """RFC 7240 §3: say that ``return=minimal`` was honoured."""
+    return {"Preference-Applied": "return=minimal"} if minimal else {}
+
+
 def _idempotency_key(value: str | None) -> str | None:
     if value is None:
         return None
@@ -234,12 +239,17 @@ async def create_run(
             _events(svc.runs, started, body.on_disconnect, minimal),
             status_code=201,
             media_type="text/event-stream",
-            headers={"Location": location, "Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+            headers={
+                "Location": location,
+                "Cache-Control": "no-store",
+                "X-Accel-Buffering": "no",
+                **_preference_applied(minimal),
+            },
         )
     view = await svc.runs.wait(
         started, on_disconnect=body.on_disconnect, disconnected=request.is_disconnected
     )
-    headers = {"Location": location}
+    headers = {"Location": location, **_preference_applied(minimal)}
     if view.etag:
         headers["ETag"] = view.etag
     return JSONResponse(view.body(minimal=minimal), status_code=201, headers=headers)
@@ -438,7 +448,10 @@ async def compact(
         raise run_in_progress(exc.active_run_id, int(exc.retry_after)) from None
     except ShuttingDown:
         raise _stopping() from None
-    headers = {"Location": _location(conversation_id, view.model.run_id)}
+    headers = {
+        "Location": _location(conversation_id, view.model.run_id),
+        **_preference_applied(minimal),
+    }
     if view.etag:
         headers["ETag"] = view.etag
     return JSONResponse(view.body(minimal=minimal), status_code=201, headers=headers)
