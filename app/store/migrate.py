@@ -35,9 +35,10 @@ from .db import make_engine, read_transaction, write_transaction
 def _migrations_dir() -> Path:
     here = Path(__file__).resolve().parent
     installed = here / "migrations"  # app/store/migrations inside a wheel
-    if (installed / "env.py").is_file():
-        return installed
-    return here.parent.parent / "alembic"  # <checkout>/app/store -> <checkout>/alembic
+    checkout = here.parent.parent  # <checkout>/app/store -> <checkout>
+    if not (installed / "env.py").is_file() and (checkout / "alembic.ini").is_file():
+        return checkout / "alembic"
+    return installed
 
 
 MIGRATIONS_DIR = _migrations_dir()
