@@ -66,14 +66,17 @@ def _configure(**kwargs: Any) -> None:
         target_metadata=metadata,
         # types are compared too, so `alembic check` notices a changed length or type
         compare_type=True,
+        # SQLite rewrites a table to alter it: autogenerate writes batch_alter_table blocks,
+        # whichever engine it compared against, so every revision runs on both (on
+        # PostgreSQL a batch is plain ALTER TABLE statements)
+        render_as_batch=True,
         render_item=render_item,
         **kwargs,
     )
 
 
 def run_migrations(connection: Connection) -> None:
-    # SQLite rewrites a table to alter it; batch mode does that for later revisions.
-    _configure(connection=connection, render_as_batch=connection.dialect.name == "sqlite")
+    _configure(connection=connection)
     with context.begin_transaction():
         context.run_migrations()
 
@@ -81,7 +84,7 @@ def run_migrations(connection: Connection) -> None:
 def run_offline() -> None:
     """``alembic upgrade head --sql``: the DDL for the configured URL's engine, not executed."""
     backend = async_url(database_url()).get_backend_name()
-    _configure(dialect_name=backend, literal_binds=True, render_as_batch=backend == "sqlite")
+    _configure(dialect_name=backend, literal_binds=True)
     with context.begin_transaction():
         context.run_migrations()
 
