@@ -4,9 +4,11 @@
 FROM python:3.11-slim AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
-# pyproject names README.md as the package's readme, so it is part of the build context.
-COPY pyproject.toml README.md ./
+# pyproject names README.md as the package's readme, so it is part of the build context;
+# setup.py puts alembic/ (the migration scripts) into the wheel, where `serve` runs them.
+COPY pyproject.toml setup.py README.md ./
 COPY app ./app
+COPY alembic ./alembic
 RUN python -m venv /opt/venv && /opt/venv/bin/pip install .
 
 FROM python:3.11-slim

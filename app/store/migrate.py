@@ -1,7 +1,13 @@
-"""Apply and inspect the Alembic history programmatically (no alembic.ini).
+"""Apply and inspect the Alembic history programmatically (no alembic.ini, any directory).
 
 ``carryover migrate`` and ``carryover serve`` call :func:`upgrade`; ``/readyz`` compares
 :func:`current_revision` with :func:`head_revision`.
+
+The scripts (``env.py``, ``script.py.mako``, ``versions/``) live once, in ``alembic/`` at the
+repository root; the wheel carries that directory as ``app/store/migrations`` (see setup.py).
+:data:`MIGRATIONS_DIR` is the installed copy when there is one, else the checkout's ``alembic/``
+(a source tree or an editable install), so neither the working directory nor ``alembic.ini``
+matter here.
 
 Each upgrade or downgrade runs in one write transaction: ``BEGIN IMMEDIATE`` on SQLite and a
 transaction-scoped advisory lock on PostgreSQL, so several processes starting at once migrate
@@ -11,6 +17,7 @@ one after the other and the later ones find the schema already at head.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 
 from alembic import command
@@ -24,20 +31,37 @@ from sqlalchemy.pool import NullPool
 
 from .db import make_engine, read_transaction, write_transaction
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+
+def _migrations_dir() -> Path:
+    here = Path(__file__).resolve().parent
+    installed = here / "migrations"  # app/store/migrations inside a wheel
+    checkout = here.parent.parent  # <checkout>/app/store -> <checkout>
+    if not (installed / "env.py").is_file() and (checkout / "alembic.ini").is_file():
+        return checkout / "alembic"
+    return installed
+
+
+MIGRATIONS_DIR = _migrations_dir()
 
 # pg_advisory_xact_lock key shared by every Carryover process ("carryover" in ASCII, truncated).
 _PG_MIGRATION_LOCK = 0x636172727976
 
 
 def alembic_config() -> Config:
+    if not (MIGRATIONS_DIR / "env.py").is_file():
+        raise RuntimeError(
+            f"the Alembic scripts are missing: no env.py in {MIGRATIONS_DIR} "
+            "(install the carryover wheel, or run from a checkout with alembic/ at its root)"
+        )
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     return config
 
 
+@cache
 def head_revision() -> str:
-    """The revision the code expects the database to be at."""
+    """The revision the code expects the database to be at (read once: scripts do not change
+    under a running process)."""
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     if head is None:
         raise RuntimeError("the migration history is empty")

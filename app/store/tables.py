@@ -7,7 +7,7 @@ both engines (``UTCDateTime``).
 
 Children of a conversation reference it with ``ON DELETE CASCADE``, so deleting the
 conversation row deletes its messages, runs (and their audit rows), transcript and
-idempotency keys in the same statement. The migration in ``migrations/versions`` spells out
+idempotency keys in the same statement. The migration in ``alembic/versions`` spells out
 the same schema by hand; ``tests/store/test_migrations.py`` checks that the two agree.
 """
 

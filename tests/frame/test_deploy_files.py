@@ -56,5 +56,16 @@ def test_dockerignore_keeps_what_the_build_needs() -> None:
         for line in (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
         if line.strip() and not line.startswith("#")
     }
-    assert not ignored & {"app", "pyproject.toml", "README.md"}
+    assert not ignored & {"app", "alembic", "pyproject.toml", "setup.py", "README.md"}
     assert {".git", ".venv", "tests"} <= ignored
+
+
+def test_the_image_build_copies_what_the_wheel_is_built_from() -> None:
+    """The wheel carries the migration scripts from alembic/ (setup.py maps them in)."""
+    from .test_wheel import BUILD_INPUTS
+
+    copied = set()
+    for line in (ROOT / "Dockerfile").read_text(encoding="utf-8").splitlines():
+        if line.startswith("COPY ") and "--from" not in line:
+            copied.update(line.split()[1:-1])
+    assert copied == set(BUILD_INPUTS)

@@ -4,7 +4,8 @@ Revision ID: ${up_revision}
 Revises: ${down_revision | comma,n}
 Create Date: ${create_date}
 
-Write the operations by hand so they read as the schema change they make. Use
+Read what ``--autogenerate`` wrote, or write the operations by hand, so they read as the schema
+change they make; use plain ``sa.*`` types, never the application's. Use
 ``op.batch_alter_table`` for column changes: SQLite cannot ALTER most things in place.
 """
 

@@ -1,1 +1,0 @@
-"""Alembic history of the store's schema. Run it through :mod:`app.store.migrate`."""
