@@ -26,12 +26,12 @@ from typing import Any, Literal
 from pydantic import Field, StrictBool
 
 from .messages import (
-    AnyMessage,
     AssistantMessage,
     Context,
     TextBlock,
     ToolCallBlock,
     ToolResultMessage,
+    UserMessage,
     _Value,
 )
 from .providers.base import ToolSpec
@@ -287,21 +287,22 @@ def _calls_of(context: Context) -> dict[str, ToolCallBlock]:
 
 
 def split_prompts(
-    messages: Sequence[AnyMessage],
-) -> tuple[tuple[ToolResultMessage, ...], tuple[AnyMessage, ...]]:
+    messages: Sequence[UserMessage | ToolResultMessage],
+) -> tuple[tuple[ToolResultMessage, ...], tuple[UserMessage, ...]]:
     """Split a request's ``prompts`` into the leading ``tool_result`` messages and the rest.
 
-    For the HTTP layer, whose ``prompts`` begin with the client results. A ``tool_result``
-    after the first other message raises :class:`UnexpectedAnswer` (results come first).
+    For the HTTP layer, whose ``prompts`` begin with the client results (SPEC §7). A
+    ``tool_result`` after a user message raises :class:`UnexpectedAnswer` (results come first).
     """
-    head = 0
-    while head < len(messages) and isinstance(messages[head], ToolResultMessage):
-        head += 1
-    results = tuple(m for m in messages[:head] if isinstance(m, ToolResultMessage))
-    rest = tuple(messages[head:])
-    for message in rest:
-        if isinstance(message, ToolResultMessage):
+    results: list[ToolResultMessage] = []
+    prompts: list[UserMessage] = []
+    for message in messages:
+        if isinstance(message, UserMessage):
+            prompts.append(message)
+        elif prompts:
             raise UnexpectedAnswer(
                 message.tool_call_id, "tool_result messages must come before the prompts"
             )
-    return results, rest
+        else:
+            results.append(message)
+    return tuple(results), tuple(prompts)

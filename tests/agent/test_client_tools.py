@@ -43,7 +43,7 @@ from app.agent.providers.echo import EchoProvider
 from app.agent.replay import validate_messages
 from app.agent.tools import Tool, ToolRegistry
 
-from .scripted import HANG, Calls, ScriptedProvider
+from .scripted import HANG, Calls, ScriptedProvider, Step
 from .test_run_failures import NO_WAIT, history
 
 LOOKUP = ClientTool(
@@ -240,7 +240,10 @@ async def test_an_approved_call_is_a_normal_server_call_and_a_gated_call_can_be_
     None
 ):
     world = World()
-    script = [Calls((("a1", "transfer", '{"amount": 1}'),)), Calls((("a2", "transfer", "{}"),))]
+    script: list[Step] = [
+        Calls((("a1", "transfer", '{"amount": 1}'),)),
+        Calls((("a2", "transfer", "{}"),)),
+    ]
     provider = ScriptedProvider(script=script)
     agent = agent_for(provider, world, approval_required=frozenset({"transfer"}))
     paused = await agent.run(Input(context=Context(), prompts=(UserMessage.text("pay"),)))
@@ -484,6 +487,53 @@ def test_a_context_with_pending_calls_is_storable_but_not_replayable() -> None:
     earlier = Context(messages=(*context.messages, UserMessage.text("next")))
     with pytest.raises(ValueError, match="not answered"):
         validate_storable(earlier)
+
+
+@st.composite
+def paused_batches(draw: st.DrawFn) -> tuple[Context, list[ToolResultMessage], list[Approval]]:
+    """A batch of client, approval and already-answered server calls, and answers to some of
+    the pending ones, in a random order."""
+    kinds = draw(st.lists(st.sampled_from(["lookup", "transfer", "add"]), min_size=1, max_size=6))
+    calls = [(f"id{i}", name) for i, name in enumerate(kinds)]
+    answered = tuple(i for i, name in calls if name == "add")
+    context = batch(*calls, answered=answered)
+    pending = [(i, name) for i, name in calls if name != "add"]
+    chosen = draw(st.lists(st.sampled_from(pending), unique=True)) if pending else []
+    results = [result_for(i, "r") for i, name in chosen if name == "lookup"]
+    approvals = [
+        Approval(tool_call_id=i, approve=draw(st.booleans()))
+        for i, name in chosen
+        if name == "transfer"
+    ]
+    return context, results, approvals
+
+
+@given(paused_batches())
+def test_plan_resume_answers_every_pending_call_in_call_order_or_refuses(
+    case: tuple[Context, list[ToolResultMessage], list[Approval]],
+) -> None:
+    context, results, approvals = case
+    server = {"add", "transfer"}
+    pending = [c.id for c in pending_calls(context, server)]
+    given_ids = {r.tool_call_id for r in results} | {a.tool_call_id for a in approvals}
+    try:
+        resume = plan_resume(context, results, approvals, server)
+    except ToolResultsRequired as refused:
+        assert [c.id for c in refused.unanswered] == [i for i in pending if i not in given_ids]
+        assert refused.unanswered
+        return
+    if not pending:
+        assert resume is None
+        return
+    assert resume is not None
+    assert list(resume.answers) == pending  # call order, whatever order the answers came in
+    for call_id, answer in resume.answers.items():
+        if isinstance(answer, ToolCallBlock):
+            assert answer.id == call_id and any(
+                a.tool_call_id == call_id and a.approve for a in approvals
+            )
+        else:
+            assert answer.tool_call_id == call_id
 
 
 def test_plan_resume_refuses_nothing_and_returns_none_without_pending_calls() -> None:
