@@ -299,7 +299,9 @@ class Agent:
             answered = [
                 answer
                 if isinstance(answer, ToolResultMessage)
-                else done.get(answer.id, interrupted_result(answer))
+                else done[answer.id]
+                if answer.id in done
+                else interrupted_result(answer)
                 for answer in resume.answers.values()
             ]
             state.append(*answered)
