@@ -218,17 +218,24 @@ def repo(engine: AsyncEngine) -> Repository:
 @pytest.fixture(autouse=True)
 def every_result_is_replayable(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every Result any test produces — through the agent, the service or HTTP — keeps a
-    replayable context (SPEC §1); only a run that did not complete may leave a tool batch open
-    (SPEC §3.4), and the next run closes it."""
+    storable context (SPEC §1, docs/tools.md): replayable, except that it may end with pending
+    calls, and then ``required_action`` lists exactly them; a ``requires_action`` run has some."""
     from app.agent.records import Result
-    from app.agent.replay import validate_context
+    from app.agent.replay import validate_context, validate_storable
     from app.agent.run import Agent
 
     guarded = Agent._guarded
 
     async def checked(self: Agent, *args: object, **kwargs: object) -> Result:
         result = await guarded(self, *args, **kwargs)  # type: ignore[arg-type]
-        validate_context(result.context, allow_open_batch=result.status != "completed")
+        if result.required_action is None:
+            validate_context(result.context)
+        else:
+            validate_storable(result.context)
+            assert [c.id for c in result.required_action.tool_calls] == [
+                c.id for c in self.pending_calls(result.context)
+            ]
+        assert result.status != "requires_action" or result.required_action is not None
         return result
 
     monkeypatch.setattr(Agent, "_guarded", checked)

@@ -17,32 +17,50 @@ from .messages import (
     Usage,
     UserMessage,
 )
+from .pending import (
+    Approval,
+    ClientTool,
+    InvalidTools,
+    PendingCall,
+    RequiredAction,
+    ToolResultsRequired,
+    UnexpectedAnswer,
+    pending_calls,
+)
 from .records import Compaction, Input, Result
-from .replay import ReplayError, validate_context, validate_messages
-from .run import Agent, AgentConfig
+from .replay import ReplayError, validate_context, validate_messages, validate_storable
+from .run import Agent, AgentConfig, RunPlan
 from .tools import Tool, ToolRegistry
 
 __all__ = [
     "Agent",
     "AgentConfig",
+    "Approval",
     "AssistantMessage",
     "AttemptError",
     "Base64Source",
+    "ClientTool",
     "CodecError",
     "Compaction",
     "Context",
     "ImageBlock",
     "Input",
+    "InvalidTools",
     "Message",
+    "PendingCall",
     "RedactedThinkingBlock",
     "ReplayError",
+    "RequiredAction",
     "Result",
+    "RunPlan",
     "TextBlock",
     "ThinkingBlock",
     "Tool",
     "ToolCallBlock",
     "ToolRegistry",
     "ToolResultMessage",
+    "ToolResultsRequired",
+    "UnexpectedAnswer",
     "UrlSource",
     "Usage",
     "UserMessage",
@@ -50,6 +68,8 @@ __all__ = [
     "dump_message",
     "load_context",
     "load_message",
+    "pending_calls",
     "validate_context",
     "validate_messages",
+    "validate_storable",
 ]

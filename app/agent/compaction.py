@@ -23,6 +23,7 @@ from .messages import (
 )
 from .providers.base import ProviderRequest
 from .records import CompactionReason
+from .replay import open_batch
 from .tokens import estimate
 
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n\n"
@@ -61,10 +62,14 @@ def choose_cut(
     ``threshold``: the fewest messages that bring what stays under ``keep_tokens``; when no cut
     does, fall back to keeping only the current turn. ``overflow`` and ``manual``: keep only
     the current turn (from the last user message), or, when the current turn is all there is,
-    from its last safe point. With ``keep_last`` at least one message stays.
+    from its last safe point. With ``keep_last`` at least one message stays. An assistant
+    message with pending calls (and the results after it) always stays.
     """
     messages = context.messages
     limit = len(messages) - 1 if keep_last else len(messages)
+    pending = open_batch(messages)
+    if pending is not None:
+        limit = min(limit, pending[0])  # never fold a pending call (docs/tools.md)
     candidates = [i for i in range(1, limit + 1) if is_safe_cut(messages, i)]
     if not candidates:
         return None

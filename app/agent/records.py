@@ -10,9 +10,20 @@ from typing import Literal
 
 from pydantic import Field
 
-from .messages import AssistantMessage, AttemptError, Context, Message, Usage, UserMessage, _Value
+from .messages import (
+    AssistantMessage,
+    AttemptError,
+    Context,
+    Message,
+    ToolResultMessage,
+    Usage,
+    UserMessage,
+    _Value,
+)
+from .pending import Approval, ClientTool, RequiredAction
 
-RunStatus = Literal["completed", "failed", "cancelled"]
+#: ``requires_action``: the run paused for the application (client calls or approvals pending)
+RunStatus = Literal["completed", "failed", "cancelled", "requires_action"]
 CompactionReason = Literal["threshold", "overflow", "manual"]
 
 
@@ -29,8 +40,21 @@ class Compaction(_Value):
 
 
 class Input(_Value):
+    """A run's input. The last four fields are for client tools and approvals (docs/tools.md).
+
+    - ``client_tools``: tools the application executes, offered with the server tools;
+    - ``require_approval``: server tools whose calls wait for a decision in this run (added to
+      the agent's ``approval_required``);
+    - ``tool_results``: results for pending client calls, in any order;
+    - ``approvals``: decisions for pending approval calls, in any order.
+    """
+
     context: Context
     prompts: tuple[UserMessage, ...] = ()
+    client_tools: tuple[ClientTool, ...] = ()
+    require_approval: tuple[str, ...] = ()
+    tool_results: tuple[ToolResultMessage, ...] = ()
+    approvals: tuple[Approval, ...] = ()
 
 
 class Result(_Value):
@@ -44,3 +68,5 @@ class Result(_Value):
     usage: Usage = Usage()
     error: AttemptError | None = None
     admitted: bool = False
+    #: the pending calls ``context`` ends with, whatever the status (None when there are none)
+    required_action: RequiredAction | None = None

@@ -7,8 +7,14 @@
 - thinking blocks live inside the assistant message that produced them, in the order
   received (the types make any other place unrepresentable; the codec keeps the order).
 
-One exception (``allow_open_batch``): the last assistant message may have calls still
-unanswered when a run failed during its tool batch; the next run closes that batch first.
+Two checks (docs/tools.md, "Client tools and approvals"):
+
+- **replayable** (:func:`validate_context`): what may be sent to a provider — every call
+  answered. The agent checks it at the one place requests leave.
+- **storable** (:func:`validate_storable`, or ``allow_open_batch=True``): what a run may return
+  and a conversation may hold — replayable, except that the last assistant message may still
+  have unanswered calls: its *pending* calls (client calls and approval calls). The next run
+  answers them before any provider request.
 """
 
 from __future__ import annotations
@@ -99,4 +105,10 @@ def _check_assistant(index: int, message: AssistantMessage) -> None:
 
 
 def validate_context(context: Context, *, allow_open_batch: bool = False) -> None:
+    """A replayable context (every call answered), or a storable one with ``allow_open_batch``."""
     validate_messages(context.messages, allow_open_batch=allow_open_batch)
+
+
+def validate_storable(context: Context) -> None:
+    """A context a conversation may hold: replayable, or ending with pending calls."""
+    validate_messages(context.messages, allow_open_batch=True)

@@ -2,10 +2,15 @@
 
 The run goes through fixed stages, and where it ends decides what its Result holds:
 
-1. close a tool batch that an earlier failed run left unanswered (``interrupted`` results);
+1. check the input (:meth:`Agent.check`): client tools, approvals, answers to pending calls —
+   a refusal raises before anything runs (docs/tools.md);
 2. compact before admission when the estimate passes ``compact_at`` of the window;
-3. admit the prompts into the context;
-4. attempts and tool batches until the model answers without calling a tool.
+3. admit the answers to the pending calls (running the approved ones), then the prompts;
+4. attempts and tool batches until the model answers without calling a tool, or calls a client
+   tool or an approval-gated tool: then the run ends ``requires_action``.
+
+A run that fails or is cancelled closes the calls it started but could not finish with
+``interrupted`` results, so the only unanswered calls a returned context keeps are pending ones.
 
 Failures never raise: a failed or cancelled run returns a Result whose ``status`` and
 ``error`` say how it ended. Cancelling the task that awaits :meth:`Agent.run` cancels the run at
@@ -43,7 +48,17 @@ from .messages import (
     UserMessage,
     text_of,
 )
-from .providers.base import Provider, ProviderError, ProviderRequest
+from .pending import (
+    PendingCall,
+    RequiredAction,
+    Resume,
+    pending_calls,
+    plan_resume,
+    required_action,
+    validate_approval_names,
+    validate_client_tools,
+)
+from .providers.base import Provider, ProviderError, ProviderRequest, ToolSpec
 from .records import Compaction, CompactionReason, Input, Result, RunStatus
 from .replay import open_batch
 from .retry import RetryPolicy
@@ -66,6 +81,22 @@ class AgentConfig:
     max_overflow_retries: int = 2
     max_output_tokens: int | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    #: server tools whose calls wait for the application's decision (docs/tools.md)
+    approval_required: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        validate_approval_names(self.approval_required, self.tools.tools, field="approval_required")
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What :meth:`Agent.check` makes of an Input: the tools offered to the model, the names
+    whose calls pause the run (client tools and approval-gated server tools), and how the
+    context's pending calls are answered."""
+
+    tools: tuple[ToolSpec, ...]
+    holds: frozenset[str] = frozenset()
+    resume: Resume | None = None
 
 
 class _RunFailed(Exception):
@@ -84,6 +115,9 @@ class _State:
     compactions: list[Compaction] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
     admitted: bool = False
+    plan: RunPlan = field(default_factory=lambda: RunPlan(tools=()))
+    #: ids of the calls this run executes; on failure the unfinished ones are closed
+    closable: set[str] = field(default_factory=set)
 
     def append(self, *messages: AnyMessage) -> None:
         """Messages that join both the continuation state and the run record."""
@@ -98,10 +132,16 @@ class _State:
         self.usage = self.usage + message.usage
         if message.replayable:
             self.append(message)
+            self.closable.update(c.id for c in message.tool_calls if c.name not in self.plan.holds)
         else:
             self.new_messages.append(message)
 
-    def result(self, status: RunStatus, error: AttemptError | None = None) -> Result:
+    def result(
+        self,
+        status: RunStatus,
+        error: AttemptError | None = None,
+        required: RequiredAction | None = None,
+    ) -> Result:
         return Result(
             status=status,
             context=self.context,
@@ -111,6 +151,7 @@ class _State:
             usage=self.usage,
             error=error,
             admitted=self.admitted,
+            required_action=required,
         )
 
 
@@ -128,8 +169,36 @@ class Agent:
         return self.config.provider
 
     async def run(self, input: Input, *, on_event: EventSink | None = None) -> Result:
-        """Run on ``input.context`` plus ``input.prompts``; never mutates the input."""
-        return await self._guarded(input.context, input.prompts, None, on_event)
+        """Run on ``input.context`` plus ``input.prompts``; never mutates the input.
+
+        Raises the refusals of :meth:`check` before anything runs; every other way a run can
+        end is a Result.
+        """
+        plan = self.check(input)
+        return await self._guarded(input.context, input.prompts, None, on_event, plan=plan)
+
+    def check(self, input: Input) -> RunPlan:
+        """Validate an input without running it (pure, cheap: O(the last tool batch)).
+
+        Raises :class:`~app.agent.pending.InvalidTools` for bad client tools or approval
+        names, :class:`~app.agent.pending.UnexpectedAnswer` for an answer to a call that is not
+        pending (or a second one), :class:`~app.agent.pending.ToolResultsRequired` when a
+        pending call is left unanswered.
+        """
+        server = self.config.tools.tools
+        client = validate_client_tools(input.client_tools, server)
+        gated = validate_approval_names(input.require_approval, server)
+        resume = plan_resume(input.context, input.tool_results, input.approvals, server)
+        specs = self.config.tools.specs
+        return RunPlan(
+            tools=(*specs, *(t.spec for t in client)) if client else specs,
+            holds=frozenset(t.name for t in client) | gated | self.config.approval_required,
+            resume=resume,
+        )
+
+    def pending_calls(self, context: Context) -> tuple[PendingCall, ...]:
+        """The calls ``context`` is waiting on, with their kind (see :mod:`app.agent.pending`)."""
+        return pending_calls(context, self.config.tools.tools)
 
     async def compact(self, context: Context, *, on_event: EventSink | None = None) -> Result:
         """Compact now (SPEC §4 ``POST …/compact``): fold all but the current turn."""
@@ -141,42 +210,64 @@ class Agent:
         prompts: tuple[UserMessage, ...],
         compact: CompactionReason | None,
         on_event: EventSink | None,
+        *,
+        plan: RunPlan | None = None,
     ) -> Result:
-        state = _State(context=context)
+        state = _State(context=context, plan=plan or RunPlan(tools=self.config.tools.specs))
         emit = _Emitter(on_event)
         try:
             if compact is not None:
-                await self._close_open_batch(state, emit)
                 await self._compact(state, emit, compact, keep_last=True)
             else:
                 await self._run(state, prompts, emit)
         except _RunFailed as failed:
-            return state.result("failed", failed.error)
+            await self._close_unfinished(state, emit)
+            return self._result(state, "failed", failed.error)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
-            return state.result("cancelled", CANCELLED)
-        return state.result("completed")
+            await self._close_unfinished(state, emit)
+            return self._result(state, "cancelled", CANCELLED)
+        return self._result(state, "completed" if compact is not None else None)
+
+    def _result(
+        self, state: _State, status: RunStatus | None, error: AttemptError | None = None
+    ) -> Result:
+        """``status`` None: the run ended by itself, paused if calls are pending."""
+        pending = pending_calls(state.context, self.config.tools.tools)
+        if status is None:
+            status = "requires_action" if pending else "completed"
+        return state.result(status, error, required_action(pending))
 
     async def _run(self, state: _State, prompts: tuple[UserMessage, ...], emit: _Emitter) -> None:
         cfg = self.config
-        await self._close_open_batch(state, emit)
-        if prompts:
+        resume = state.plan.resume
+        if prompts or resume is not None:
             ctx = state.context
-            projected = estimate(ctx.system_prompt, ctx.summary, (*ctx.messages, *prompts))
+            answers = () if resume is None else resume.results
+            projected = estimate(
+                ctx.system_prompt, ctx.summary, (*ctx.messages, *answers, *prompts)
+            )
             if projected > cfg.compact_at * cfg.context_window and ctx.messages:
                 await self._compact(state, emit, "threshold", keep_last=False)
+            if resume is not None:
+                await self._answer_pending(state, emit, resume)
             state.append(*prompts)
             state.admitted = True
             for prompt in prompts:
                 await emit(MessageCompleted(prompt))
+        holds = state.plan.holds
         for _ in range(cfg.max_turns):
             message = await self._answer(state, emit)
             calls = message.tool_calls
             if not calls:
                 return
-            await self._tool_batch(state, emit, calls)
+            runnable = tuple(c for c in calls if c.name not in holds)
+            if runnable:
+                await self._tool_batch(state, emit, runnable)
+            if len(runnable) < len(calls):
+                return  # paused: the held calls are pending, the application answers them
         raise _RunFailed(
             AttemptError(
                 kind="fatal",
@@ -185,26 +276,69 @@ class Agent:
             )
         )
 
-    async def _close_open_batch(self, state: _State, emit: _Emitter) -> None:
-        """Answer the calls a failed run left open, so the context is replayable again."""
+    async def _answer_pending(self, state: _State, emit: _Emitter, resume: Resume) -> None:
+        """Admit the answers to the pending calls, in call order; approved calls run first.
+
+        An approved call the run cannot finish (it is cancelled) is closed as interrupted, so
+        the batch is fully answered either way.
+        """
+        approved = resume.approved
+        state.closable.update(c.id for c in approved)
+        done: dict[str, ToolResultMessage] = {}
+
+        async def on_done(index: int, result: ToolResultMessage) -> None:
+            done[result.tool_call_id] = result
+            await emit(ToolFinished(result))
+
+        try:
+            for call in approved:
+                await emit(ToolStarted(call))
+            if approved:
+                await run_batch(self.config.tools, approved, on_done)
+        finally:
+            answered = [
+                answer
+                if isinstance(answer, ToolResultMessage)
+                else done[answer.id]
+                if answer.id in done
+                else interrupted_result(answer)
+                for answer in resume.answers.values()
+            ]
+            state.append(*answered)
+            state.admitted = True
+            for result in answered:
+                await _shielded(emit(MessageCompleted(result)))
+
+    async def _close_unfinished(self, state: _State, emit: _Emitter) -> None:
+        """Close the calls this run started (or was about to start) but did not finish.
+
+        Pending calls — client calls, and approval calls not approved in this run — stay
+        unanswered: the application answers them in the next run.
+        """
         found = open_batch(state.context.messages)
         if found is None:
             return
         index, missing = found
         owner = state.context.messages[index]
         assert isinstance(owner, AssistantMessage)
-        closing = [interrupted_result(c) for c in owner.tool_calls if c.id in missing]
+        unfinished = set(missing) & state.closable
+        closing = [interrupted_result(c) for c in owner.tool_calls if c.id in unfinished]
         state.append(*closing)
         for result in closing:
-            await emit(MessageCompleted(result))
+            await _shielded(emit(MessageCompleted(result)))
 
     # --- attempts ------------------------------------------------------------------------
 
-    def _request(self, context: Context) -> ProviderRequest:
+    def _request(self, context: Context, tools: tuple[ToolSpec, ...]) -> ProviderRequest:
+        if open_batch(context.messages) is not None:
+            # the one exit to a provider: no call ever leaves without its result (docs/tools.md)
+            raise _RunFailed(
+                AttemptError(kind="internal", message="a tool call of the context has no result")
+            )
         return ProviderRequest(
             system_prompt=context.system_prompt,
             messages=for_provider(compaction.project(context), self.provider.name),
-            tools=self.config.tools.specs,
+            tools=tools,
             model=self.config.model,
             max_output_tokens=self.config.max_output_tokens,
         )
@@ -214,7 +348,9 @@ class Agent:
         overflow_retries = 0
         while True:
             try:
-                message = await self._stream(self._request(state.context), emit, state)
+                message = await self._stream(
+                    self._request(state.context, state.plan.tools), emit, state
+                )
             except ProviderError as exc:
                 if exc.kind == "overflow" and overflow_retries < self.config.max_overflow_retries:
                     overflow_retries += 1
@@ -285,8 +421,12 @@ class Agent:
             await run_batch(self.config.tools, calls, on_done)
         finally:
             # Results arrive in any order; they are recorded in call order. On cancellation the
-            # finished ones stay (SPEC §3.4) and the next run closes the rest.
-            finished = [done[i] for i in sorted(done)]
+            # finished ones stay (SPEC §3.4) and the unfinished ones are closed as interrupted,
+            # so the context keeps no unanswered call but pending ones (docs/tools.md).
+            finished = [
+                interrupted_result(c) if done.get(i) is None else done[i]
+                for i, c in enumerate(calls)
+            ]
             state.append(*finished)
             for result in finished:
                 await _shielded(emit(MessageCompleted(result)))

@@ -5,7 +5,8 @@ present, and a quote of the last user text. Directives at the start of the last 
 every path of the service be tried without a real model:
 
 - ``/tool NAME ARGS``  one tool call to NAME whose raw ``arguments`` string is ARGS verbatim;
-  once the result is back, a text answer quoting it.
+  once the result is back, a text answer quoting it. NAME may be any name: a server tool, or
+  a client tool of the run (the run then pauses until the application sends the result).
 - ``/fail``            the request fails as a server error would after its retries.
 - ``/overflow``        fails as a context-window overflow while the request still holds
   anything before the prompt; the agent compacts (keeping the current turn) and retries, and
