@@ -37,12 +37,13 @@ from typing import Any
 
 import pytest
 
-from ._server import FakeServer, JSONAnswer, RecordedRequest, SSEAnswer, sse
+from ._server import FakeServer, JSONAnswer, RawHTTP, RecordedRequest, SSEAnswer, html_page, sse
 from ._server import pieces as _pieces
 
 __all__ = [
     "AnthropicFake",
     "Error",
+    "RawHTTP",
     "RawSSE",
     "Redacted",
     "Reply",
@@ -50,6 +51,7 @@ __all__ = [
     "Thinking",
     "ToolUse",
     "anthropic_fake",
+    "html_page",
 ]
 
 _SECRET = b"fake-anthropic-signing-key"
@@ -111,6 +113,7 @@ class Reply:
     error_after: int | None = None  # ... after N events (default: before message_delta)
     cut_after: int | None = None  # drop the connection after N SSE events
     end_after: int | None = None  # end the body cleanly after N events (no message_stop)
+    malformed_at: int | None = None  # event N goes out with its JSON cut in the middle
     delay: float = 0.0
     headers: Mapping[str, str] = field(default_factory=dict)
 
@@ -165,7 +168,7 @@ class RawSSE:
     end_after: int | None = None
 
 
-Answer = Reply | Error | RawSSE
+Answer = Reply | Error | RawSSE | RawHTTP
 
 
 class _Invalid(Exception):
@@ -200,7 +203,7 @@ class AnthropicFake(FakeServer):
 
     # --- request handling ----------------------------------------------------------------
 
-    def handle(self, request: RecordedRequest) -> JSONAnswer | SSEAnswer:
+    def handle(self, request: RecordedRequest) -> JSONAnswer | SSEAnswer | RawHTTP:
         if request.method != "POST" or not request.path.rstrip("/").endswith("/v1/messages"):
             return JSONAnswer(404, Error(404, "not_found_error", "Not found").body())
         # ``x-api-key`` (classic SDKs) or ``Authorization: Bearer`` (newer SDKs, OAuth)
@@ -533,7 +536,9 @@ class AnthropicFake(FakeServer):
                 out.append((final, raw, block))
         return out
 
-    def _render(self, answer: Answer, body: dict[str, Any]) -> JSONAnswer | SSEAnswer:
+    def _render(self, answer: Answer, body: dict[str, Any]) -> JSONAnswer | SSEAnswer | RawHTTP:
+        if isinstance(answer, RawHTTP):
+            return answer
         if isinstance(answer, Error):
             return JSONAnswer(answer.status, answer.body(), answer.headers)
         if isinstance(answer, RawSSE):
@@ -657,6 +662,7 @@ class AnthropicFake(FakeServer):
             cut_after=answer.cut_after,
             end_after=answer.end_after,
             delay=answer.delay,
+            malformed_at=answer.malformed_at,
         )
 
 

@@ -33,15 +33,17 @@ from typing import Any
 
 import pytest
 
-from ._server import FakeServer, JSONAnswer, RecordedRequest, SSEAnswer, sse
+from ._server import FakeServer, JSONAnswer, RawHTTP, RecordedRequest, SSEAnswer, html_page, sse
 from ._server import pieces as _pieces
 
 __all__ = [
     "Error",
     "OpenAIFake",
+    "RawHTTP",
     "RawSSE",
     "Reply",
     "ToolCall",
+    "html_page",
     "openai_fake",
 ]
 
@@ -74,6 +76,7 @@ class Reply:
     stream_error: Mapping[str, Any] | None = None  # ``{"error": {...}}`` chunk instead of finish
     cut_after: int | None = None  # drop the connection after N SSE events
     end_after: int | None = None  # end the body cleanly after N events (no finish / [DONE])
+    malformed_at: int | None = None  # event N goes out with its JSON cut in the middle
     delay: float = 0.0  # seconds before each SSE event
     headers: Mapping[str, str] = field(default_factory=dict)
 
@@ -151,7 +154,7 @@ class RawSSE:
     end_after: int | None = None
 
 
-Answer = Reply | Error | RawSSE
+Answer = Reply | Error | RawSSE | RawHTTP
 
 
 class OpenAIFake(FakeServer):
@@ -179,7 +182,7 @@ class OpenAIFake(FakeServer):
 
     # --- request handling ----------------------------------------------------------------
 
-    def handle(self, request: RecordedRequest) -> JSONAnswer | SSEAnswer:
+    def handle(self, request: RecordedRequest) -> JSONAnswer | SSEAnswer | RawHTTP:
         if request.method != "POST" or not request.path.rstrip("/").endswith("/chat/completions"):
             return JSONAnswer(
                 404,
@@ -374,7 +377,9 @@ class OpenAIFake(FakeServer):
 
     # --- answers ---------------------------------------------------------------------------
 
-    def _render(self, answer: Answer, body: dict[str, Any]) -> JSONAnswer | SSEAnswer:
+    def _render(self, answer: Answer, body: dict[str, Any]) -> JSONAnswer | SSEAnswer | RawHTTP:
+        if isinstance(answer, RawHTTP):
+            return answer
         if isinstance(answer, Error):
             return JSONAnswer(answer.status, answer.body(), answer.headers)
         if isinstance(answer, RawSSE):
@@ -493,6 +498,7 @@ class OpenAIFake(FakeServer):
             cut_after=answer.cut_after,
             end_after=answer.end_after,
             delay=answer.delay,
+            malformed_at=answer.malformed_at,
         )
 
 
