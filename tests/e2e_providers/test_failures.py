@@ -553,3 +553,62 @@ async def test_a_missing_key_is_refused_before_anything_runs(
     assert "ANTHROPIC_API_KEY" in response.json()["detail"]
     assert runs.json()["items"] == [] and context["messages"] == []
     assert anthropic_fake.requests == []
+
+
+# --- hostile streams (issue 11, point 4) -----------------------------------------------------
+
+
+@pytest.mark.usefixtures("keys")
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_malformed_chunks_fail_the_run_as_the_providers_fault_and_keep_the_prompt(
+    serve: Serve,
+    anthropic_fake: A.AnthropicFake,
+    openai_fake: O.OpenAIFake,
+    provider: str,
+) -> None:
+    """A chunk cut in the middle of its JSON on every attempt: ``failed`` with a provider
+    problem, the prompt and every partial attempt in the record and the transcript, the prompt
+    in the stored context (``on_failure: keep``), and the next run answers."""
+    fake: Any
+    if provider == "openai":
+        fake, profile = openai_fake, gpt(openai_fake, max_retries=1)
+        # events: the role chunk, "The ", "answ", then the cut chunk
+        broken: Any = O.Reply(text="The answer is 42.", chunk_size=4, malformed_at=3)
+        good: Any = O.Reply(text="Answering both.")
+    else:
+        fake, profile = anthropic_fake, claude(anthropic_fake, max_retries=1)
+        # events: message_start, ping, thinking start, "Hmm.", signature, stop, text start,
+        # "The ", "answ", then the cut chunk
+        broken = A.Reply([A.Thinking("Hmm."), A.Text("The answer is 42.")], malformed_at=9)
+        good = A.Reply([A.Thinking("Both."), A.Text("Answering both.")])
+    fake.add(broken, broken, good)
+    async with serve(agents={"p": profile}, pool=fast_retries("p")) as client:
+        conv = await Conversation.create(client)
+        body = await conv.run("What is the answer?", "p")
+        record = await conv.record(body["run_id"])
+        context = await conv.context()
+        transcript = await conv.transcript()
+        after = await conv.completed("Still there?", "p")
+
+    assert fake.rejections == []
+    assert body["status"] == record["status"] == "failed"
+    assert body["stored"] is True and record["stored"] is True
+    problem = record["error"]
+    assert problem == body["error"]
+    assert problem["type"] == PROBLEMS + "run-provider-unavailable"
+    assert (problem["kind"], problem["code"]) == ("retryable", "malformed_stream")
+    assert problem["detail"].startswith(f"{provider}: malformed stream data (JSONDecodeError)")
+    assert problem["detail"].endswith("(after 1 retry)")
+    # the prompt and both cut attempts, each with what arrived before the broken chunk
+    assert kinds(record["new_messages"]) == ["user", "assistant", "assistant"]
+    for attempt in attempts(record):
+        failed_attempt(attempt, "retryable")
+        assert attempt["content"][-1] == {"type": "text", "text": "The answ"}
+    assert record["final"] == attempts(record)[-1]
+    # on_failure keep: the prompt is stored, the failed attempts are not
+    assert context["messages"] == [record["new_messages"][0]]
+    run = [(e["kind"], e["failed"]) for e in transcript if e["run_id"] == body["run_id"]]
+    assert run == [("prompt", False), ("attempt", True), ("attempt", True)]
+    # the next run sends both prompts and answers
+    assert kinds(after["context"]["messages"]) == ["user", "user", "assistant"]
+    assert len(fake.requests) == 3
