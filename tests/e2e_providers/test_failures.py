@@ -612,3 +612,81 @@ async def test_malformed_chunks_fail_the_run_as_the_providers_fault_and_keep_the
     # the next run sends both prompts and answers
     assert kinds(after["context"]["messages"]) == ["user", "user", "assistant"]
     assert len(fake.requests) == 3
+
+
+@pytest.mark.usefixtures("keys")
+async def test_a_streamed_run_that_meets_a_malformed_chunk_finishes_with_the_failure(
+    serve: Serve, openai_fake: O.OpenAIFake
+) -> None:
+    """The SSE client sees the prompt's ``message`` event, the cut attempt's deltas and its
+    ``message`` (stop_reason error), then ``run.finished`` with the failed run — the same
+    record ``GET …/runs/{id}`` and the transcript hold."""
+    openai_fake.add(O.Reply(text="The answer is 42.", chunk_size=4, malformed_at=3))
+    async with serve(agents={"p": gpt(openai_fake, max_retries=0)}) as client:
+        conv = await Conversation.create(client)
+        response = await client.post(
+            f"/conversations/{conv.id}/runs",
+            headers={"Accept": "text/event-stream"},
+            json={"prompts": ["What is the answer?"], "agent": "p"},
+        )
+        events = [
+            (
+                chunk.split("\n")[0].removeprefix("event: "),
+                json.loads(chunk.split("\n")[1].removeprefix("data: ")),
+            )
+            for chunk in response.text.strip().split("\n\n")
+        ]
+        record = await conv.record(events[-1][1]["run_id"])
+        context = await conv.context()
+        transcript = await conv.transcript()
+
+    assert response.status_code == 201
+    names = [name for name, _ in events]
+    assert names[0] == "run.started" and names[-1] == "run.finished"
+    messages = [data for name, data in events if name == "message"]
+    assert messages == record["new_messages"]
+    assert kinds(messages) == ["user", "assistant"]
+    failed_attempt(messages[1], "retryable")
+    deltas = "".join(d["text"] for name, d in events if name == "delta" and d["kind"] == "text")
+    assert deltas == "The answ" == messages[1]["content"][0]["text"]
+    finished = events[-1][1]
+    assert finished["status"] == "failed" and finished["stored"] is True
+    assert finished["error"]["type"] == PROBLEMS + "run-provider-unavailable"
+    assert finished["error"]["code"] == "malformed_stream"
+    assert context["messages"] == [messages[0]]
+    run = [(e["kind"], e["failed"]) for e in transcript if e["run_id"] == record["run_id"]]
+    assert run == [("prompt", False), ("attempt", True)]
+
+
+@pytest.mark.usefixtures("keys")
+async def test_anthropic_events_out_of_order_fail_the_run_at_once(
+    serve: Serve, anthropic_fake: A.AnthropicFake
+) -> None:
+    start = {
+        "type": "message_start",
+        "message": {"id": "msg_x", "type": "message", "role": "assistant", "content": []},
+    }
+    orphan = {
+        "type": "content_block_delta",
+        "index": 0,
+        "delta": {"type": "text_delta", "text": "orphan"},
+    }
+    anthropic_fake.add(
+        A.RawSSE([("message_start", start), ("content_block_delta", orphan)]),
+        A.Reply([A.Thinking("Fine."), A.Text("Working again.")]),
+    )
+    async with serve(agents={"claude": claude(anthropic_fake)}) as client:  # max_retries 4
+        conv = await Conversation.create(client)
+        body = await conv.run("Hello?", "claude")
+        context = await conv.context()
+        after = await conv.completed("Again?", "claude")
+
+    assert len(anthropic_fake.message_requests) == 2  # fatal: not retried
+    assert body["status"] == "failed" and body["stored"] is True
+    problem = body["error"]
+    assert problem["type"] == PROBLEMS + "run-provider-error"
+    assert (problem["kind"], problem["code"]) == ("fatal", "protocol_error")
+    assert "content_block_delta for block 0 before its content_block_start" in problem["detail"]
+    assert kinds(body["new_messages"]) == ["user", "assistant"]
+    assert kinds(context["messages"]) == ["user"]
+    assert kinds(after["context"]["messages"]) == ["user", "user", "assistant"]
