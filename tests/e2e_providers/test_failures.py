@@ -7,7 +7,9 @@
 - a burst of 5xx answers (recovered, and longer than ``max_retries``);
 - a stream cut half-way (Anthropic: a thinking block that never got its signature; OpenAI: a
   tool call that never finished);
-- a bad API key: ``failed``, not retried, and the key appears nowhere.
+- a bad API key: ``failed``, not retried, and the key appears nowhere;
+- hostile streams (issue 11): malformed chunks (retried, every cut attempt recorded, also as
+  an SSE client sees them) and Anthropic events out of order (fatal, one request).
 
 Retries before anything streamed are not attempts: they leave no message in the run record
 (docs/decisions.md); an attempt that streamed something before failing is recorded.
