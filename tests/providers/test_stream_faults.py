@@ -416,3 +416,16 @@ async def test_a_plain_text_stream_is_still_read_as_sse(openai_fake: O.OpenAIFak
     finally:
         await p.aclose()
     assert message.content == (TextBlock(text="ok"),)
+
+
+def test_summarize_body() -> None:
+    from app.agent.providers._http import summarize_body
+
+    page = "<html><head><title>Oops &amp; co</title><script>var x = '<b>';</script></head>"
+    page += "<body><h1>Oops &amp; co</h1><p>Try   again\nlater.</p>" + "<p>x</p>" * 100_000
+    summary = summarize_body(page)
+    assert summary.startswith('HTML page "Oops & co": Try again later. x x')
+    assert len(summary) <= 260 and "<" not in summary and "var x" not in summary
+    assert summarize_body("<!DOCTYPE html><p>no title</p>") == "HTML page: no title"
+    assert summarize_body("plain  text\n\nbody") == "plain text body"
+    assert summarize_body("y" * 1000) == "y" * 200 + "…"

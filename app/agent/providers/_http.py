@@ -129,6 +129,7 @@ NOT_A_STREAM = "not_an_event_stream"
 DECODE_ERRORS: tuple[type[BaseException], ...] = (ValueError, TypeError, AttributeError, KeyError)
 
 _MAX_SUMMARY = 200
+_MAX_BODY = 64 * 1024  # of a body that is not the API's, read and summarized at most
 _TITLE = re.compile(r"<title[^>]*>(.*?)</title\s*>", re.IGNORECASE | re.DOTALL)
 _TAGS = re.compile(r"<(script|style)\b.*?</\1\s*>|<[^>]*>", re.IGNORECASE | re.DOTALL)
 _SPACES = re.compile(r"\s+")
@@ -143,8 +144,10 @@ def summarize_body(text: str) -> str:
     """A short, readable stand-in for a body that is not the API's JSON.
 
     An HTML page becomes ``HTML page "<title>": <first words of its text>``; anything else is
-    its first characters. Never longer than about 250 characters.
+    its first characters. Never longer than about 250 characters; only the first 64 KiB of
+    ``text`` are looked at.
     """
+    text = text[:_MAX_BODY]
     if looks_like_html(text):
         match = _TITLE.search(text)
         title = _SPACES.sub(" ", html.unescape(match.group(1))).strip() if match else ""
@@ -190,7 +193,6 @@ class _Response(Protocol):
 
 
 _SSE_TYPES = frozenset({"", "text/event-stream", "text/plain", "application/octet-stream"})
-_MAX_BODY = 64 * 1024
 
 
 async def check_event_stream(provider: str, response: _Response, api_key: str | None) -> None:
