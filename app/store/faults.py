@@ -39,7 +39,9 @@ kind                    transient  what arrives
 ``busy``                yes        SQLite "database is locked" / "database table is locked"
                                    (``SQLITE_BUSY``, ``SQLITE_LOCKED``)
 ``misconfigured``       no         SQLSTATE class 28 (bad password, no such role), 3D000
-                                   (no such database), 53100 (disk full): the database is
+                                   (no such database), 53100 (disk full); SQLite
+                                   ``SQLITE_CANTOPEN`` ("unable to open database file"),
+                                   ``SQLITE_FULL``, ``SQLITE_READONLY``: the database is
                                    there but unusable until an operator acts
 ======================  =========  ==========================================================
 
@@ -155,6 +157,7 @@ _SQLSTATE_KIND: dict[str, FaultKind] = {
 # whose ``sqlstate`` is None, a re-raised string). Only consulted on database exceptions.
 _MESSAGE_PATTERNS: tuple[tuple[str, FaultKind], ...] = (
     (r"database (?:table )?is locked|database is busy", "busy"),
+    (r"unable to open database file|database or disk is full", "misconfigured"),
     (r"could not serialize access", "serialization"),
     (r"deadlock detected", "deadlock"),
     (r"lock timeout|could not obtain lock", "lock_timeout"),
@@ -226,8 +229,13 @@ def _by_type(exc: BaseException) -> FaultKind | None:
         return "unavailable"
     if isinstance(exc, sqlite3.OperationalError):
         code = getattr(exc, "sqlite_errorcode", None)
-        if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        if code is None:
+            return None
+        primary = code & 0xFF  # extended codes (SQLITE_BUSY_SNAPSHOT, …) keep the primary
+        if primary in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
             return "busy"
+        if primary in (sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_FULL, sqlite3.SQLITE_READONLY):
+            return "misconfigured"
     return None
 
 
@@ -243,6 +251,8 @@ def _by_sqlstate(state: str) -> FaultKind | None:
 
 def classify(exc: BaseException) -> DbFault | None:
     """The database fault ``exc`` reports, or ``None`` when it is not one (see module doc)."""
+    if isinstance(exc, DatabaseUnavailable):
+        return exc.fault
     links = list(_chain(exc))
     # 1. types and SQLSTATEs, the innermost (most specific) link first
     for link in reversed(links):

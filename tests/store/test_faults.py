@@ -603,3 +603,44 @@ def _links(exc: BaseException) -> list[BaseException]:
         out.append(current)
         todo += [getattr(current, "orig", None), current.__cause__, current.__context__]
     return out
+
+
+async def test_too_many_connections_is_unavailable(pg_cluster: PgCluster) -> None:
+    """max_connections is 30 (3 kept for superusers): an ordinary role runs out of slots."""
+    await admin(pg_cluster, "DROP ROLE IF EXISTS fault_worker")
+    await admin(pg_cluster, "CREATE ROLE fault_worker LOGIN")
+    url = f"postgresql://fault_worker@127.0.0.1:{pg_cluster.port}/postgres"
+    engine = make_engine(url, pool_size=40, max_overflow=0)
+    held: list[Any] = []
+    exc: BaseException | None = None
+    try:
+        for _ in range(40):
+            try:
+                held.append(await engine.connect().__aenter__())
+            except Exception as error:
+                exc = error
+                break
+        assert exc is not None and 0 < len(held) < 30
+        fault = fault_of(exc)
+        assert (fault.kind, fault.sqlstate, fault.transient) == ("unavailable", "53300", True)
+    finally:
+        for conn in held:
+            await conn.close()
+        await engine.dispose()
+
+
+def test_sqlite_file_that_cannot_be_opened_is_misconfigured(tmp_path: Path) -> None:
+    # The same sqlite3 error aiosqlite raises, from a sync engine: a failed aiosqlite connect
+    # leaves its worker thread to report after the test's loop closed.
+    engine = sqlalchemy.create_engine(f"sqlite:///{tmp_path / 'no' / 'such' / 'dir.db'}")
+    with pytest.raises(sqlalchemy.exc.OperationalError) as info:
+        engine.connect()
+    engine.dispose()
+    fault = fault_of(info.value)
+    assert (fault.kind, fault.transient) == ("misconfigured", False)
+    assert "unable to open database file" in fault.detail
+
+
+def test_database_unavailable_is_classified_as_its_fault() -> None:
+    fault = DbFault("busy", "database is locked")
+    assert classify(DatabaseUnavailable(fault)) is fault
