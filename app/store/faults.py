@@ -45,6 +45,9 @@ kind                    transient  what arrives
                                    there but unusable until an operator acts
 ======================  =========  ==========================================================
 
+Call it on what a database call raised: a bare ``OSError`` is read as the database's network
+failing, which is only true there.
+
 Transient faults are retried where that is safe (:func:`retry_transient`; the caller decides
 what is safe: a write under its lease fence, a read); the rest, and transient ones that stay,
 become ``503 database-unavailable`` with ``Retry-After`` (:attr:`DbFault.retry_after`).
@@ -67,6 +70,8 @@ from typing import Literal, TypeVar
 
 import asyncpg.exceptions as _pg  # type: ignore[import-untyped]
 import sqlalchemy.exc
+
+from .errors import StoreError
 
 __all__ = [
     "DatabaseUnavailable",
@@ -181,7 +186,9 @@ _MAX_CHAIN = 16
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """``exc`` and everything it wraps, each once: ``.orig``, ``__cause__``, ``__context__``."""
+    """``exc`` and everything it wraps, each once: ``.orig`` and ``__cause__`` always, and
+    ``__context__`` of database exceptions only — an exception of ours raised while handling
+    a database error (a ``Conflict`` after a busy retry) is not that error."""
     seen: set[int] = set()
     todo = [exc]
     while todo and len(seen) < _MAX_CHAIN:
@@ -190,8 +197,10 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
             continue
         seen.add(id(current))
         yield current
-        orig = getattr(current, "orig", None)
-        for nxt in (orig, current.__cause__, current.__context__):
+        nexts = [getattr(current, "orig", None), current.__cause__]
+        if _is_database_exception(current) or isinstance(current, OSError):
+            nexts.append(current.__context__)
+        for nxt in nexts:
             if isinstance(nxt, BaseException) and id(nxt) not in seen:
                 todo.append(nxt)
 
@@ -253,6 +262,8 @@ def classify(exc: BaseException) -> DbFault | None:
     """The database fault ``exc`` reports, or ``None`` when it is not one (see module doc)."""
     if isinstance(exc, DatabaseUnavailable):
         return exc.fault
+    if isinstance(exc, StoreError):
+        return None  # a refusal of ours, whatever it was raised from
     links = list(_chain(exc))
     # 1. types and SQLSTATEs, the innermost (most specific) link first
     for link in reversed(links):

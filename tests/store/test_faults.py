@@ -644,3 +644,26 @@ def test_sqlite_file_that_cannot_be_opened_is_misconfigured(tmp_path: Path) -> N
 def test_database_unavailable_is_classified_as_its_fault() -> None:
     fault = DbFault("busy", "database is locked")
     assert classify(DatabaseUnavailable(fault)) is fault
+
+
+def test_our_refusals_and_their_contexts_are_not_database_faults() -> None:
+    from app.store.errors import Conflict
+
+    try:
+        try:
+            raise busy()
+        except sqlalchemy.exc.OperationalError:
+            raise Conflict("the run is no longer running") from None
+    except Conflict as refusal:
+        assert classify(refusal) is None
+    try:
+        try:
+            raise busy()
+        except sqlalchemy.exc.OperationalError:
+            raise RuntimeError("while handling")  # noqa: B904 - the implicit context on purpose
+    except RuntimeError as unrelated:
+        assert classify(unrelated) is None  # __context__ of a non-database error: not followed
+    try:
+        raise RuntimeError("wrapped") from busy()
+    except RuntimeError as wrapped:
+        assert fault_of(wrapped).kind == "busy"  # an explicit cause is followed
