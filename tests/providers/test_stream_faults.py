@@ -9,6 +9,7 @@ violation and a body that is not a stream are ``fatal``, an HTML 5xx is the 5xx 
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -376,27 +377,57 @@ async def test_html_404_is_fatal(
 async def test_stream_answered_with_a_json_body(
     openai_fake: O.OpenAIFake, anthropic_fake: A.AnthropicFake
 ) -> None:
-    """A server that ignores ``stream: true``: fatal, with a hint; a JSON error object in a 200
-    is that error (retryable)."""
+    """A server that ignores ``stream: true`` and answers JSON: no event arrives, fatal, with
+    a hint."""
     for provider, model, fake in both(openai_fake, anthropic_fake, True):
-        fake.add(
-            RawHTTP(200, '{"id": "x", "choices": []}', "application/json"),
-            RawHTTP(
-                200,
-                '{"error": {"message": "worker crashed", "type": "server_error"}}',
-                "application/json",
-            ),
-        )
+        fake.add(RawHTTP(200, '{"id": "x", "choices": []}', "application/json"))
         try:
             ignored = await failure(provider, req(model))
-            errored = await failure(provider, req(model))
         finally:
             await provider.aclose()
         assert ignored.error is not None
         assert (ignored.error.kind, ignored.error.code) == ("fatal", "not_an_event_stream")
+        assert "application/json, not an event stream" in ignored.error.message
         assert "stream = false" in ignored.error.message
-        assert errored.error is not None and errored.error.kind == "retryable"
-        assert "worker crashed" in errored.error.message
+
+
+async def test_sse_labelled_as_json_is_still_read(
+    openai_fake: O.OpenAIFake, anthropic_fake: A.AnthropicFake
+) -> None:
+    """Lenient on purpose: only HTML is refused before reading; a stream that delivers
+    events is a stream, whatever its label."""
+    openai_body = "".join(
+        f"data: {chunk}\n\n"
+        for chunk in (
+            '{"id": "x", "choices": [{"index": 0, "delta": {"content": "ok"}}]}',
+            '{"id": "x", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}',
+            "[DONE]",
+        )
+    )
+    events = [START, block_start(0), text_delta(0, "ok"), block_stop(0), MESSAGE_DELTA, STOP]
+    anthropic_body = "".join(
+        f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events
+    )
+    openai_fake.add(RawHTTP(200, openai_body, "application/json"))
+    anthropic_fake.add(RawHTTP(200, anthropic_body, "application/json"))
+    for provider, model, _ in both(openai_fake, anthropic_fake, True):
+        try:
+            message = await answer(provider, req(model))
+        finally:
+            await provider.aclose()
+        assert message.content == (TextBlock(text="ok"),)
+
+
+async def test_an_empty_sse_body_is_a_cut_stream(
+    openai_fake: O.OpenAIFake, anthropic_fake: A.AnthropicFake
+) -> None:
+    for provider, model, fake in both(openai_fake, anthropic_fake, True):
+        fake.add(RawHTTP(200, "", "text/event-stream"))
+        try:
+            failed = await failure(provider, req(model))
+        finally:
+            await provider.aclose()
+        assert failed.error is not None and failed.error.kind == "retryable"
 
 
 async def test_a_plain_text_stream_is_still_read_as_sse(openai_fake: O.OpenAIFake) -> None:

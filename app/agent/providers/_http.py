@@ -15,7 +15,6 @@ from __future__ import annotations
 import email.utils
 import html
 import importlib
-import json
 import re
 import time
 from collections.abc import Mapping
@@ -193,22 +192,27 @@ class _Response(Protocol):
 
 
 _SSE_TYPES = frozenset({"", "text/event-stream", "text/plain", "application/octet-stream"})
+_HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 
 
-async def check_event_stream(provider: str, response: _Response, api_key: str | None) -> None:
-    """Raise a :class:`ProviderError` when a streaming request was answered with a body that is
-    not an event stream (an HTML page behind a 200, a JSON body).
-
-    Lenient on purpose: a missing ``Content-Type``, ``text/plain`` and
-    ``application/octet-stream`` are read as SSE (some compatible servers send those). A JSON
-    body holding an error object is that error (retryable, or an overflow by its wording);
-    anything else is fatal: a retry reaches the same page (a wrong ``base_url``, a captive
-    portal, a server that does not stream).
-    """
+def media_type(response: _Response) -> str:
+    """The response's media type, lower case, without parameters (``""`` when absent)."""
     raw_type = response.headers.get("content-type") or ""
-    media = raw_type.split(";")[0].strip().lower()
-    if media in _SSE_TYPES:
-        return
+    return raw_type.split(";")[0].strip().lower()
+
+
+async def check_event_stream(provider: str, response: _Response, api_key: str | None) -> str:
+    """Before a stream is read: raise a fatal :class:`ProviderError` when the body is an HTML
+    page (behind a 200: a captive portal, a ``base_url`` that points at a website — a retry
+    reaches the same page), with the page's title in the message. Returns the media type.
+
+    Only HTML is refused up front: an HTML page is never an event stream, while a server
+    that labels its SSE oddly (``application/json``, ``text/plain``, nothing) may still send
+    one, so any other type is read as SSE and judged by :func:`no_events_error` afterwards.
+    """
+    media = media_type(response)
+    if media not in _HTML_TYPES:
+        return media
     chunks: list[bytes] = []
     size = 0
     async for chunk in response.aiter_bytes():
@@ -218,25 +222,26 @@ async def check_event_stream(provider: str, response: _Response, api_key: str | 
             break
     text = b"".join(chunks)[:_MAX_BODY].decode("utf-8", "replace")
     status = response.status_code
-    if media.endswith("json"):
-        try:
-            body = json.loads(text)
-        except ValueError:
-            body = None
-        if isinstance(body, Mapping) and body.get("error"):
-            code, error_type, message = error_fields(body)
-            message = scrub(message or summarize_body(text), api_key)
-            overflow = code == "context_length_exceeded" or is_overflow_text(message)
-            raise ProviderError(
-                "overflow" if overflow else "retryable",
-                f"{provider}: error in the stream: {message}",
-                code=code or error_type,
-            )
-    hint = " (a profile with stream = false does not ask for one)" if media.endswith("json") else ""
     raise ProviderError(
         "fatal",
-        f"{provider}: HTTP {status} answered {media} instead of an event stream{hint}: "
+        f"{provider}: HTTP {status} answered {media} instead of an event stream: "
         f"{scrub(summarize_body(text), api_key) or 'empty body'}",
+        status=status,
+        code=NOT_A_STREAM,
+    )
+
+
+def no_events_error(provider: str, status: int, media: str) -> ProviderError | None:
+    """After a stream ended without a single event: fatal when its type was not an event
+    stream either (a JSON completion from a server that ignored ``stream: true``, a body of
+    another kind); ``None`` for an SSE body that was just empty (a cut stream: retryable)."""
+    if media in _SSE_TYPES:
+        return None
+    hint = " (a profile with stream = false does not ask for one)" if media.endswith("json") else ""
+    return ProviderError(
+        "fatal",
+        f"{provider}: HTTP {status} answered {media}, not an event stream, and no event "
+        f"arrived{hint}",
         status=status,
         code=NOT_A_STREAM,
     )
@@ -244,7 +249,7 @@ async def check_event_stream(provider: str, response: _Response, api_key: str | 
 
 def not_a_response(provider: str, body: str, api_key: str | None) -> ProviderError:
     """A non-streaming request answered 200 with something that is not the API's JSON (the
-    SDK then hands over the text): fatal, as in :func:`check_event_stream`."""
+    SDK then hands over the text): fatal, as an HTML page in :func:`check_event_stream`."""
     return ProviderError(
         "fatal",
         f"{provider}: HTTP 200 answered something that is not the API's JSON: "

@@ -51,8 +51,9 @@ not valid JSON is ``retryable`` (``code: malformed_stream``); well-formed events
 Messages API never sends — anything but ``ping`` before ``message_start``, a second
 ``message_start``, a ``content_block_delta`` or ``content_block_stop`` for a block that has not
 started (or has stopped), a block started twice, a delta of another block's type — are
-``fatal`` (``code: protocol_error``); a 200 whose body is not an event stream (an HTML page) is
-``fatal`` (``code: not_an_event_stream``).
+``fatal`` (``code: protocol_error``); a 200 whose body is not an event stream (an HTML page; a
+body of another type from which no event arrived) is ``fatal`` (``code:
+not_an_event_stream``).
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ from ._http import (
     error_fields,
     is_overflow_text,
     malformed_error,
+    no_events_error,
     not_a_response,
     protocol_error,
     scrub,
@@ -550,14 +552,21 @@ class AnthropicProvider:
             raise self._raise(exc) from None
         async with events:
             try:
-                await check_event_stream(self.name, events.response, self._api_key)
+                media = await check_event_stream(self.name, events.response, self._api_key)
             except Exception as exc:  # reading the body: a ProviderError, or a dropped line
                 raise self._raise(exc) from None
             iterator = aiter(events)
+            received = 0
             while True:
                 try:
                     event = await anext(iterator)
+                    received += 1
                 except StopAsyncIteration:
+                    if not received:
+                        status = events.response.status_code
+                        error = no_events_error(self.name, status, media)
+                        if error is not None:
+                            raise error from None
                     break
                 except DECODE_ERRORS as exc:  # the SDK could not decode an event
                     raise malformed_error(self.name, exc, self._api_key) from None

@@ -23,8 +23,8 @@ ends without a ``finish_reason`` (connection dropped, server crashed) raises a r
 
 Stream faults are the provider's (docs/providers.md, "Stream faults"): a chunk that is not
 valid JSON or not the chunk shape (``choices`` that is not a list) is ``retryable``
-(``code: malformed_stream``); a 200 whose body is not an event stream (an HTML page, a JSON
-body without an error object) is ``fatal`` (``code: not_an_event_stream``).
+(``code: malformed_stream``); a 200 whose body is not an event stream (an HTML page; a body of
+another type from which no event arrived) is ``fatal`` (``code: not_an_event_stream``).
 
 Reasoning that compatible servers stream in ``reasoning_content`` (vLLM, DeepSeek) or
 ``reasoning`` (Ollama, OpenRouter) becomes a thinking block with an empty signature; it is not
@@ -59,6 +59,7 @@ from ._http import (
     error_fields,
     is_overflow_text,
     malformed_error,
+    no_events_error,
     not_a_response,
     scrub,
     status_error,
@@ -428,17 +429,24 @@ class OpenAIProvider:
         chunks = await self._call(params, stream=True)
         async with chunks:
             try:
-                await check_event_stream(self.name, chunks.response, self._api_key)
+                media = await check_event_stream(self.name, chunks.response, self._api_key)
             except Exception as exc:  # reading the body: a ProviderError, or a dropped line
                 error = self._error(exc)
                 if error is None:
                     raise
                 raise error from None
             iterator = aiter(chunks)
+            received = 0
             while True:
                 try:
                     chunk = await anext(iterator)
+                    received += 1
                 except StopAsyncIteration:
+                    if not received:
+                        status = chunks.response.status_code
+                        error = no_events_error(self.name, status, media)
+                        if error is not None:
+                            raise error from None
                     break
                 except DECODE_ERRORS as exc:  # the SDK could not decode an event
                     raise malformed_error(self.name, exc, self._api_key) from None
