@@ -15,6 +15,7 @@ from __future__ import annotations
 import email.utils
 import html
 import importlib
+import json
 import re
 import time
 from collections.abc import Mapping
@@ -126,6 +127,8 @@ NOT_A_STREAM = "not_an_event_stream"
 # ``UnicodeDecodeError`` are ``ValueError``s), or while a translator reads a chunk whose shape
 # is not the documented one. Only provider data is being processed where these are caught.
 DECODE_ERRORS: tuple[type[BaseException], ...] = (ValueError, TypeError, AttributeError, KeyError)
+# Around a whole request (which also builds it), only what decoding a body raises.
+BODY_DECODE_ERRORS: tuple[type[BaseException], ...] = (json.JSONDecodeError, UnicodeDecodeError)
 
 _MAX_SUMMARY = 200
 _MAX_BODY = 64 * 1024  # of a body that is not the API's, read and summarized at most

@@ -79,6 +79,7 @@ from ..messages import (
     Usage,
 )
 from ._http import (
+    BODY_DECODE_ERRORS,
     DECODE_ERRORS,
     TRANSPORT_ERRORS,
     check_event_stream,
@@ -546,7 +547,7 @@ class AnthropicProvider:
         translator = _Translator(provider=self.name)
         try:
             events = await self._client.messages.create(**params, stream=True)
-        except ValueError as exc:  # the SDK could not decode a JSON body
+        except BODY_DECODE_ERRORS as exc:  # the SDK could not decode a JSON body
             raise malformed_error(self.name, exc, self._api_key) from None
         except Exception as exc:
             raise self._raise(exc) from None
@@ -593,7 +594,7 @@ class AnthropicProvider:
     async def _complete(self, params: dict[str, Any]) -> AsyncIterator[StreamEvent]:
         try:
             response = await self._client.messages.create(**params)
-        except ValueError as exc:  # the SDK could not decode a JSON body
+        except BODY_DECODE_ERRORS as exc:  # the SDK could not decode a JSON body
             raise malformed_error(self.name, exc, self._api_key) from None
         except Exception as exc:
             raise self._raise(exc) from None

@@ -52,6 +52,7 @@ from ..messages import (
     UserMessage,
 )
 from ._http import (
+    BODY_DECODE_ERRORS,
     DECODE_ERRORS,
     TRANSPORT_ERRORS,
     check_event_stream,
@@ -391,7 +392,7 @@ class OpenAIProvider:
                     **params, stream=True, stream_options={"include_usage": True}
                 )
             return await self._client.chat.completions.create(**params)
-        except ValueError as exc:  # the SDK could not decode a JSON body
+        except BODY_DECODE_ERRORS as exc:  # the SDK could not decode a JSON body
             raise malformed_error(self.name, exc, self._api_key) from None
         except Exception as exc:
             error = self._error(exc)
