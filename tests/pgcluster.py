@@ -12,6 +12,8 @@ Usage (the ``pg_cluster`` fixture gives a started cluster, shared by a module)::
     cluster.stop(mode="smart", wait=False)   # refuses new connections, keeps sessions
     cluster.start(); cluster.restart()
     cluster.running            # pg_ctl status
+    await cluster.execute("…") # one statement as the superuser
+    await cluster.create_database("app", migrated=True)   # -> its URL, at Alembic head
 
 Tests that need it are skipped when there are no PostgreSQL binaries, or when the ``postgres``
 user cannot be switched to (not root); ``CARRYOVER_REQUIRE_POSTGRES=1`` turns the skip into a
@@ -28,7 +30,9 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import asyncpg
 import pytest
 
 __all__ = ["PgCluster", "find_bindir", "pg_cluster"]
@@ -156,6 +160,29 @@ class PgCluster:
     def socket_url(self) -> str:
         """The same server over its unix socket (asyncpg ``host=`` a directory)."""
         return f"postgresql://postgres@/postgres?host={self.sockets}&port={self.port}"
+
+    async def execute(self, sql: str, *args: object) -> list[Any]:
+        """Run one statement as the superuser on ``postgres``; its rows."""
+        conn = await asyncpg.connect(self.url)
+        try:
+            rows: list[Any] = await conn.fetch(sql, *args)
+            return rows
+        finally:
+            await conn.close()
+
+    async def create_database(self, name: str, *, migrated: bool = False) -> str:
+        """A fresh database ``name`` (dropped first if it exists); its URL. ``migrated``
+        upgrades it to the head revision with the project's migrations."""
+        if not name.replace("_", "").isalnum():
+            raise ValueError(f"not a plain database name: {name!r}")
+        await self.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await self.execute(f'CREATE DATABASE "{name}"')
+        url = self.url_for(name)
+        if migrated:
+            from app.store.migrate import upgrade
+
+            await upgrade(url)
+        return url
 
     def log_text(self) -> str:
         try:

@@ -667,3 +667,18 @@ def test_our_refusals_and_their_contexts_are_not_database_faults() -> None:
         raise RuntimeError("wrapped") from busy()
     except RuntimeError as wrapped:
         assert fault_of(wrapped).kind == "busy"  # an explicit cause is followed
+
+
+async def test_the_cluster_helper_creates_a_migrated_database(pg_cluster: PgCluster) -> None:
+    url = await pg_cluster.create_database("faults_app", migrated=True)
+    engine = make_engine(url)
+    try:
+        async with engine.connect() as conn:
+            tables = (
+                await conn.execute(
+                    text("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+                )
+            ).scalars()
+            assert {"conversations", "runs"} <= set(tables)
+    finally:
+        await engine.dispose()
