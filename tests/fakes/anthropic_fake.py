@@ -7,6 +7,9 @@ Usage::
         fake.add(Reply([Thinking(""), ToolUse("get", {"q": 1})]))   # empty thinking + signature
         fake.add(Error.overloaded())                                 # HTTP 529
         fake.add(Reply([Text("so far")], error_event=("overloaded_error", "Overloaded")))
+        fake.add(Reply([Text("a long answer")], malformed_at=5))     # event 5: cut JSON
+        fake.add(RawSSE([("content_block_delta", {...})]))          # any events, any order
+        fake.add(html_page(502, "502 Bad Gateway"))                  # a proxy's HTML page
         provider = AnthropicProvider(api_key=fake.api_key, base_url=fake.base_url, ...)
         fake.requests[-1].json["messages"]           # what the provider sent
 

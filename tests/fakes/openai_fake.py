@@ -6,6 +6,9 @@ Usage::
         fake.add(Reply(text="hello"))
         fake.add(Reply(tool_calls=[ToolCall("get", '{"q": 1}')]))
         fake.add(Error.rate_limit(retry_after="2"))
+        fake.add(Reply(text="partial answer", malformed_at=3))      # event 3: cut JSON
+        fake.add(RawSSE(['{"id": "x", "choices": [{"delta": {"content": "bro']))
+        fake.add(html_page(200, "Sign in"))                          # RawHTTP: any answer
         provider = OpenAIProvider(api_key=fake.api_key, base_url=fake.base_url, model="gpt-x")
         ...
         fake.requests[-1].json["messages"]           # what the provider sent
