@@ -1,9 +1,11 @@
 """Backoff for retryable provider errors: the one retry policy of the service.
 
-Only ``retryable`` errors (rate limits, overload, 5xx, dropped connections) are retried, and
-only while the attempt has streamed nothing: once content arrived, a failure is a failed
-attempt in the run record. The provider's ``retry-after`` wins over the computed delay, capped
-by ``max_delay`` so a hostile or broken header cannot park a run for hours.
+Only ``retryable`` errors (rate limits, overload, 5xx, dropped connections, malformed stream
+data) are retried, at most ``max_retries`` times per answer, whether or not the attempt had
+streamed something: an attempt that did is recorded in the run record before the retry
+(docs/decisions.md, "Retries continue after content was streamed"). The provider's
+``retry-after`` wins over the computed delay, capped by ``max_delay`` so a hostile or broken
+header cannot park a run for hours.
 """
 
 from __future__ import annotations

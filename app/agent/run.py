@@ -364,8 +364,9 @@ class Agent:
     ) -> AssistantMessage:
         """Stream one attempt with retries; record attempts in ``state`` when given.
 
-        Retryable errors are retried while nothing was streamed; once content arrived, the
-        failed attempt is recorded and the next one starts. The final failure is raised.
+        Retryable errors are retried up to ``max_retries`` times, whether or not the attempt
+        streamed content (docs/decisions.md); an attempt that did is recorded before its retry,
+        one that streamed nothing is not. The final failure is recorded and raised.
         """
         policy = self.config.retry
         retries = 0

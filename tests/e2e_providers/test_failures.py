@@ -7,7 +7,9 @@
 - a burst of 5xx answers (recovered, and longer than ``max_retries``);
 - a stream cut half-way (Anthropic: a thinking block that never got its signature; OpenAI: a
   tool call that never finished);
-- a bad API key: ``failed``, not retried, and the key appears nowhere.
+- a bad API key: ``failed``, not retried, and the key appears nowhere;
+- hostile streams (issue 11): malformed chunks (retried, every cut attempt recorded, also as
+  an SSE client sees them) and Anthropic events out of order (fatal, one request).
 
 Retries before anything streamed are not attempts: they leave no message in the run record
 (docs/decisions.md); an attempt that streamed something before failing is recorded.
@@ -553,3 +555,140 @@ async def test_a_missing_key_is_refused_before_anything_runs(
     assert "ANTHROPIC_API_KEY" in response.json()["detail"]
     assert runs.json()["items"] == [] and context["messages"] == []
     assert anthropic_fake.requests == []
+
+
+# --- hostile streams (issue 11, point 4) -----------------------------------------------------
+
+
+@pytest.mark.usefixtures("keys")
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_malformed_chunks_fail_the_run_as_the_providers_fault_and_keep_the_prompt(
+    serve: Serve,
+    anthropic_fake: A.AnthropicFake,
+    openai_fake: O.OpenAIFake,
+    provider: str,
+) -> None:
+    """A chunk cut in the middle of its JSON on every attempt: ``failed`` with a provider
+    problem, the prompt and every partial attempt in the record and the transcript, the prompt
+    in the stored context (``on_failure: keep``), and the next run answers."""
+    fake: Any
+    if provider == "openai":
+        fake, profile = openai_fake, gpt(openai_fake, max_retries=1)
+        # events: the role chunk, "The ", "answ", then the cut chunk
+        broken: Any = O.Reply(text="The answer is 42.", chunk_size=4, malformed_at=3)
+        good: Any = O.Reply(text="Answering both.")
+    else:
+        fake, profile = anthropic_fake, claude(anthropic_fake, max_retries=1)
+        # events: message_start, ping, thinking start, "Hmm.", signature, stop, text start,
+        # "The ", "answ", then the cut chunk
+        broken = A.Reply([A.Thinking("Hmm."), A.Text("The answer is 42.")], malformed_at=9)
+        good = A.Reply([A.Thinking("Both."), A.Text("Answering both.")])
+    fake.add(broken, broken, good)
+    async with serve(agents={"p": profile}, pool=fast_retries("p")) as client:
+        conv = await Conversation.create(client)
+        body = await conv.run("What is the answer?", "p")
+        record = await conv.record(body["run_id"])
+        context = await conv.context()
+        transcript = await conv.transcript()
+        after = await conv.completed("Still there?", "p")
+
+    assert fake.rejections == []
+    assert body["status"] == record["status"] == "failed"
+    assert body["stored"] is True and record["stored"] is True
+    problem = record["error"]
+    assert problem == body["error"]
+    assert problem["type"] == PROBLEMS + "run-provider-unavailable"
+    assert (problem["kind"], problem["code"]) == ("retryable", "malformed_stream")
+    assert problem["detail"].startswith(f"{provider}: malformed stream data (JSONDecodeError)")
+    assert problem["detail"].endswith("(after 1 retry)")
+    # the prompt and both cut attempts, each with what arrived before the broken chunk
+    assert kinds(record["new_messages"]) == ["user", "assistant", "assistant"]
+    for attempt in attempts(record):
+        failed_attempt(attempt, "retryable")
+        assert attempt["content"][-1] == {"type": "text", "text": "The answ"}
+    assert record["final"] == attempts(record)[-1]
+    # on_failure keep: the prompt is stored, the failed attempts are not
+    assert context["messages"] == [record["new_messages"][0]]
+    run = [(e["kind"], e["failed"]) for e in transcript if e["run_id"] == body["run_id"]]
+    assert run == [("prompt", False), ("attempt", True), ("attempt", True)]
+    # the next run sends both prompts and answers
+    assert kinds(after["context"]["messages"]) == ["user", "user", "assistant"]
+    assert len(fake.requests) == 3
+
+
+@pytest.mark.usefixtures("keys")
+async def test_a_streamed_run_that_meets_a_malformed_chunk_finishes_with_the_failure(
+    serve: Serve, openai_fake: O.OpenAIFake
+) -> None:
+    """The SSE client sees the prompt's ``message`` event, the cut attempt's deltas and its
+    ``message`` (stop_reason error), then ``run.finished`` with the failed run — the same
+    record ``GET …/runs/{id}`` and the transcript hold."""
+    openai_fake.add(O.Reply(text="The answer is 42.", chunk_size=4, malformed_at=3))
+    async with serve(agents={"p": gpt(openai_fake, max_retries=0)}) as client:
+        conv = await Conversation.create(client)
+        response = await client.post(
+            f"/conversations/{conv.id}/runs",
+            headers={"Accept": "text/event-stream"},
+            json={"prompts": ["What is the answer?"], "agent": "p"},
+        )
+        events = [
+            (
+                chunk.split("\n")[0].removeprefix("event: "),
+                json.loads(chunk.split("\n")[1].removeprefix("data: ")),
+            )
+            for chunk in response.text.strip().split("\n\n")
+        ]
+        record = await conv.record(events[-1][1]["run_id"])
+        context = await conv.context()
+        transcript = await conv.transcript()
+
+    assert response.status_code == 201
+    names = [name for name, _ in events]
+    assert names[0] == "run.started" and names[-1] == "run.finished"
+    messages = [data for name, data in events if name == "message"]
+    assert messages == record["new_messages"]
+    assert kinds(messages) == ["user", "assistant"]
+    failed_attempt(messages[1], "retryable")
+    deltas = "".join(d["text"] for name, d in events if name == "delta" and d["kind"] == "text")
+    assert deltas == "The answ" == messages[1]["content"][0]["text"]
+    finished = events[-1][1]
+    assert finished["status"] == "failed" and finished["stored"] is True
+    assert finished["error"]["type"] == PROBLEMS + "run-provider-unavailable"
+    assert finished["error"]["code"] == "malformed_stream"
+    assert context["messages"] == [messages[0]]
+    run = [(e["kind"], e["failed"]) for e in transcript if e["run_id"] == record["run_id"]]
+    assert run == [("prompt", False), ("attempt", True)]
+
+
+@pytest.mark.usefixtures("keys")
+async def test_anthropic_events_out_of_order_fail_the_run_at_once(
+    serve: Serve, anthropic_fake: A.AnthropicFake
+) -> None:
+    start = {
+        "type": "message_start",
+        "message": {"id": "msg_x", "type": "message", "role": "assistant", "content": []},
+    }
+    orphan = {
+        "type": "content_block_delta",
+        "index": 0,
+        "delta": {"type": "text_delta", "text": "orphan"},
+    }
+    anthropic_fake.add(
+        A.RawSSE([("message_start", start), ("content_block_delta", orphan)]),
+        A.Reply([A.Thinking("Fine."), A.Text("Working again.")]),
+    )
+    async with serve(agents={"claude": claude(anthropic_fake)}) as client:  # max_retries 4
+        conv = await Conversation.create(client)
+        body = await conv.run("Hello?", "claude")
+        context = await conv.context()
+        after = await conv.completed("Again?", "claude")
+
+    assert len(anthropic_fake.message_requests) == 2  # fatal: not retried
+    assert body["status"] == "failed" and body["stored"] is True
+    problem = body["error"]
+    assert problem["type"] == PROBLEMS + "run-provider-error"
+    assert (problem["kind"], problem["code"]) == ("fatal", "protocol_error")
+    assert "content_block_delta for block 0 before its content_block_start" in problem["detail"]
+    assert kinds(body["new_messages"]) == ["user", "assistant"]
+    assert kinds(context["messages"]) == ["user"]
+    assert kinds(after["context"]["messages"]) == ["user", "user", "assistant"]

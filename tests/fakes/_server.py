@@ -9,7 +9,12 @@ encoding, one chunk per event, so a test can
 - ``cut_after=N``: drop the TCP connection after N events, without the terminating chunk
   (the client sees a broken body, like a crashed server or a network cut), or
 - ``end_after=N``: end the body cleanly after N events (a well-formed HTTP answer whose
-  stream simply stops before its final event).
+  stream simply stops before its final event), or
+- ``malformed_at=N``: send event N cut in the middle of its JSON (``data: {"id": "x", …"bro``)
+  and go on with the rest, like a proxy that mangled one chunk.
+
+A :class:`RawHTTP` answer sends any status, content type and body (an HTML error page of a
+proxy, a 200 that is not an event stream); :func:`html_page` builds a realistic one.
 """
 
 from __future__ import annotations
@@ -54,6 +59,35 @@ class SSEAnswer:
     cut_after: int | None = None
     end_after: int | None = None
     delay: float = 0.0  # seconds before each event
+    malformed_at: int | None = None  # this event goes out with its JSON cut in the middle
+
+
+@dataclass
+class RawHTTP:
+    """Any answer at all: a status, a content type and a body, sent as they are."""
+
+    status: int
+    body: str | bytes
+    content_type: str = "text/html; charset=utf-8"
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+def html_page(status: int = 502, title: str = "502 Bad Gateway") -> RawHTTP:
+    """The kind of page a reverse proxy answers when the API behind it is down."""
+    body = (
+        "<!DOCTYPE html>\n<html>\n<head><title>"
+        f"{title}</title>\n<style>body {{ font-family: sans-serif; }}</style></head>\n"
+        f"<body>\n<center><h1>{title}</h1></center>\n<hr><center>nginx/1.25.3</center>\n"
+        + "<!-- a padding comment to make the page as long as real ones are -->\n" * 8
+        + "</body>\n</html>\n"
+    )
+    return RawHTTP(status, body)
+
+
+def malformed(event: bytes) -> bytes:
+    """``event`` with its ``data:`` JSON cut in the middle (the event itself stays framed)."""
+    head, _, data = event.rstrip(b"\n").rpartition(b"data: ")
+    return head + b"data: " + data[: max(1, len(data) // 2)] + b"\n\n"
 
 
 def sse(data: Any, event: str | None = None) -> bytes:
@@ -130,7 +164,7 @@ class FakeServer:
 
     # --- to override -------------------------------------------------------------------
 
-    def handle(self, request: RecordedRequest) -> JSONAnswer | SSEAnswer:
+    def handle(self, request: RecordedRequest) -> JSONAnswer | SSEAnswer | RawHTTP:
         raise NotImplementedError
 
     # --- plumbing ----------------------------------------------------------------------
@@ -153,8 +187,22 @@ class FakeServer:
             answer = self.handle(request)
         if isinstance(answer, JSONAnswer):
             self._send_json(h, answer)
+        elif isinstance(answer, RawHTTP):
+            self._send_raw(h, answer)
         else:
             self._send_sse(h, answer)
+
+    @staticmethod
+    def _send_raw(h: BaseHTTPRequestHandler, answer: RawHTTP) -> None:
+        data = answer.body.encode() if isinstance(answer.body, str) else answer.body
+        h.send_response(answer.status)
+        h.send_header("content-type", answer.content_type)
+        h.send_header("content-length", str(len(data)))
+        for name, value in answer.headers.items():
+            h.send_header(name, value)
+        h.end_headers()
+        h.wfile.write(data)
+        h.wfile.flush()
 
     @staticmethod
     def _send_json(h: BaseHTTPRequestHandler, answer: JSONAnswer) -> None:
@@ -190,6 +238,8 @@ class FakeServer:
                     break
                 if answer.delay:
                     time.sleep(answer.delay)
+                if n == answer.malformed_at:
+                    event = malformed(event)
                 h.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
                 h.wfile.flush()
             if answer.cut_after is not None and answer.cut_after >= len(answer.events):

@@ -7,6 +7,9 @@ Usage::
         fake.add(Reply([Thinking(""), ToolUse("get", {"q": 1})]))   # empty thinking + signature
         fake.add(Error.overloaded())                                 # HTTP 529
         fake.add(Reply([Text("so far")], error_event=("overloaded_error", "Overloaded")))
+        fake.add(Reply([Text("a long answer")], malformed_at=5))     # event 5: cut JSON
+        fake.add(RawSSE([("content_block_delta", {...})]))          # any events, any order
+        fake.add(html_page(502, "502 Bad Gateway"))                  # a proxy's HTML page
         provider = AnthropicProvider(api_key=fake.api_key, base_url=fake.base_url, ...)
         fake.requests[-1].json["messages"]           # what the provider sent
 
@@ -37,12 +40,13 @@ from typing import Any
 
 import pytest
 
-from ._server import FakeServer, JSONAnswer, RecordedRequest, SSEAnswer, sse
+from ._server import FakeServer, JSONAnswer, RawHTTP, RecordedRequest, SSEAnswer, html_page, sse
 from ._server import pieces as _pieces
 
 __all__ = [
     "AnthropicFake",
     "Error",
+    "RawHTTP",
     "RawSSE",
     "Redacted",
     "Reply",
@@ -50,6 +54,7 @@ __all__ = [
     "Thinking",
     "ToolUse",
     "anthropic_fake",
+    "html_page",
 ]
 
 _SECRET = b"fake-anthropic-signing-key"
@@ -111,6 +116,7 @@ class Reply:
     error_after: int | None = None  # ... after N events (default: before message_delta)
     cut_after: int | None = None  # drop the connection after N SSE events
     end_after: int | None = None  # end the body cleanly after N events (no message_stop)
+    malformed_at: int | None = None  # event N goes out with its JSON cut in the middle
     delay: float = 0.0
     headers: Mapping[str, str] = field(default_factory=dict)
 
@@ -165,7 +171,7 @@ class RawSSE:
     end_after: int | None = None
 
 
-Answer = Reply | Error | RawSSE
+Answer = Reply | Error | RawSSE | RawHTTP
 
 
 class _Invalid(Exception):
@@ -200,7 +206,7 @@ class AnthropicFake(FakeServer):
 
     # --- request handling ----------------------------------------------------------------
 
-    def handle(self, request: RecordedRequest) -> JSONAnswer | SSEAnswer:
+    def handle(self, request: RecordedRequest) -> JSONAnswer | SSEAnswer | RawHTTP:
         if request.method != "POST" or not request.path.rstrip("/").endswith("/v1/messages"):
             return JSONAnswer(404, Error(404, "not_found_error", "Not found").body())
         # ``x-api-key`` (classic SDKs) or ``Authorization: Bearer`` (newer SDKs, OAuth)
@@ -533,7 +539,9 @@ class AnthropicFake(FakeServer):
                 out.append((final, raw, block))
         return out
 
-    def _render(self, answer: Answer, body: dict[str, Any]) -> JSONAnswer | SSEAnswer:
+    def _render(self, answer: Answer, body: dict[str, Any]) -> JSONAnswer | SSEAnswer | RawHTTP:
+        if isinstance(answer, RawHTTP):
+            return answer
         if isinstance(answer, Error):
             return JSONAnswer(answer.status, answer.body(), answer.headers)
         if isinstance(answer, RawSSE):
@@ -657,6 +665,7 @@ class AnthropicFake(FakeServer):
             cut_after=answer.cut_after,
             end_after=answer.end_after,
             delay=answer.delay,
+            malformed_at=answer.malformed_at,
         )
 
 

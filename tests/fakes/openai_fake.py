@@ -6,6 +6,9 @@ Usage::
         fake.add(Reply(text="hello"))
         fake.add(Reply(tool_calls=[ToolCall("get", '{"q": 1}')]))
         fake.add(Error.rate_limit(retry_after="2"))
+        fake.add(Reply(text="partial answer", malformed_at=3))      # event 3: cut JSON
+        fake.add(RawSSE(['{"id": "x", "choices": [{"delta": {"content": "bro']))
+        fake.add(html_page(200, "Sign in"))                          # RawHTTP: any answer
         provider = OpenAIProvider(api_key=fake.api_key, base_url=fake.base_url, model="gpt-x")
         ...
         fake.requests[-1].json["messages"]           # what the provider sent
@@ -33,15 +36,17 @@ from typing import Any
 
 import pytest
 
-from ._server import FakeServer, JSONAnswer, RecordedRequest, SSEAnswer, sse
+from ._server import FakeServer, JSONAnswer, RawHTTP, RecordedRequest, SSEAnswer, html_page, sse
 from ._server import pieces as _pieces
 
 __all__ = [
     "Error",
     "OpenAIFake",
+    "RawHTTP",
     "RawSSE",
     "Reply",
     "ToolCall",
+    "html_page",
     "openai_fake",
 ]
 
@@ -74,6 +79,7 @@ class Reply:
     stream_error: Mapping[str, Any] | None = None  # ``{"error": {...}}`` chunk instead of finish
     cut_after: int | None = None  # drop the connection after N SSE events
     end_after: int | None = None  # end the body cleanly after N events (no finish / [DONE])
+    malformed_at: int | None = None  # event N goes out with its JSON cut in the middle
     delay: float = 0.0  # seconds before each SSE event
     headers: Mapping[str, str] = field(default_factory=dict)
 
@@ -151,7 +157,7 @@ class RawSSE:
     end_after: int | None = None
 
 
-Answer = Reply | Error | RawSSE
+Answer = Reply | Error | RawSSE | RawHTTP
 
 
 class OpenAIFake(FakeServer):
@@ -179,7 +185,7 @@ class OpenAIFake(FakeServer):
 
     # --- request handling ----------------------------------------------------------------
 
-    def handle(self, request: RecordedRequest) -> JSONAnswer | SSEAnswer:
+    def handle(self, request: RecordedRequest) -> JSONAnswer | SSEAnswer | RawHTTP:
         if request.method != "POST" or not request.path.rstrip("/").endswith("/chat/completions"):
             return JSONAnswer(
                 404,
@@ -374,7 +380,9 @@ class OpenAIFake(FakeServer):
 
     # --- answers ---------------------------------------------------------------------------
 
-    def _render(self, answer: Answer, body: dict[str, Any]) -> JSONAnswer | SSEAnswer:
+    def _render(self, answer: Answer, body: dict[str, Any]) -> JSONAnswer | SSEAnswer | RawHTTP:
+        if isinstance(answer, RawHTTP):
+            return answer
         if isinstance(answer, Error):
             return JSONAnswer(answer.status, answer.body(), answer.headers)
         if isinstance(answer, RawSSE):
@@ -493,6 +501,7 @@ class OpenAIFake(FakeServer):
             cut_after=answer.cut_after,
             end_after=answer.end_after,
             delay=answer.delay,
+            malformed_at=answer.malformed_at,
         )
 
 

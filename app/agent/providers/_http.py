@@ -1,20 +1,25 @@
 """Helpers shared by the HTTP providers (OpenAI-compatible and Anthropic).
 
 Error classification lives here so both providers agree on what ``retryable`` means: rate
-limits, overload, 5xx, request timeouts and dropped connections are retried by the agent
-(honouring ``retry_after``); authentication, permission, not-found and invalid requests are
-``fatal``. Messages never carry the API key: everything a server says is passed through
-:func:`scrub` first (OpenAI echoes a masked key in its 401 message).
+limits, overload, 5xx, request timeouts, dropped connections and malformed stream data are
+retried by the agent (honouring ``retry_after``); authentication, permission, not-found and
+invalid requests, a well-formed stream that breaks the protocol's event order, and a 200 that
+is not an event stream at all (an HTML page) are ``fatal``. Messages never carry the API key:
+everything a server says is passed through :func:`scrub` first (OpenAI echoes a masked key in
+its 401 message). Bodies that are not the API's JSON (an HTML error page of a proxy) are cut
+down to their ``<title>`` and a short excerpt by :func:`summarize_body`.
 """
 
 from __future__ import annotations
 
 import email.utils
+import html
 import importlib
+import json
 import re
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from .base import ErrorClass, ProviderError
 
@@ -113,6 +118,150 @@ def _load_transport_errors() -> tuple[type[BaseException], ...]:
 TRANSPORT_ERRORS: tuple[type[BaseException], ...] = _load_transport_errors()
 
 
+# Error codes the providers give to the stream faults they detect themselves.
+MALFORMED = "malformed_stream"
+PROTOCOL = "protocol_error"
+NOT_A_STREAM = "not_an_event_stream"
+
+# Exceptions raised while the SDK decodes the provider's bytes (``json.JSONDecodeError`` and
+# ``UnicodeDecodeError`` are ``ValueError``s), or while a translator reads a chunk whose shape
+# is not the documented one. Only provider data is being processed where these are caught.
+DECODE_ERRORS: tuple[type[BaseException], ...] = (ValueError, TypeError, AttributeError, KeyError)
+# Around a whole request (which also builds it), only what decoding a body raises.
+BODY_DECODE_ERRORS: tuple[type[BaseException], ...] = (json.JSONDecodeError, UnicodeDecodeError)
+
+_MAX_SUMMARY = 200
+_MAX_BODY = 64 * 1024  # of a body that is not the API's, read and summarized at most
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title\s*>", re.IGNORECASE | re.DOTALL)
+_TAGS = re.compile(r"<(script|style)\b.*?</\1\s*>|<[^>]*>", re.IGNORECASE | re.DOTALL)
+_SPACES = re.compile(r"\s+")
+
+
+def looks_like_html(text: str) -> bool:
+    head = text.lstrip()[:512].lower()
+    return head.startswith("<!doctype html") or "<html" in head or head.startswith("<head")
+
+
+def summarize_body(text: str) -> str:
+    """A short, readable stand-in for a body that is not the API's JSON.
+
+    An HTML page becomes ``HTML page "<title>": <first words of its text>``; anything else is
+    its first characters. Never longer than about 250 characters; only the first 64 KiB of
+    ``text`` are looked at.
+    """
+    text = text[:_MAX_BODY]
+    if looks_like_html(text):
+        match = _TITLE.search(text)
+        title = _SPACES.sub(" ", html.unescape(match.group(1))).strip() if match else ""
+        body = text[match.end() :] if match else text
+        words = _SPACES.sub(" ", html.unescape(_TAGS.sub(" ", body))).strip()
+        if title and words.startswith(title):
+            words = words[len(title) :].strip()
+        out = f'HTML page "{title[:80]}"' if title else "HTML page"
+        return f"{out}: {_clip(words)}" if words else out
+    return _clip(_SPACES.sub(" ", text).strip())
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _MAX_SUMMARY else text[:_MAX_SUMMARY].rstrip() + "…"
+
+
+def malformed_error(provider: str, exc: BaseException, api_key: str | None) -> ProviderError:
+    """Stream data that cannot be decoded (a chunk cut in the middle of its JSON, bytes that
+    are not UTF-8, a chunk of the wrong shape): what a truncated or corrupted transfer looks
+    like, so retryable."""
+    detail = scrub(str(exc) or type(exc).__name__, api_key)
+    return ProviderError(
+        "retryable",
+        f"{provider}: malformed stream data ({type(exc).__name__}): {_clip(detail)}",
+        code=MALFORMED,
+    )
+
+
+def protocol_error(provider: str, what: str) -> ProviderError:
+    """Well-formed events in an order the API never sends: a broken server or proxy, which a
+    retry would meet again, so fatal."""
+    return ProviderError(
+        "fatal", f"{provider}: the stream broke the protocol: {what}", code=PROTOCOL
+    )
+
+
+class _Response(Protocol):
+    @property
+    def status_code(self) -> int: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+    def aiter_bytes(self) -> Any: ...
+
+
+_SSE_TYPES = frozenset({"", "text/event-stream", "text/plain", "application/octet-stream"})
+_HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
+
+
+def media_type(response: _Response) -> str:
+    """The response's media type, lower case, without parameters (``""`` when absent)."""
+    raw_type = response.headers.get("content-type") or ""
+    return raw_type.split(";")[0].strip().lower()
+
+
+async def check_event_stream(provider: str, response: _Response, api_key: str | None) -> str:
+    """Before a stream is read: raise a fatal :class:`ProviderError` when the body is an HTML
+    page (behind a 200: a captive portal, a ``base_url`` that points at a website — a retry
+    reaches the same page), with the page's title in the message. Returns the media type.
+
+    Only HTML is refused up front: an HTML page is never an event stream, while a server
+    that labels its SSE oddly (``application/json``, ``text/plain``, nothing) may still send
+    one, so any other type is read as SSE and judged by :func:`no_events_error` afterwards.
+    """
+    media = media_type(response)
+    if media not in _HTML_TYPES:
+        return media
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size >= _MAX_BODY:
+            break
+    text = b"".join(chunks)[:_MAX_BODY].decode("utf-8", "replace")
+    status = response.status_code
+    raise ProviderError(
+        "fatal",
+        f"{provider}: HTTP {status} answered {media} instead of an event stream: "
+        f"{scrub(summarize_body(text), api_key) or 'empty body'}",
+        status=status,
+        code=NOT_A_STREAM,
+    )
+
+
+def no_events_error(provider: str, status: int, media: str) -> ProviderError | None:
+    """After a stream ended without a single event: fatal when its type was not an event
+    stream either (a JSON completion from a server that ignored ``stream: true``, a body of
+    another kind); ``None`` for an SSE body that was just empty (a cut stream: retryable)."""
+    if media in _SSE_TYPES:
+        return None
+    hint = " (a profile with stream = false does not ask for one)" if media.endswith("json") else ""
+    return ProviderError(
+        "fatal",
+        f"{provider}: HTTP {status} answered {media}, not an event stream, and no event "
+        f"arrived{hint}",
+        status=status,
+        code=NOT_A_STREAM,
+    )
+
+
+def not_a_response(provider: str, body: str, api_key: str | None) -> ProviderError:
+    """A non-streaming request answered 200 with something that is not the API's JSON (the
+    SDK then hands over the text): fatal, as an HTML page in :func:`check_event_stream`."""
+    return ProviderError(
+        "fatal",
+        f"{provider}: HTTP 200 answered something that is not the API's JSON: "
+        f"{scrub(summarize_body(body), api_key) or 'empty body'}",
+        status=200,
+        code=NOT_A_STREAM,
+    )
+
+
 def connection_error(provider: str, exc: BaseException, api_key: str | None) -> ProviderError:
     """A dropped connection, timeout or broken stream: always retryable."""
     detail = scrub(str(exc) or type(exc).__name__, api_key)
@@ -151,6 +300,10 @@ def status_error(
 ) -> ProviderError:
     kind = classify_status(status, code=code, error_type=error_type, message=message)
     label = " ".join(x for x in (error_type, code if code != error_type else None) if x)
+    if looks_like_html(message) or (
+        code is None and error_type is None and len(message) > 4 * _MAX_SUMMARY
+    ):
+        message = summarize_body(message)  # not the API's error shape: a proxy's page
     text = scrub(message, api_key) or "no message"
     if status in _STATUS_MEANING:
         text = f"{_STATUS_MEANING[status]}: {text}"

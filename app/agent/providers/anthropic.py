@@ -45,6 +45,15 @@ Errors: HTTP errors are classified in :mod:`._http`; an ``error`` event after HT
 classified by its error type (``overloaded_error`` -> retryable, ...); stop_reason
 ``model_context_window_exceeded`` is an overflow; a stream that ends before
 ``message_stop`` is retryable (its thinking blocks may lack their signature).
+
+Stream faults are the provider's (docs/providers.md, "Stream faults"): an event whose data is
+not valid JSON is ``retryable`` (``code: malformed_stream``); well-formed events in an order the
+Messages API never sends — anything but ``ping`` before ``message_start``, a second
+``message_start``, a ``content_block_delta`` or ``content_block_stop`` for a block that has not
+started (or has stopped), a block started twice, a delta of another block's type — are
+``fatal`` (``code: protocol_error``); a 200 whose body is not an event stream (an HTML page; a
+body of another type from which no event arrived) is ``fatal`` (``code:
+not_an_event_stream``).
 """
 
 from __future__ import annotations
@@ -70,10 +79,17 @@ from ..messages import (
     Usage,
 )
 from ._http import (
+    BODY_DECODE_ERRORS,
+    DECODE_ERRORS,
     TRANSPORT_ERRORS,
+    check_event_stream,
     connection_error,
     error_fields,
     is_overflow_text,
+    malformed_error,
+    no_events_error,
+    not_a_response,
+    protocol_error,
     scrub,
     status_error,
 )
@@ -292,17 +308,73 @@ def _usage(wire: dict[str, int]) -> Usage:
     )
 
 
+# delta type -> the block type it belongs to (delta types not listed are not checked)
+_DELTA_BLOCK = {
+    "text_delta": "text",
+    "thinking_delta": "thinking",
+    "signature_delta": "thinking",
+    "input_json_delta": "tool_use",
+}
+_BLOCK_EVENTS = ("content_block_start", "content_block_delta", "content_block_stop")
+_KNOWN_BLOCKS = ("text", "thinking", "redacted_thinking", "tool_use")
+
+
 @dataclass
 class _Translator:
+    provider: str = "anthropic"
     wire_usage: dict[str, int] = field(default_factory=dict)
     stop_reason: str | None = None
+    started: bool = False
     stopped: bool = False
     tool_inputs: dict[int, Any] = field(default_factory=dict)  # index -> start input
     tool_args_seen: set[int] = field(default_factory=set)
+    blocks: dict[int, str] = field(default_factory=dict)  # index -> block type ("" unknown)
+    closed: set[int] = field(default_factory=set)
+
+    def _check_order(self, kind: Any, index: Any, event: Any) -> None:
+        """Raise a protocol error for an event the Messages API never sends at this point."""
+        if kind == "message_start":
+            if self.started:
+                raise protocol_error(self.provider, "a second message_start")
+            self.started = True
+            return
+        if kind not in (*_BLOCK_EVENTS, "message_delta", "message_stop"):
+            return  # ping, unknown (future) events
+        if not self.started:
+            raise protocol_error(self.provider, f"{kind} before message_start")
+        if kind not in _BLOCK_EVENTS:
+            return
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            raise protocol_error(self.provider, f"{kind} without a block index ({index!r:.40})")
+        if kind == "content_block_start":
+            if index in self.blocks:
+                raise protocol_error(self.provider, f"block {index} started twice")
+            block_type = _get(_get(event, "content_block"), "type")
+            self.blocks[index] = block_type if block_type in _KNOWN_BLOCKS else ""
+            return
+        if index not in self.blocks:
+            raise protocol_error(
+                self.provider, f"{kind} for block {index} before its content_block_start"
+            )
+        if index in self.closed:
+            raise protocol_error(self.provider, f"{kind} for block {index} after it stopped")
+        if kind == "content_block_stop":
+            self.closed.add(index)
+            return
+        delta_type = _get(_get(event, "delta"), "type")
+        expected = _DELTA_BLOCK.get(delta_type) if isinstance(delta_type, str) else None
+        block_type = self.blocks[index]
+        if expected is not None and block_type and expected != block_type:
+            raise protocol_error(
+                self.provider, f"a {delta_type} for block {index}, a {block_type} block"
+            )
 
     def event(self, event: Any) -> list[StreamEvent]:
         kind = _get(event, "type")
         index = _get(event, "index")
+        self._check_order(kind, index, event)
+        if kind == "content_block_delta" and not self.blocks.get(index):
+            return []  # a delta of a block type never requested (server tools, ...)
         if kind == "message_start":
             message = _get(event, "message")
             self.wire_usage = _merge_usage(self.wire_usage, _get(message, "usage"))
@@ -472,21 +544,40 @@ class AnthropicProvider:
             async for event in self._complete(params):
                 yield event
             return
-        translator = _Translator()
+        translator = _Translator(provider=self.name)
         try:
             events = await self._client.messages.create(**params, stream=True)
+        except BODY_DECODE_ERRORS as exc:  # the SDK could not decode a JSON body
+            raise malformed_error(self.name, exc, self._api_key) from None
         except Exception as exc:
             raise self._raise(exc) from None
         async with events:
+            try:
+                media = await check_event_stream(self.name, events.response, self._api_key)
+            except Exception as exc:  # reading the body: a ProviderError, or a dropped line
+                raise self._raise(exc) from None
             iterator = aiter(events)
+            received = 0
             while True:
                 try:
                     event = await anext(iterator)
+                    received += 1
                 except StopAsyncIteration:
+                    if not received:
+                        status = events.response.status_code
+                        error = no_events_error(self.name, status, media)
+                        if error is not None:
+                            raise error from None
                     break
+                except DECODE_ERRORS as exc:  # the SDK could not decode an event
+                    raise malformed_error(self.name, exc, self._api_key) from None
                 except Exception as exc:
                     raise self._raise(exc) from None
-                for out in translator.event(event):
+                try:
+                    translated = translator.event(event)
+                except DECODE_ERRORS as exc:  # an event of a shape the API never sends
+                    raise malformed_error(self.name, exc, self._api_key) from None
+                for out in translated:
                     if isinstance(out, MessageStop) and translator.stop_reason == OVERFLOW_STOP:
                         raise self._overflow_stop()
                     yield out
@@ -503,8 +594,12 @@ class AnthropicProvider:
     async def _complete(self, params: dict[str, Any]) -> AsyncIterator[StreamEvent]:
         try:
             response = await self._client.messages.create(**params)
+        except BODY_DECODE_ERRORS as exc:  # the SDK could not decode a JSON body
+            raise malformed_error(self.name, exc, self._api_key) from None
         except Exception as exc:
             raise self._raise(exc) from None
+        if isinstance(response, str):  # the SDK hands over a body that is not JSON as text
+            raise not_a_response(self.name, response, self._api_key)
         usage = _usage(_merge_usage({}, _get(response, "usage")))
         yield MessageStart(
             response_id=str(_get(response, "id") or ""), model=str(_get(response, "model") or "")

@@ -7,9 +7,11 @@ partial attempt the run record needs (SPEC §1, §3). Failures are raised as
 :class:`ProviderError` with a ``kind`` the run loop acts on:
 
 - ``overflow``  — the request did not fit the context window: compact, then retry;
-- ``retryable`` — rate limits, overload, 5xx, a dropped connection: back off and try again
-  (honouring ``retry_after``) while nothing has been streamed yet;
-- ``fatal``     — authentication, invalid request, anything a retry will not fix.
+- ``retryable`` — rate limits, overload, 5xx, a dropped connection, a malformed chunk: back
+  off and try again (honouring ``retry_after``); an attempt that streamed something first is
+  recorded as a failed attempt;
+- ``fatal``     — authentication, invalid request, a stream that breaks the protocol, a 200
+  that is not a stream: anything a retry will not fix.
 """
 
 from __future__ import annotations

@@ -21,6 +21,11 @@ Streaming is translated to :mod:`~app.agent.providers.base` events. Usage is req
 ends without a ``finish_reason`` (connection dropped, server crashed) raises a retryable
 :class:`ProviderError`: the attempt is a failed one and is never stored as replayable.
 
+Stream faults are the provider's (docs/providers.md, "Stream faults"): a chunk that is not
+valid JSON or not the chunk shape (``choices`` that is not a list) is ``retryable``
+(``code: malformed_stream``); a 200 whose body is not an event stream (an HTML page; a body of
+another type from which no event arrived) is ``fatal`` (``code: not_an_event_stream``).
+
 Reasoning that compatible servers stream in ``reasoning_content`` (vLLM, DeepSeek) or
 ``reasoning`` (Ollama, OpenRouter) becomes a thinking block with an empty signature; it is not
 sent back (no such request field).
@@ -47,10 +52,16 @@ from ..messages import (
     UserMessage,
 )
 from ._http import (
+    BODY_DECODE_ERRORS,
+    DECODE_ERRORS,
     TRANSPORT_ERRORS,
+    check_event_stream,
     connection_error,
     error_fields,
     is_overflow_text,
+    malformed_error,
+    no_events_error,
+    not_a_response,
     scrub,
     status_error,
 )
@@ -381,11 +392,33 @@ class OpenAIProvider:
                     **params, stream=True, stream_options={"include_usage": True}
                 )
             return await self._client.chat.completions.create(**params)
+        except BODY_DECODE_ERRORS as exc:  # the SDK could not decode a JSON body
+            raise malformed_error(self.name, exc, self._api_key) from None
         except Exception as exc:
             error = self._error(exc)
             if error is None:
                 raise
             raise error from None
+
+    def _chunk(self, translator: _Translator, chunk: Any) -> list[StreamEvent]:
+        """The events of one chunk; a chunk that is not the documented shape is malformed."""
+        try:
+            if not hasattr(chunk, "model_extra") and not isinstance(chunk, dict):
+                raise ValueError(f"a chunk that is not an object: {chunk!r:.80}")
+            choices = _get(chunk, "choices")
+            if choices is not None and not isinstance(choices, list):
+                raise ValueError(f"choices is not a list: {choices!r:.80}")
+            events = translator.start(_get(chunk, "id"), _get(chunk, "model"))
+            usage = _usage(_get(chunk, "usage"))
+            for choice in choices or ():
+                if (_get(choice, "index") or 0) != 0:
+                    continue  # n > 1 is never requested
+                events += translator.choice(choice, _get(choice, "delta"))
+            if usage is not None:
+                events.append(UsageUpdate(usage=usage))
+        except DECODE_ERRORS as exc:
+            raise malformed_error(self.name, exc, self._api_key) from None
+        return events
 
     async def stream(self, request: ProviderRequest) -> AsyncIterator[StreamEvent]:
         params = self._params(request)
@@ -396,27 +429,35 @@ class OpenAIProvider:
         translator = _Translator()
         chunks = await self._call(params, stream=True)
         async with chunks:
+            try:
+                media = await check_event_stream(self.name, chunks.response, self._api_key)
+            except Exception as exc:  # reading the body: a ProviderError, or a dropped line
+                error = self._error(exc)
+                if error is None:
+                    raise
+                raise error from None
             iterator = aiter(chunks)
+            received = 0
             while True:
                 try:
                     chunk = await anext(iterator)
+                    received += 1
                 except StopAsyncIteration:
+                    if not received:
+                        status = chunks.response.status_code
+                        error = no_events_error(self.name, status, media)
+                        if error is not None:
+                            raise error from None
                     break
+                except DECODE_ERRORS as exc:  # the SDK could not decode an event
+                    raise malformed_error(self.name, exc, self._api_key) from None
                 except Exception as exc:
                     error = self._error(exc)
                     if error is None:
                         raise
                     raise error from None
-                for event in translator.start(_get(chunk, "id"), _get(chunk, "model")):
+                for event in self._chunk(translator, chunk):
                     yield event
-                usage = _usage(_get(chunk, "usage"))
-                for choice in _get(chunk, "choices") or ():
-                    if (_get(choice, "index") or 0) != 0:
-                        continue  # n > 1 is never requested
-                    for event in translator.choice(choice, _get(choice, "delta")):
-                        yield event
-                if usage is not None:
-                    yield UsageUpdate(usage=usage)
         if translator.finish_reason is None:
             raise ProviderError(
                 "retryable", f"{self.name}: the stream ended before a finish_reason"
@@ -426,17 +467,26 @@ class OpenAIProvider:
 
     async def _complete(self, params: dict[str, Any]) -> AsyncIterator[StreamEvent]:
         response = await self._call(params, stream=False)
+        if isinstance(response, str):  # the SDK hands over a body that is not JSON as text
+            raise not_a_response(self.name, response, self._api_key)
         translator = _Translator()
         for event in translator.start(_get(response, "id"), _get(response, "model")):
             yield event
-        choices = _get(response, "choices") or []
-        if not choices:
-            raise ProviderError("retryable", f"{self.name}: the response has no choices")
-        choice = choices[0]
-        message = _get(choice, "message")
-        for event in translator.choice(choice, message):
+        try:
+            choices = _get(response, "choices") or []
+            if not isinstance(choices, list):
+                raise ValueError(f"choices is not a list: {choices!r:.80}")
+            if not choices:
+                raise ProviderError(
+                    "retryable", f"{self.name}: the response has no choices", code="no_choices"
+                )
+            choice = choices[0]
+            events = translator.choice(choice, _get(choice, "message"))
+            usage = _usage(_get(response, "usage"))
+        except DECODE_ERRORS as exc:
+            raise malformed_error(self.name, exc, self._api_key) from None
+        for event in events:
             yield event
-        usage = _usage(_get(response, "usage"))
         if usage is not None:
             yield UsageUpdate(usage=usage)
         if translator.finish_reason is None:
