@@ -11,13 +11,22 @@ from typing import Literal
 from pydantic import Field
 
 from .messages import AssistantMessage, AttemptError, Context, Message, Usage, UserMessage, _Value
+from .tokens import TokenTally
 
 RunStatus = Literal["completed", "failed", "cancelled"]
 CompactionReason = Literal["threshold", "overflow", "manual"]
 
 
 class Compaction(_Value):
-    """One compaction: why, what it folded, and the summary it produced."""
+    """One compaction: why, what it folded, the summary it produced, and where it happened.
+
+    ``at`` is the number of the run's ``new_messages`` recorded before the compaction: it
+    happened right before ``new_messages[at]``, or after the last one when ``at`` equals their
+    number. A threshold compaction sits at the first prompt, an overflow compaction right after
+    the attempt that overflowed, a manual one after the results that closed an open tool batch.
+    Compactions sharing an ``at`` happened in their listed order. ``at`` is null when the record
+    does not know it (see docs/decisions.md); the agent always sets it.
+    """
 
     reason: CompactionReason
     folded: tuple[Message, ...]
@@ -26,11 +35,23 @@ class Compaction(_Value):
     tokens_before: int = Field(ge=0)
     tokens_after: int = Field(ge=0)
     usage: Usage = Usage()
+    at: int | None = Field(
+        default=None,
+        ge=0,
+        description="Where in its run it happened: right before new_messages[at] (equal to "
+        "the number of new messages: after the last). Null when not known.",
+    )
 
 
 class Input(_Value):
+    """What a run starts from. ``tokens``, when given, is the running tally of
+    ``context.messages`` (:func:`app.agent.tokens.tally_of`, kept with
+    :func:`app.agent.tokens.advance`); the agent then never recounts the history to decide
+    whether to compact. Without it the agent counts the context once."""
+
     context: Context
     prompts: tuple[UserMessage, ...] = ()
+    tokens: TokenTally | None = None
 
 
 class Result(_Value):
