@@ -132,7 +132,11 @@ def compaction_slots(result: Result) -> list[int]:
 
 
 def run_transcript(result: Result, base_len: int, plan: ContextWrite) -> list[TranscriptItem]:
-    """The transcript entries of a run, in the order things happened."""
+    """The transcript entries of a run, in the order things happened.
+
+    ``base_len`` is no longer needed (compactions say where they happened); it stays until the
+    caller in :mod:`app.store.repository` drops it.
+    """
     slots = compaction_slots(result)
     # A compaction at slot i comes before new_messages[i]; compactions keep their own order.
     keyed = [
