@@ -154,9 +154,17 @@ class Agent:
         """Run on ``input.context`` plus ``input.prompts``; never mutates the input."""
         return await self._guarded(input.context, input.prompts, None, on_event, input.tokens)
 
-    async def compact(self, context: Context, *, on_event: EventSink | None = None) -> Result:
-        """Compact now (SPEC §4 ``POST …/compact``): fold all but the current turn."""
-        return await self._guarded(context, (), "manual", on_event)
+    async def compact(
+        self,
+        context: Context,
+        *,
+        on_event: EventSink | None = None,
+        tokens: TokenTally | None = None,
+    ) -> Result:
+        """Compact now (SPEC §4 ``POST …/compact``): fold all but the current turn.
+
+        ``tokens``: the running tally of ``context.messages``, as in ``Input.tokens``."""
+        return await self._guarded(context, (), "manual", on_event, tokens)
 
     async def _guarded(
         self,

@@ -173,7 +173,7 @@ async def test_the_incremental_tally_equals_a_full_recount_after_runs_and_compac
     reasons: list[str] = []
     for i in range(24):
         if i % 7 == 6:
-            result = await agent.compact(context)
+            result = await agent.compact(context, tokens=tally)
         else:
             text = f"/overflow question {i} " if i % 5 == 4 else f"question {i} "
             prompt = UserMessage.text(text + "z" * 180)
