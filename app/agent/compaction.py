@@ -24,7 +24,7 @@ from .messages import (
 from .providers.base import ProviderRequest
 from .records import CompactionReason
 from .replay import open_batch
-from .tokens import estimate
+from .tokens import suffix_estimates
 
 SUMMARY_PREFIX = "Summary of the earlier conversation:\n\n"
 
@@ -74,8 +74,11 @@ def choose_cut(
     if not candidates:
         return None
     if reason == "threshold":
+        # One pass: the estimate of every suffix from prefix sums (the same values as
+        # estimating each messages[i:] on its own, which made this quadratic).
+        kept = suffix_estimates(context.system_prompt, context.summary, messages)
         for i in candidates:
-            if estimate(context.system_prompt, context.summary, messages[i:]) <= keep_tokens:
+            if kept[i] <= keep_tokens:
                 return i
     safe = set(candidates)
     last_user = max(

@@ -21,6 +21,7 @@ from .messages import (
     _Value,
 )
 from .pending import Approval, ClientTool, RequiredAction
+from .tokens import TokenTally
 
 #: ``requires_action``: the run paused for the application (client calls or approvals pending)
 RunStatus = Literal["completed", "failed", "cancelled", "requires_action"]
@@ -37,10 +38,22 @@ class Compaction(_Value):
     tokens_before: int = Field(ge=0)
     tokens_after: int = Field(ge=0)
     usage: Usage = Usage()
+    # Where it happened (the agent always sets it): the number of the run's ``new_messages``
+    # recorded before the compaction, i.e. right before ``new_messages[at]`` (after the last one
+    # when ``at`` equals their number). Threshold: at the first prompt (after any results that
+    # closed an open batch); overflow: right after the attempt that overflowed; manual: after
+    # the closing results. Compactions sharing an ``at`` happened in their listed order. None
+    # when not known (a record read back from storage). Not on the wire yet (``exclude``): the
+    # run record store has no column for it, so a run's answer and its stored record would
+    # disagree. See docs/decisions.md.
+    at: int | None = Field(default=None, ge=0, exclude=True)
 
 
 class Input(_Value):
-    """A run's input. The last four fields are for client tools and approvals (docs/tools.md).
+    """A run's input. ``tokens``, when given, is the running tally of ``context.messages``
+    (:func:`app.agent.tokens.tally_of`, kept with :func:`app.agent.tokens.advance`); the agent
+    then never recounts the history to decide whether to compact. Without it the agent counts
+    the context once. The last four fields are for client tools and approvals (docs/tools.md):
 
     - ``client_tools``: tools the application executes, offered with the server tools;
     - ``require_approval``: server tools whose calls wait for a decision in this run (added to
@@ -55,6 +68,7 @@ class Input(_Value):
     require_approval: tuple[str, ...] = ()
     tool_results: tuple[ToolResultMessage, ...] = ()
     approvals: tuple[Approval, ...] = ()
+    tokens: TokenTally | None = None
 
 
 class Result(_Value):

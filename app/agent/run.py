@@ -16,13 +16,20 @@ Failures never raise: a failed or cancelled run returns a Result whose ``status`
 ``error`` say how it ended. Cancelling the task that awaits :meth:`Agent.run` cancels the run at
 whatever it is awaiting (a provider stream, a tool batch, a compaction) and the call returns
 the cancelled Result instead of raising :class:`asyncio.CancelledError`.
+
+Cost on long contexts: the run keeps a running token tally (given in ``Input.tokens`` or
+counted once), so deciding whether to compact never recounts the history. The CPU-heavy steps
+whose cost grows with the context — counting it, choosing a cut, rendering and building the
+fold — run in a worker thread (:func:`asyncio.to_thread`) once the context holds
+:data:`OFFLOAD_MESSAGES` messages, so the event loop is never held for their duration.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import ParamSpec, TypeVar
 
 from . import compaction
 from .assembly import AttemptBuilder
@@ -62,7 +69,7 @@ from .providers.base import Provider, ProviderError, ProviderRequest, ToolSpec
 from .records import Compaction, CompactionReason, Input, Result, RunStatus
 from .replay import open_batch
 from .retry import RetryPolicy
-from .tokens import estimate
+from .tokens import TokenTally, estimate_with, tally_of
 from .tools import ToolRegistry, interrupted_result, run_batch
 
 
@@ -99,6 +106,20 @@ class RunPlan:
     resume: Resume | None = None
 
 
+#: From this many messages on, the steps whose cost grows with the context run in a thread.
+OFFLOAD_MESSAGES = 2_000
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+async def _offload(size: int, fn: Callable[_P, _T], *args: _P.args, **kw: _P.kwargs) -> _T:
+    """``fn(*args, **kw)``, in a worker thread when ``size`` (messages) makes it CPU-heavy."""
+    if size >= OFFLOAD_MESSAGES:
+        return await asyncio.to_thread(fn, *args, **kw)
+    return fn(*args, **kw)
+
+
 class _RunFailed(Exception):
     def __init__(self, error: AttemptError) -> None:
         super().__init__(error.message)
@@ -110,6 +131,7 @@ class _State:
     """What one run has produced so far; turned into a Result however the run ends."""
 
     context: Context
+    tally: TokenTally  # always the tally of context.messages
     new_messages: list[AnyMessage] = field(default_factory=list)
     final: AssistantMessage | None = None
     compactions: list[Compaction] = field(default_factory=list)
@@ -124,6 +146,7 @@ class _State:
         self.context = self.context.model_copy(
             update={"messages": (*self.context.messages, *messages)}
         )
+        self.tally = self.tally.extend(messages)
         self.new_messages.extend(messages)
 
     def attempt(self, message: AssistantMessage) -> None:
@@ -175,7 +198,9 @@ class Agent:
         end is a Result.
         """
         plan = self.check(input)
-        return await self._guarded(input.context, input.prompts, None, on_event, plan=plan)
+        return await self._guarded(
+            input.context, input.prompts, None, on_event, input.tokens, plan=plan
+        )
 
     def check(self, input: Input) -> RunPlan:
         """Validate an input without running it (pure, cheap: O(the last tool batch)).
@@ -200,9 +225,17 @@ class Agent:
         """The calls ``context`` is waiting on, with their kind (see :mod:`app.agent.pending`)."""
         return pending_calls(context, self.config.tools.tools)
 
-    async def compact(self, context: Context, *, on_event: EventSink | None = None) -> Result:
-        """Compact now (SPEC §4 ``POST …/compact``): fold all but the current turn."""
-        return await self._guarded(context, (), "manual", on_event)
+    async def compact(
+        self,
+        context: Context,
+        *,
+        on_event: EventSink | None = None,
+        tokens: TokenTally | None = None,
+    ) -> Result:
+        """Compact now (SPEC §4 ``POST …/compact``): fold all but the current turn.
+
+        ``tokens``: the running tally of ``context.messages``, as in ``Input.tokens``."""
+        return await self._guarded(context, (), "manual", on_event, tokens)
 
     async def _guarded(
         self,
@@ -210,12 +243,19 @@ class Agent:
         prompts: tuple[UserMessage, ...],
         compact: CompactionReason | None,
         on_event: EventSink | None,
+        tokens: TokenTally | None = None,
         *,
         plan: RunPlan | None = None,
     ) -> Result:
-        state = _State(context=context, plan=plan or RunPlan(tools=self.config.tools.specs))
         emit = _Emitter(on_event)
+        state = _State(
+            context=context,
+            tally=tokens or TokenTally(),
+            plan=plan or RunPlan(tools=self.config.tools.specs),
+        )
         try:
+            if tokens is None:
+                state.tally = await _offload(len(context.messages), tally_of, context.messages)
             if compact is not None:
                 await self._compact(state, emit, compact, keep_last=True)
             else:
@@ -246,8 +286,8 @@ class Agent:
         if prompts or resume is not None:
             ctx = state.context
             answers = () if resume is None else resume.results
-            projected = estimate(
-                ctx.system_prompt, ctx.summary, (*ctx.messages, *answers, *prompts)
+            projected = estimate_with(
+                state.tally.extend((*answers, *prompts)), ctx.system_prompt, ctx.summary
             )
             if projected > cfg.compact_at * cfg.context_window and ctx.messages:
                 await self._compact(state, emit, "threshold", keep_last=False)
@@ -439,7 +479,11 @@ class Agent:
     ) -> None:
         cfg = self.config
         before = state.context
-        cut = compaction.choose_cut(
+        at = len(state.new_messages)  # it happens before the next run message (Compaction.at)
+        size = len(before.messages)
+        cut = await _offload(
+            size,
+            compaction.choose_cut,
             before,
             reason,
             keep_tokens=int(cfg.keep_after_compaction * cfg.context_window),
@@ -455,8 +499,9 @@ class Agent:
                     code="nothing_to_compact",
                 )
             )
-        folded = before.messages[:cut]
-        request = compaction.summary_request(before.summary, folded, model=cfg.model)
+        request = await _offload(
+            cut, compaction.summary_request, before.summary, before.messages[:cut], model=cfg.model
+        )
         try:
             answer = await self._stream(request, emit, None)
         except ProviderError as exc:
@@ -470,27 +515,59 @@ class Agent:
                     message="compaction failed: the provider wrote an empty summary",
                 )
             )
-        after = before.model_copy(update={"summary": summary, "messages": before.messages[cut:]})
-        record = Compaction(
-            reason=reason,
-            folded=folded,
-            previous_summary=before.summary,
-            summary=summary,
-            tokens_before=estimate(before.system_prompt, before.summary, before.messages),
-            tokens_after=estimate(after.system_prompt, after.summary, after.messages),
-            usage=answer.usage,
+        after, tally, record = await _offload(
+            size, _fold, before, state.tally, cut, summary, reason, at, answer.usage
         )
         state.context = after
+        state.tally = tally
         state.compactions.append(record)
         state.usage = state.usage + answer.usage
         await emit(CompactionCompleted(record))
 
 
+def _fold(
+    before: Context,
+    tally: TokenTally,
+    cut: int,
+    summary: str,
+    reason: CompactionReason,
+    at: int,
+    usage: Usage,
+) -> tuple[Context, TokenTally, Compaction]:
+    """The context, tally and record after folding ``before.messages[:cut]`` into ``summary``."""
+    folded = before.messages[:cut]
+    after = before.model_copy(update={"summary": summary, "messages": before.messages[cut:]})
+    after_tally = tally.drop_prefix(folded)
+    record = Compaction(
+        reason=reason,
+        folded=folded,
+        previous_summary=before.summary,
+        summary=summary,
+        tokens_before=estimate_with(tally, before.system_prompt, before.summary),
+        tokens_after=estimate_with(after_tally, after.system_prompt, after.summary),
+        usage=usage,
+        at=at,
+    )
+    return after, after_tally, record
+
+
 def for_provider(messages: tuple[AnyMessage, ...], provider: str) -> tuple[AnyMessage, ...]:
-    """Drop opaque fields another provider issued (SPEC §1); they would be refused."""
+    """Drop opaque fields another provider issued (SPEC §1); they would be refused.
+
+    Only a message that holds something to strip (reasoning blocks, ``provider_data``) is
+    copied; every other message is passed on as the same object.
+    """
     out: list[AnyMessage] = []
     for message in messages:
-        if isinstance(message, AssistantMessage) and message.provider != provider:
+        if (
+            isinstance(message, AssistantMessage)
+            and message.provider != provider
+            and (
+                message.provider_data
+                or not message.content
+                or any(isinstance(b, _OPAQUE) for b in message.content)
+            )
+        ):
             content = tuple(
                 b
                 for b in message.content
@@ -501,6 +578,9 @@ def for_provider(messages: tuple[AnyMessage, ...], provider: str) -> tuple[AnyMe
             message = message.model_copy(update={"content": content, "provider_data": {}})
         out.append(message)
     return tuple(out)
+
+
+_OPAQUE = (ThinkingBlock, RedactedThinkingBlock)
 
 
 def _error(exc: ProviderError, prefix: str = "") -> AttemptError:

@@ -115,59 +115,29 @@ def _compaction_item(compaction: Compaction, fold_range: tuple[int, int]) -> Tra
     )
 
 
-def compaction_slots(result: Result, base_len: int) -> list[int]:
+def compaction_slots(result: Result) -> list[int]:
     """For each compaction, the index in ``result.new_messages`` it happened before.
 
-    A Result does not say when its compactions happened; the agent compacts at three moments,
-    and each compaction is placed at its moment:
-
-    - ``threshold``: right before prompt admission (before the first prompt);
-    - ``overflow``: right after the attempt that overflowed;
-    - ``manual``: after the tool results that closed a batch left open (i.e. at the end).
-
-    and never before the last run message it folded.
+    The agent records it (``Compaction.at``). A compaction that does not know it (a hand-built
+    Result) is placed at the end of the run, and never before an earlier compaction.
     """
-    messages = result.new_messages
-    # Indices of the run's messages that entered the context (failed attempts never do).
-    entered = [
-        i
-        for i, m in enumerate(messages)
-        if not (isinstance(m, AssistantMessage) and not m.replayable)
-    ]
-    first_prompt = next(
-        (i for i, m in enumerate(messages) if isinstance(m, UserMessage)), len(messages)
-    )
+    end = len(result.new_messages)
     slots: list[int] = []
-    folded = 0
     floor = 0
     for compaction in result.compactions:
-        folded += len(compaction.folded)
-        run_folded = min(folded - base_len, len(entered))
-        if run_folded > 0:
-            floor = max(floor, entered[run_folded - 1] + 1)
-        if compaction.reason == "threshold":
-            slot = max(floor, first_prompt)
-        elif compaction.reason == "manual":
-            slot = len(messages)
-        else:
-            slot = next(
-                (
-                    i + 1
-                    for i in range(floor, len(messages))
-                    if isinstance(m := messages[i], AssistantMessage)
-                    and m.error is not None
-                    and m.error.kind == "overflow"
-                ),
-                floor,
-            )
+        slot = end if compaction.at is None else min(max(compaction.at, floor), end)
         slots.append(slot)
         floor = slot
     return slots
 
 
 def run_transcript(result: Result, base_len: int, plan: ContextWrite) -> list[TranscriptItem]:
-    """The transcript entries of a run, in the order things happened."""
-    slots = compaction_slots(result, base_len)
+    """The transcript entries of a run, in the order things happened.
+
+    ``base_len`` is no longer needed (compactions say where they happened); it stays until the
+    caller in :mod:`app.store.repository` drops it.
+    """
+    slots = compaction_slots(result)
     # A compaction at slot i comes before new_messages[i]; compactions keep their own order.
     keyed = [
         ((slot, 0, k), _compaction_item(result.compactions[k], plan.fold_ranges[k]))

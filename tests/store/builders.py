@@ -57,6 +57,7 @@ def compaction(
     *,
     previous: str = "",
     reason: CompactionReason = "threshold",
+    at: int | None = None,
 ) -> Compaction:
     return Compaction(
         reason=reason,
@@ -66,6 +67,7 @@ def compaction(
         tokens_before=1000,
         tokens_after=100,
         usage=Usage(input_tokens=900, output_tokens=50),
+        at=at,
     )
 
 
