@@ -229,10 +229,21 @@ def evaluate_preconditions(
     """
     match = parse_condition(if_match, "If-Match")
     none_match = parse_condition(if_none_match, "If-None-Match")
+    return evaluate_conditions(match, none_match, current, safe_method=safe_method)
+
+
+def evaluate_conditions(
+    if_match: ETagCondition | None,
+    if_none_match: ETagCondition | None,
+    current: EntityTag | str | None,
+    *,
+    safe_method: bool,
+) -> Outcome:
+    """:func:`evaluate_preconditions` on conditions already parsed."""
     etag = _current(current)
-    if match is not None and not match.matches_strong(etag):
+    if if_match is not None and not if_match.matches_strong(etag):
         return "precondition-failed"
-    if none_match is not None and none_match.matches_weak(etag):
+    if if_none_match is not None and if_none_match.matches_weak(etag):
         return "not-modified" if safe_method else "precondition-failed"
     return "proceed"
 

@@ -1,10 +1,12 @@
 """Every error the service answers, as RFC 9457 ``application/problem+json`` (SPEC §4).
 
 One registry: each kind of problem is a :class:`ProblemType` below, with a stable type URI
-``https://carryover.dev/problems/<slug>``. Code raises :class:`Problem` (never a bare
-``HTTPException`` string); :func:`install_problem_handlers` turns it — and FastAPI's validation
-errors, Starlette's 404/405 and any unhandled exception — into a problem response, and makes
-the OpenAPI document say so. Routes document their problems with :func:`problem_responses`::
+``https://carryover.dev/problems/<slug>`` — the problems requests are answered with, and the
+ones a run record's ``error`` holds (``run-*``). Every layer raises a
+:class:`~app.errors.CarryoverError` that names its slug (the API's own :class:`Problem` is one);
+:func:`install_problem_handlers` turns it — and FastAPI's validation errors, Starlette's 404/405
+and any unhandled exception — into a problem response with ONE handler, and makes the OpenAPI
+document say so. Routes document their problems with :func:`problem_responses`::
 
     @router.put("/conversations/{id}/context",
                 responses=problem_responses(404, PRECONDITION_FAILED, PRECONDITION_REQUIRED))
@@ -24,6 +26,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.errors import CarryoverError
+
 PROBLEM_BASE_URI = "https://carryover.dev/problems/"
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 #: members every problem object has; extension members may not reuse these names
@@ -37,6 +41,7 @@ class ProblemType:
     slug: str
     title: str
     status: int
+    run_error: bool = False  # the error of a run record, not the answer to a request
 
     @property
     def uri(self) -> str:
@@ -46,10 +51,10 @@ class ProblemType:
 PROBLEM_TYPES: dict[str, ProblemType] = {}
 
 
-def _register(slug: str, title: str, status: int) -> ProblemType:
+def _register(slug: str, title: str, status: int, *, run_error: bool = False) -> ProblemType:
     if slug in PROBLEM_TYPES:
         raise ValueError(f"problem type {slug!r} is registered twice")
-    problem_type = ProblemType(slug, title, status)
+    problem_type = ProblemType(slug, title, status, run_error)
     PROBLEM_TYPES[slug] = problem_type
     return problem_type
 
@@ -87,6 +92,30 @@ INTERNAL = _register("internal", "Internal server error", 500)
 PROVIDER_ERROR = _register("provider-error", "The model provider failed", 502)
 NOT_READY = _register("not-ready", "Service not ready", 503)
 
+# Why a run did not complete: a run record's ``error`` (docs/api.md). Its status is the one the
+# failure would have as an answer; the run itself is answered 201.
+_RUN_PROBLEMS = {
+    "overflow": ("run-context-overflow", "The context does not fit the model's window", 422),
+    "retryable": ("run-provider-unavailable", "The model provider stayed unavailable", 503),
+    "fatal": ("run-provider-error", "The model provider refused the request", 502),
+    "aborted": ("run-cancelled", "The run was cancelled", 409),
+    "internal": ("run-internal-error", "The run failed inside Carryover", 500),
+    "conflicted": ("run-conflicted", "The stored context changed during the run", 409),
+    "interrupted": ("run-interrupted", "The process running the run went away", 503),
+    "max_turns": ("run-max-turns", "The model kept calling tools", 422),
+}
+#: run error kinds (and the statuses conflicted / interrupted) → their problem type
+RUN_PROBLEMS: dict[str, ProblemType] = {
+    kind: _register(slug, title, status, run_error=True)
+    for kind, (slug, title, status) in _RUN_PROBLEMS.items()
+}
+
+
+def run_problem_type(kind: str) -> ProblemType:
+    """The problem type of a run that ended with an error of this kind (or this status)."""
+    return RUN_PROBLEMS.get(kind, RUN_PROBLEMS["internal"])
+
+
 # What a framework-raised HTTPException of a given status becomes.
 _BY_HTTP_STATUS: dict[int, ProblemType] = {
     p.status: p
@@ -105,8 +134,9 @@ _BY_HTTP_STATUS: dict[int, ProblemType] = {
 }
 
 
-class Problem(Exception):
-    """An error answered as a problem object. ``extras`` become extension members."""
+class Problem(CarryoverError):
+    """An error the API itself answers as a problem object (lower layers raise their own
+    :class:`~app.errors.CarryoverError`). ``extras`` become extension members."""
 
     def __init__(
         self,
@@ -119,15 +149,10 @@ class Problem(Exception):
         clash = RESERVED_MEMBERS & extras.keys()
         if clash:
             raise ValueError(f"extension members may not be named {sorted(clash)}")
-        super().__init__(detail or problem_type.title)
+        super().__init__(detail or problem_type.title, headers=headers, **extras)
         self.problem_type = problem_type
-        self.detail = detail or problem_type.title
-        self.headers = dict(headers or {})
-        self.extras = extras
-
-    @property
-    def status(self) -> int:
-        return self.problem_type.status
+        self.slug = problem_type.slug
+        self.status = problem_type.status
 
     def body(self, instance: str | None = None) -> dict[str, Any]:
         """The problem object (also what a run record's ``error`` holds)."""
@@ -282,7 +307,9 @@ def problem_responses(*problems: int | ProblemType) -> dict[int | str, dict[str,
             titles.setdefault(item.status, []).append(f"{item.slug}: {item.title}")
         else:
             titles.setdefault(item, []).extend(
-                f"{p.slug}: {p.title}" for p in PROBLEM_TYPES.values() if p.status == item
+                f"{p.slug}: {p.title}"
+                for p in PROBLEM_TYPES.values()
+                if p.status == item and not p.run_error
             )
     return {
         status: {
@@ -423,9 +450,20 @@ def _from_validation(request: Request, exc: RequestValidationError) -> Problem:
 # --- handlers --------------------------------------------------------------------------------
 
 
-async def _handle_problem(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, Problem)
-    return exc.response(instance=request.url.path)
+def as_problem(exc: CarryoverError) -> Problem:
+    """The problem a refusal of any layer is answered with: its slug's registered type."""
+    if isinstance(exc, Problem):
+        return exc
+    problem_type = PROBLEM_TYPES.get(exc.slug)
+    if problem_type is None or problem_type.status != exc.status:
+        raise LookupError(f"{type(exc).__name__} names no registered problem type: {exc.slug!r}")
+    return Problem(problem_type, exc.detail, headers=exc.headers, **exc.extras)
+
+
+async def _handle_refusal(request: Request, exc: Exception) -> Response:
+    """The one handler of every :class:`~app.errors.CarryoverError`, whatever layer raised it."""
+    assert isinstance(exc, CarryoverError)
+    return as_problem(exc).response(instance=request.url.path)
 
 
 async def _handle_validation(request: Request, exc: Exception) -> Response:
@@ -487,7 +525,7 @@ Handler = Callable[[Request, Exception], Awaitable[Response]]
 def install_problem_handlers(app: FastAPI) -> None:
     """Answer every error of ``app`` as a problem and document problems in its OpenAPI."""
     handlers: dict[type[Exception], Handler] = {
-        Problem: _handle_problem,
+        CarryoverError: _handle_refusal,
         RequestValidationError: _handle_validation,
         StarletteHTTPException: _handle_http,
         Exception: _handle_unexpected,

@@ -6,7 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.api.etags import (
+from app.api.problems import BAD_HEADER
+from app.errors import CarryoverError as Problem
+from app.etag import (
     EntityTag,
     ETagCondition,
     evaluate_preconditions,
@@ -15,7 +17,6 @@ from app.api.etags import (
     make_etag,
     parse_condition,
 )
-from app.api.problems import BAD_HEADER, Problem
 
 CURRENT = '"v2"'
 PRINTABLE = "!#$%&'()*+-./09:;<=>?@AZ[\\]^_`az{|}~"
@@ -101,7 +102,7 @@ def test_malformed_values_are_a_bad_header_problem(value: str, reason: str, head
     with pytest.raises(Problem) as info:
         parse_condition(value, header)
     problem = info.value
-    assert problem.problem_type is BAD_HEADER
+    assert problem.slug == BAD_HEADER.slug
     assert problem.status == 400
     assert problem.detail.startswith(f"{header}: ")
     assert reason in problem.detail
