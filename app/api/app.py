@@ -23,9 +23,9 @@ from app.store.repository import Repository
 
 from .auth import Authenticator, AuthMiddleware, announce_access
 from .deps import Services
+from .handlers import install_problem_handlers
 from .limits import BodyLimitMiddleware
 from .links import install_links
-from .problems import install_problem_handlers
 from .routes import conversations, health, runs, transcript
 
 DESCRIPTION = """\

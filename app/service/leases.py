@@ -29,7 +29,7 @@ import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from app.clock import Clock
 from app.config import Settings
@@ -37,8 +37,7 @@ from app.observability import RUNS, RUNS_IN_PROGRESS
 from app.store.db import make_engine
 from app.store.repository import Repository
 
-if TYPE_CHECKING:
-    from .runs import ActiveRun
+from .types import ActiveRun
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy.exc import InterfaceError, OperationalError
 
@@ -32,17 +31,16 @@ from app.store.repository import (
     Loaded,
     OnFailure,
     Repository,
-    RunOutcome,
     RunRecord,
     StartedRun,
 )
-from app.store.tables import Run
 
 from .agents import AgentPool
 from .errors import Busy, ShuttingDown
 from .leases import LeaseKeeping
 from .metrics import observe_result
 from .pages import Page
+from .types import ActiveRun, FinishedRun, Idempotency, Replayed, RunRequest
 
 log = logging.getLogger(__name__)
 
@@ -51,66 +49,6 @@ Disconnected = Callable[[], Awaitable[bool]]
 
 #: tries to record a run's outcome when the database fails transiently (0.2 s, 0.4 s, … apart)
 FINISH_ATTEMPTS = 5
-
-
-@dataclass(frozen=True)
-class RunRequest:
-    """What a run is asked to do: the prompts, the agent profile, and the policies."""
-
-    prompts: tuple[UserMessage, ...]
-    agent: str = "default"
-    on_failure: OnFailure = "keep"
-    if_busy: Literal["reject", "wait"] = "reject"
-
-
-@dataclass(frozen=True)
-class FinishedRun:
-    """A run that ended: its row as started, the agent's Result, and what the store recorded."""
-
-    run: Run
-    result: Result
-    outcome: RunOutcome
-
-
-Answer = Callable[[FinishedRun], tuple[int, dict[str, Any]]]
-"""How an idempotent request's answer is rendered (status code, body), to be kept for repeats."""
-
-
-@dataclass(frozen=True)
-class Idempotency:
-    """An ``Idempotency-Key`` with the request: the key, a hash of the request, and how to
-    render the answer that repeats will replay (given by the API, called after the outcome
-    was recorded)."""
-
-    key: str
-    request_hash: str
-    answer: Answer
-
-
-@dataclass
-class ActiveRun:
-    """A run of this process in flight: its events and, once done, its outcome."""
-
-    tenant: str
-    conversation_id: str
-    run_id: str
-    started: StartedRun
-    events: asyncio.Queue[RunEvent | None] | None
-    done: asyncio.Future[FinishedRun] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
-    task: asyncio.Task[None] | None = None
-    running: bool = False  # the task has begun (a task cancelled before it begins never does)
-    stop_requested: bool = False  # asked to stop before the task began
-    finishing: bool = False  # the outcome is being written: cancelling now changes nothing
-
-
-@dataclass(frozen=True)
-class Replayed:
-    """The stored first answer of an idempotent request (same key, same body)."""
-
-    status_code: int
-    body: dict[str, Any]
 
 
 class RunManager(LeaseKeeping):

@@ -7,12 +7,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, or_, select
+from sqlalchemy import ColumnElement, and_, insert, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.agent.codec import load_message
+from app.agent.codec import dump_message, dump_messages, load_message
 from app.agent.messages import AnyMessage, AssistantMessage
-from app.agent.records import Compaction
+from app.agent.records import Compaction, Result
 
 from ._sql import StoreBase, child_key, require_conversation
 from .db import read_transaction
@@ -170,4 +170,36 @@ async def _records(
     ]
 
 
-__all__ = ["RecordStore", "RunRecord"]
+async def insert_audit(
+    conn: AsyncConnection, tenant: str, conv_id: str, run_id: str, result: Result
+) -> None:
+    """A finished run's audit records: its new messages, final and compactions."""
+    key = {"tenant": tenant, "conversation_id": conv_id, "run_id": run_id}
+    if result.new_messages:
+        await conn.execute(
+            insert(run_new_messages),
+            [{**key, "seq": i, "body": dump_message(m)} for i, m in enumerate(result.new_messages)],
+        )
+    if result.final is not None:
+        await conn.execute(insert(run_finals).values(**key, body=dump_message(result.final)))
+    if result.compactions:
+        await conn.execute(
+            insert(run_compactions),
+            [
+                {
+                    **key,
+                    "seq": i,
+                    "reason": c.reason,
+                    "previous_summary": c.previous_summary,
+                    "summary": c.summary,
+                    "folded": dump_messages(c.folded),
+                    "tokens_before": c.tokens_before,
+                    "tokens_after": c.tokens_after,
+                    "usage": c.usage.model_dump(mode="json"),
+                }
+                for i, c in enumerate(result.compactions)
+            ],
+        )
+
+
+__all__ = ["RecordStore", "RunRecord", "insert_audit"]

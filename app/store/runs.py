@@ -19,7 +19,7 @@ from sqlalchemy import case, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.agent.codec import dump_message, dump_messages
+from app.agent.codec import dump_messages
 from app.agent.messages import UserMessage
 from app.agent.records import Result
 from app.etag import IfMatch, if_match_holds, version_etag
@@ -45,14 +45,12 @@ from .errors import (
 )
 from .idempotency import IdempotencyClaim, IdempotentReplay, claimed, insert_claim
 from .leases import interrupt
+from .records import insert_audit
 from .tables import (
     Conversation,
     Run,
     context_messages,
     conversations,
-    run_compactions,
-    run_finals,
-    run_new_messages,
     runs,
 )
 
@@ -359,7 +357,7 @@ class RunStore(StoreBase):
             if not finished.rowcount:
                 raise _NotRunning  # rolls the transaction back
 
-            await _insert_audit(conn, tenant, conv_id, run_id, result)
+            await insert_audit(conn, tenant, conv_id, run_id, result)
             first_seq = row.transcript_seq - len(entries) + 1
             await insert_transcript(conn, tenant, conv_id, run_id, first_seq, entries, now)
         return RunOutcome(
@@ -421,37 +419,6 @@ async def _no_longer_running(
         result_etag=run.result_etag,
         finished_at=run.finished_at,
     )
-
-
-async def _insert_audit(
-    conn: AsyncConnection, tenant: str, conv_id: str, run_id: str, result: Result
-) -> None:
-    key = {"tenant": tenant, "conversation_id": conv_id, "run_id": run_id}
-    if result.new_messages:
-        await conn.execute(
-            insert(run_new_messages),
-            [{**key, "seq": i, "body": dump_message(m)} for i, m in enumerate(result.new_messages)],
-        )
-    if result.final is not None:
-        await conn.execute(insert(run_finals).values(**key, body=dump_message(result.final)))
-    if result.compactions:
-        await conn.execute(
-            insert(run_compactions),
-            [
-                {
-                    **key,
-                    "seq": i,
-                    "reason": c.reason,
-                    "previous_summary": c.previous_summary,
-                    "summary": c.summary,
-                    "folded": dump_messages(c.folded),
-                    "tokens_before": c.tokens_before,
-                    "tokens_after": c.tokens_after,
-                    "usage": c.usage.model_dump(mode="json"),
-                }
-                for i, c in enumerate(result.compactions)
-            ],
-        )
 
 
 __all__ = ["STALE_RUN", "OnFailure", "RunOutcome", "RunStatus", "RunStore", "StartedRun"]

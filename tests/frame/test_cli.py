@@ -12,7 +12,8 @@ import pytest
 from fastapi import FastAPI
 
 from app import cli
-from app.api.problems import install_problem_handlers, problem_responses
+from app.api.handlers import install_problem_handlers
+from app.api.problems import problem_responses
 from app.cli import APP_FACTORY, build_parser, main, openapi_json
 
 
