@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.api.problems import BAD_HEADER
-from app.errors import CarryoverError as Problem
+from app.errors import CarryoverError
 from app.etag import (
     EntityTag,
     ETagCondition,
@@ -99,7 +99,7 @@ def test_several_field_lines_form_one_list() -> None:
 )
 @pytest.mark.parametrize("header", ["If-Match", "If-None-Match"])
 def test_malformed_values_are_a_bad_header_problem(value: str, reason: str, header: str) -> None:
-    with pytest.raises(Problem) as info:
+    with pytest.raises(CarryoverError) as info:
         parse_condition(value, header)
     problem = info.value
     assert problem.slug == BAD_HEADER.slug
@@ -110,7 +110,7 @@ def test_malformed_values_are_a_bad_header_problem(value: str, reason: str, head
 
 
 def test_a_long_malformed_value_is_shortened_in_the_detail() -> None:
-    with pytest.raises(Problem) as info:
+    with pytest.raises(CarryoverError) as info:
         parse_condition('"a", ' + "x" * 5000)
     assert len(info.value.detail) < 400
 
@@ -197,7 +197,7 @@ def test_if_match_accepts_an_entity_tag_object() -> None:
 
 
 def test_if_match_checks_syntax_even_when_the_resource_is_missing() -> None:
-    with pytest.raises(Problem):
+    with pytest.raises(CarryoverError):
         if_match_passes("v2", None)
 
 
@@ -262,7 +262,7 @@ def test_evaluate_preconditions(
 
 
 def test_a_malformed_header_is_400_even_when_the_other_fails() -> None:
-    with pytest.raises(Problem) as info:
+    with pytest.raises(CarryoverError) as info:
         evaluate_preconditions(
             if_match='"v1"', if_none_match="garbage", current=CURRENT, safe_method=False
         )
