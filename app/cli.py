@@ -37,9 +37,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import ValidationError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
-from .config import TENANT_NAME, Settings, get_settings, is_loopback, validation_messages
+from .config import (
+    TENANT_NAME,
+    Settings,
+    default_settings,
+    get_settings,
+    is_loopback,
+    validation_messages,
+)
 from .observability import RedactSecrets, banner_line, configure_logging, logging_config
 
 if TYPE_CHECKING:
@@ -414,24 +420,6 @@ def keys_command(args: argparse.Namespace) -> int:
 def openapi_json(document: Mapping[str, Any]) -> str:
     """The committed form of an OpenAPI document: sorted keys, 2-space indent, final newline."""
     return json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-
-
-def default_settings() -> Settings:
-    """Settings from their defaults alone: no environment variable, ``.env`` or config file."""
-
-    class Defaults(Settings):
-        @classmethod
-        def settings_customise_sources(
-            cls,
-            settings_cls: type[BaseSettings],
-            init_settings: PydanticBaseSettingsSource,
-            env_settings: PydanticBaseSettingsSource,
-            dotenv_settings: PydanticBaseSettingsSource,
-            file_secret_settings: PydanticBaseSettingsSource,
-        ) -> tuple[PydanticBaseSettingsSource, ...]:
-            return (init_settings,)
-
-    return Defaults()
 
 
 def load_app() -> FastAPI:

@@ -49,7 +49,12 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import core_schema
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 ProviderName = Literal["echo", "openai", "anthropic"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -564,3 +569,21 @@ class Settings(_ProfileFields, BaseSettings):
 def get_settings() -> Settings:
     """The process's settings, read once. ``get_settings.cache_clear()`` re-reads them."""
     return Settings()
+
+
+def default_settings() -> Settings:
+    """Settings from their defaults alone: no environment variable, ``.env`` or config file."""
+
+    class Defaults(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return (init_settings,)
+
+    return Defaults()

@@ -6,15 +6,16 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import Response
 from fastapi.routing import APIRoute
 
 from app import __version__
-from app.config import Settings, get_settings
+from app.clock import SYSTEM_CLOCK, Clock
+from app.config import Settings, default_settings, get_settings
 from app.observability import MetricsMiddleware
-from app.service.agents import AgentPool, MissingProviderKey, UnknownAgent
+from app.service.agents import AgentPool
+from app.service.conversations import ConversationService
 from app.service.runs import RunManager
 from app.store.db import make_engine
 from app.store.keys import KeyStore
@@ -22,9 +23,9 @@ from app.store.repository import Repository
 
 from .auth import Authenticator, AuthMiddleware, announce_access
 from .deps import Services
+from .handlers import install_problem_handlers
 from .limits import BodyLimitMiddleware
 from .links import install_links
-from .problems import NOT_READY, Problem, install_problem_handlers, validation_error
 from .routes import conversations, health, runs, transcript
 
 DESCRIPTION = """\
@@ -41,20 +42,31 @@ def _operation_id(route: APIRoute) -> str:
     return route.name
 
 
-def create_app(settings: Settings | None = None, *, agents: AgentPool | None = None) -> FastAPI:
-    """Build the app. Tests pass settings (and a pool with fake agents); ``carryover serve``
-    calls it without arguments, so the environment configures it."""
+def create_app(
+    settings: Settings | None = None,
+    *,
+    agents: AgentPool | None = None,
+    clock: Clock = SYSTEM_CLOCK,
+) -> FastAPI:
+    """Build the app. Tests pass settings (a pool with fake agents, a clock they move);
+    ``carryover serve`` calls it without arguments, so the environment configures it."""
     settings = settings or get_settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = make_engine(settings.database_url)
         pool = agents or AgentPool(settings)
-        repo = Repository(engine)
-        manager = RunManager(repo, pool, settings)
-        auth = Authenticator(settings.api_keys, KeyStore(engine), settings.api_key_cache_seconds)
+        repo = Repository(engine, clock)
+        manager = RunManager(repo, pool, settings, clock)
+        keys = KeyStore(engine, clock)
+        auth = Authenticator(settings.api_keys, keys, settings.api_key_cache_seconds)
         app.state.services = Services(
-            settings=settings, repo=repo, agents=pool, runs=manager, auth=auth
+            settings=settings,
+            engine=engine,
+            agents=pool,
+            conversations=ConversationService(repo, manager),
+            runs=manager,
+            auth=auth,
         )
         await announce_access(auth)
         await manager.start_keeper()
@@ -74,16 +86,6 @@ def create_app(settings: Settings | None = None, *, agents: AgentPool | None = N
     )
     install_problem_handlers(app)
     install_links(app)
-
-    async def unknown_agent(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, UnknownAgent)
-        return validation_error([{"path": "body.agent", "message": str(exc)}]).response()
-
-    async def missing_key(request: Request, exc: Exception) -> Response:
-        return Problem(NOT_READY, str(exc)).response()
-
-    app.add_exception_handler(UnknownAgent, unknown_agent)
-    app.add_exception_handler(MissingProviderKey, missing_key)
 
     for module in (conversations, runs, transcript, health):
         app.include_router(module.router)
@@ -116,6 +118,4 @@ def create_app(settings: Settings | None = None, *, agents: AgentPool | None = N
 def openapi_document() -> dict[str, Any]:
     """The document the app serves, without starting it, as ``carryover openapi`` writes it:
     from the default settings, so the environment (and its secrets) never reach it."""
-    from app.cli import default_settings
-
     return create_app(default_settings()).openapi()

@@ -11,11 +11,13 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Header, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
+from app.etag import ETagCondition
 from app.service.agents import AgentPool
+from app.service.conversations import ConversationService
 from app.service.runs import RunManager
-from app.store.repository import IfMatch, Repository
 
 from .auth import DEFAULT_TENANT as DEFAULT_TENANT  # re-exported
 from .auth import TENANT_SCOPE_KEY, Authenticator
@@ -29,8 +31,9 @@ class Services:
     """What the app holds for its lifetime (``app.state.services``)."""
 
     settings: Settings
-    repo: Repository
+    engine: AsyncEngine  # for the readiness check
     agents: AgentPool
+    conversations: ConversationService
     runs: RunManager
     auth: Authenticator
 
@@ -95,14 +98,14 @@ IfNoneMatchHeader = Annotated[
 ]
 
 
-def if_match_value(header: str | None) -> IfMatch | None:
-    """The store's form of an If-Match header (400 ``bad-header`` when malformed)."""
-    condition = parse_condition(header, "If-Match")
-    if condition is None:
-        return None
-    if condition.any:
-        return "*"
-    return [str(tag) for tag in condition.tags]
+def if_match_value(header: str | None) -> ETagCondition | None:
+    """An If-Match header as the services take it (400 ``bad-header`` when malformed)."""
+    return parse_condition(header, "If-Match")
+
+
+def if_none_match_value(header: str | None) -> ETagCondition | None:
+    """An If-None-Match header as the services take it (400 ``bad-header`` when malformed)."""
+    return parse_condition(header, "If-None-Match")
 
 
 # --- Prefer (RFC 7240) --------------------------------------------------------------------

@@ -16,19 +16,31 @@ from app.agent.retry import RetryPolicy
 from app.agent.run import Agent, AgentConfig
 from app.agent.tools import ToolRegistry
 from app.config import PROVIDER_KEY_ENV, AgentProfile, Settings
+from app.errors import CarryoverError
 
 #: ``max_tokens`` sent to Anthropic when a profile does not set ``max_output_tokens``
 DEFAULT_ANTHROPIC_MAX_TOKENS = 8192
 
 
-class UnknownAgent(LookupError):
+class UnknownAgent(CarryoverError, LookupError):
+    """A request names an agent profile that is not configured: 422 on ``body.agent``."""
+
+    slug = "validation-error"
+    status = 422
+
     def __init__(self, name: str, known: list[str]) -> None:
-        super().__init__(f"no agent profile named {name!r}; configured: {', '.join(known)}")
+        message = f"no agent profile named {name!r}; configured: {', '.join(known)}"
+        super().__init__(
+            f"body.agent: {message}", errors=[{"path": "body.agent", "message": message}]
+        )
         self.name = name
 
 
-class MissingProviderKey(RuntimeError):
-    """A profile names a real provider but its API key is not configured."""
+class MissingProviderKey(CarryoverError, RuntimeError):
+    """A profile names a real provider but its API key is not configured: 503."""
+
+    slug = "not-ready"
+    status = 503
 
 
 def with_key(profile: AgentProfile, settings: Settings) -> AgentProfile:

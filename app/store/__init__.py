@@ -3,5 +3,7 @@
 - :mod:`.db` builds engines and opens read / write transactions;
 - :mod:`.tables` declares the tables, ``alembic/`` (at the repository root) their Alembic
   history and :mod:`.migrate` applies it;
-- :mod:`.repository` holds every query; :mod:`.errors` what it refuses.
+- the aggregates hold the queries: :mod:`.conversations`, :mod:`.runs`, :mod:`.leases`,
+  :mod:`.idempotency`, :mod:`.records` (sharing :mod:`._sql`); :mod:`.repository` puts them
+  together as one handle; :mod:`.errors` says what they refuse.
 """

@@ -1,39 +1,68 @@
-"""What the store refuses, as small exceptions the API layer maps to problems (SPEC §4)."""
+"""What the store refuses (SPEC §4). Each error carries its problem type (``slug``, ``status``):
+the API's one exception handler answers it, no route translates it."""
 
 from __future__ import annotations
 
+from app.errors import CarryoverError
 
-class StoreError(Exception):
-    """Base of every refusal the repository raises on purpose."""
+
+class StoreError(CarryoverError):
+    """Base of every refusal the store raises on purpose."""
 
 
 class NotFound(StoreError):
     """The conversation (or run) does not exist for this tenant."""
 
+    slug = "not-found"
+    status = 404
+
 
 class AlreadyExists(StoreError):
     """A conversation with this id already exists for this tenant."""
+
+    slug = "conversation-exists"
+    status = 409
 
 
 class PreconditionFailed(StoreError):
     """An ``If-Match`` / ``If-None-Match: *`` condition did not hold; nothing was written."""
 
+    slug = "precondition-failed"
+    status = 412
+
     def __init__(self, message: str, *, current_etag: str | None = None) -> None:
-        super().__init__(message)
+        super().__init__(message, current_etag=current_etag)
         self.current_etag = current_etag
 
 
 class Conflict(StoreError):
     """A write lost against a concurrent change (e.g. the run row is no longer running)."""
 
+    slug = "run-not-active"
+    status = 409
+
 
 class IdempotencyMismatch(StoreError):
     """The Idempotency-Key was used before with a different request body."""
+
+    slug = "idempotency-key-mismatch"
+    status = 422
 
 
 class IdempotencyInFlight(StoreError):
     """The first request with this Idempotency-Key is still running."""
 
+    slug = "idempotency-key-in-flight"
+    status = 409
+
     def __init__(self, message: str, *, run_id: str | None) -> None:
-        super().__init__(message)
+        super().__init__(message, headers={"Retry-After": "1"}, run_id=run_id)
         self.run_id = run_id
+
+
+def conversation_not_found(conv_id: str) -> NotFound:
+    return NotFound(f"conversation {conv_id!r} not found")
+
+
+def run_not_found(conv_id: str, run_id: str) -> NotFound:
+    return NotFound(f"run {run_id!r} not found in conversation {conv_id!r}")

@@ -20,8 +20,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.clock import SYSTEM_CLOCK, Clock
+
 from .db import make_engine, read_transaction, write_transaction
-from .tables import api_keys, utcnow
+from .tables import api_keys
 
 KEY_PREFIX = "co_"
 #: characters of the key kept for display: ``co_`` and 8 of its random characters
@@ -63,8 +65,9 @@ class CreatedKey:
 class KeyStore:
     """The ``api_keys`` table: create, list, revoke, and look a presented key up."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, clock: Clock = SYSTEM_CLOCK) -> None:
         self.engine = engine
+        self.clock = clock
 
     async def create(self, tenant: str) -> CreatedKey:
         key = new_key()
@@ -72,7 +75,7 @@ class KeyStore:
             id="key_" + secrets.token_hex(8),
             tenant=tenant,
             prefix=key[:DISPLAY_PREFIX_LEN],
-            created_at=utcnow(),
+            created_at=self.clock.now(),
             revoked_at=None,
         )
         async with write_transaction(self.engine) as conn:
@@ -110,7 +113,7 @@ class KeyStore:
             changed = await conn.execute(
                 update(api_keys)
                 .where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
-                .values(revoked_at=utcnow())
+                .values(revoked_at=self.clock.now())
             )
             row = (
                 await conn.execute(

@@ -30,6 +30,13 @@ from sqlalchemy import (
 from sqlalchemy import DateTime as _DateTime
 from sqlmodel import Field, SQLModel
 
+from app.clock import SYSTEM_CLOCK
+from app.etag import parse_version_etag as parse_etag
+from app.etag import version_etag
+from app.etag import version_etag as make_etag
+
+__all__ = ["make_etag", "parse_etag"]  # re-exported: the ETag lives in app.etag
+
 # --- column types -------------------------------------------------------------------------
 
 
@@ -69,7 +76,8 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 
 def utcnow() -> datetime:
-    return datetime.now(UTC)
+    """The system clock's time (tests and tools; the store reads its injected clock)."""
+    return SYSTEM_CLOCK.now()
 
 
 # Key lengths. Conversation ids are at most 128 characters (SPEC §4).
@@ -125,22 +133,7 @@ class Conversation(SQLModel, table=True):
 
     @property
     def etag(self) -> str:
-        return make_etag(self.incarnation, self.version)
-
-
-def make_etag(incarnation: str, version: int) -> str:
-    """The strong, opaque ETag of a stored context (quotes included)."""
-    return f'"{incarnation}-{version}"'
-
-
-def parse_etag(etag: str) -> tuple[str, int] | None:
-    """``(incarnation, version)`` of an ETag this store issued, or None for anything else."""
-    if len(etag) < 2 or not (etag.startswith('"') and etag.endswith('"')):
-        return None
-    incarnation, sep, version = etag[1:-1].rpartition("-")
-    if not sep or not incarnation or not version.isdigit():
-        return None
-    return incarnation, int(version)
+        return version_etag(self.incarnation, self.version)
 
 
 class ContextMessage(SQLModel, table=True):

@@ -16,7 +16,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from app import cli
-from app.api.problems import install_problem_handlers, problem_responses
+from app.api.handlers import install_problem_handlers
+from app.api.problems import problem_responses
 from app.cli import APP_FACTORY, build_parser, main, openapi_json
 
 from .live_server import live_server

@@ -11,11 +11,11 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel, Field
 
 from app.api import problems
+from app.api.handlers import install_problem_handlers
 from app.api.problems import (
     PROBLEM_TYPES,
     Problem,
     ProblemType,
-    install_problem_handlers,
     problem_response,
     problem_responses,
 )

@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 from sqlalchemy import event, update
 
-from app.api.schemas import RunCreate
+from app.agent.messages import UserMessage
+from app.api.views import run_view
 from app.config import Settings
 from app.observability import RUNS_IN_PROGRESS
 from app.service.agents import AgentPool
-from app.service.runs import ActiveRun, RunManager, ShuttingDown
+from app.service.runs import ActiveRun, RunManager, RunRequest, ShuttingDown
 from app.store.db import write_transaction
 from app.store.repository import Repository
 from app.store.tables import runs, utcnow
@@ -36,18 +37,17 @@ async def manager(repo: Repository, database_url: str) -> AsyncIterator[RunManag
 
 
 async def _start(manager: RunManager, conv: str, prompt: str, **body: Any) -> ActiveRun:
-    started = await manager.start(
-        "default", conv, RunCreate(prompts=[prompt], **body), if_match=None
-    )
+    request = RunRequest(prompts=(UserMessage.text(prompt),), **body)
+    started = await manager.start("default", conv, request, if_match=None)
     assert isinstance(started, ActiveRun)
     return started
 
 
 async def _answer(manager: RunManager, active: ActiveRun) -> dict[str, Any]:
-    view = await asyncio.wait_for(
+    finished = await asyncio.wait_for(
         manager.wait(active, on_disconnect="continue", disconnected=None), 20
     )
-    return view.body()
+    return run_view(finished).body()
 
 
 def _gauge() -> float:
@@ -289,14 +289,16 @@ async def test_keys_of_runs_in_flight_outlive_their_retention(repo: Repository) 
         )
     from app.agent.records import Result
 
-    await repo.finish_run(
+    outcome = await repo.finish_run(
         "default",
         "c1",
         "r1",
         base=started.loaded,
         result=Result(status="completed", context=started.loaded.context),
         store=True,
-        respond=lambda outcome: (201, {"status": outcome.status}),
+    )
+    await repo.keep_answer(
+        "default", "c1", "r1", status_code=201, response={"status": outcome.status}
     )
     assert await repo.purge_idempotency_keys() == 1
 

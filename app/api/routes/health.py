@@ -30,7 +30,7 @@ async def readyz(svc: ServicesDep) -> Response:
     """Ready when the database answers and its schema is at the head revision."""
     expected = head_revision()
     try:
-        revision = await current_revision(svc.repo.engine)
+        revision = await current_revision(svc.engine)
         reachable = True
     except Exception:
         revision, reachable = None, False

@@ -1,4 +1,8 @@
-"""Runs (SPEC §4): start one (JSON or server-sent events), list, get, cancel; compact now."""
+"""Runs (SPEC §4): start one (JSON or server-sent events), list, get, cancel; compact now.
+
+Each route parses the request, calls :class:`~app.service.runs.RunManager` (or the
+conversation service) and renders its result with :mod:`app.api.views`; refusals are answered
+by the one problem handler."""
 
 from __future__ import annotations
 
@@ -21,15 +25,7 @@ from app.agent.events import (
     ToolStarted,
 )
 from app.agent.providers import base as provider_events
-from app.service.runs import ActiveRun, Busy, Replayed, RunManager, ShuttingDown
-from app.service.views import record_view
-from app.store.errors import (
-    Conflict,
-    IdempotencyInFlight,
-    IdempotencyMismatch,
-    NotFound,
-    PreconditionFailed,
-)
+from app.service.runs import ActiveRun, FinishedRun, Idempotency, Replayed, RunManager
 
 from ..deps import (
     ConversationPath,
@@ -49,20 +45,15 @@ from ..headers import ETAG_HEADER, LOCATION_HEADER, RETRY_AFTER_HEADER
 from ..limits import check_prompts
 from ..problems import (
     BAD_HEADER,
-    IDEMPOTENCY_KEY_IN_FLIGHT,
-    IDEMPOTENCY_KEY_MISMATCH,
-    NOT_FOUND,
-    NOT_READY,
     PRECONDITION_FAILED,
     RUN_IN_PROGRESS,
     RUN_NOT_ACTIVE,
     VALIDATION_ERROR,
     Problem,
-    conversation_not_found,
     problem_responses,
-    run_in_progress,
 )
 from ..schemas import Run, RunCreate, RunPage
+from ..views import record_view, request_hash, run_request, run_view
 
 router = APIRouter(tags=["runs"])
 
@@ -147,14 +138,6 @@ def _idempotency_key(value: str | None) -> str | None:
     return key
 
 
-def _stopping() -> Problem:
-    return Problem(
-        NOT_READY,
-        "this server is stopping and starts no new run; try another replica or again shortly",
-        headers={"Retry-After": "1"},
-    )
-
-
 @router.post(
     "/conversations/{conversation_id}/runs",
     status_code=201,
@@ -191,38 +174,26 @@ async def create_run(
     accept: AcceptHeader = None,
 ) -> Response:
     """Run the agent on new prompts and store the returned context conditionally."""
-    prompts = body.user_messages()
-    check_prompts(svc.settings, prompts)
+    request_ = run_request(body)
+    check_prompts(svc.settings, request_.prompts)
     stream = body.stream or "text/event-stream" in (accept or "")
     minimal = _minimal(prefer)
-    try:
-        started = await svc.runs.start(
-            tenant,
-            conversation_id,
-            body,
-            if_match=if_match_value(if_match),
-            idempotency_key=_idempotency_key(idempotency_key),
-            minimal=minimal,
-            stream=stream,
-        )
-    except NotFound:
-        raise conversation_not_found(conversation_id) from None
-    except PreconditionFailed as exc:
-        raise Problem(
-            PRECONDITION_FAILED,
-            "If-Match does not match the stored context; nothing ran",
-            current_etag=exc.current_etag,
-        ) from None
-    except Busy as exc:
-        raise run_in_progress(exc.active_run_id, int(exc.retry_after)) from None
-    except IdempotencyMismatch as exc:
-        raise Problem(IDEMPOTENCY_KEY_MISMATCH, str(exc)) from None
-    except IdempotencyInFlight as exc:
-        raise Problem(
-            IDEMPOTENCY_KEY_IN_FLIGHT, str(exc), run_id=exc.run_id, headers={"Retry-After": "1"}
-        ) from None
-    except ShuttingDown:
-        raise _stopping() from None
+    key = _idempotency_key(idempotency_key)
+    idempotency = None
+    if key is not None:
+
+        def answer(finished: FinishedRun) -> tuple[int, dict[str, Any]]:
+            return 201, run_view(finished).body(minimal=minimal)
+
+        idempotency = Idempotency(key, request_hash(body), answer)
+    started = await svc.runs.start(
+        tenant,
+        conversation_id,
+        request_,
+        if_match=if_match_value(if_match),
+        idempotency=idempotency,
+        stream=stream,
+    )
 
     if isinstance(started, Replayed):
         replay = started.body
@@ -246,9 +217,10 @@ async def create_run(
                 **_preference_applied(minimal),
             },
         )
-    view = await svc.runs.wait(
+    finished = await svc.runs.wait(
         started, on_disconnect=body.on_disconnect, disconnected=request.is_disconnected
     )
+    view = run_view(finished)
     headers = {"Location": location, **_preference_applied(minimal)}
     if view.etag:
         headers["ETag"] = view.etag
@@ -306,8 +278,8 @@ async def _events(
             payload = _event_payload(event)
             if payload is not None:
                 yield _sse(*payload)
-        view = await asyncio.shield(active.done)
-        yield _sse("run.finished", view.body(minimal=minimal))
+        finished = await asyncio.shield(active.done)
+        yield _sse("run.finished", run_view(finished).body(minimal=minimal))
     except asyncio.CancelledError:
         if on_disconnect == "cancel":
             manager.stop(active)
@@ -328,21 +300,17 @@ async def list_runs(
     limit: LimitQuery = None,
 ) -> Response:
     """The conversation's runs, oldest first, as full records (without their context)."""
-    size = page_limit(svc.settings, limit)
-    after = decode_cursor(cursor, str)
-    try:
-        records = await svc.repo.list_run_records(
-            tenant, conversation_id, after=after, limit=size + 1
-        )
-    except NotFound:
-        raise conversation_not_found(conversation_id) from None
-    more = len(records) > size
-    records = records[:size]
+    page = await svc.runs.records(
+        tenant,
+        conversation_id,
+        after=decode_cursor(cursor, str),
+        limit=page_limit(svc.settings, limit),
+    )
     # Records leave out ``context`` (not ``"context": null``), as a minimal POST answer does.
     return JSONResponse(
         {
-            "items": [record_view(r).body() for r in records],
-            "next_cursor": encode_cursor(records[-1].run.run_id) if more else None,
+            "items": [record_view(r).body() for r in page.items],
+            "next_cursor": encode_cursor(page.items[-1].run.run_id) if page.more else None,
         }
     )
 
@@ -357,9 +325,7 @@ async def get_run(
     svc: ServicesDep, tenant: TenantDep, conversation_id: ConversationPath, run_id: RunIdPath
 ) -> Response:
     """One run record: status, timings, usage, error, ETags, new messages, final, compactions."""
-    record = await svc.repo.get_run(tenant, conversation_id, run_id)
-    if record is None:
-        raise Problem(NOT_FOUND, f"run {run_id!r} not found in conversation {conversation_id!r}")
+    record = await svc.runs.record(tenant, conversation_id, run_id)
     return JSONResponse(record_view(record).body())
 
 
@@ -375,17 +341,7 @@ async def cancel_run(
 ) -> Response:
     """Ask an in-flight run to stop, from any replica. It ends `cancelled` within about a
     second and is stored per its `on_failure`; this answers at once with its record."""
-    try:
-        await svc.runs.cancel(tenant, conversation_id, run_id)
-    except NotFound:
-        raise Problem(
-            NOT_FOUND, f"run {run_id!r} not found in conversation {conversation_id!r}"
-        ) from None
-    except Conflict as exc:
-        raise Problem(RUN_NOT_ACTIVE, str(exc)) from None
-    record = await svc.repo.get_run(tenant, conversation_id, run_id)
-    if record is None:  # deleted meanwhile
-        raise Problem(NOT_FOUND, f"run {run_id!r} not found")
+    record = await svc.runs.cancel(tenant, conversation_id, run_id)
     return JSONResponse(record_view(record).body(), status_code=202)
 
 
@@ -434,20 +390,10 @@ async def compact(
     """Fold all but the current turn into the summary now."""
     body = body or CompactRequest()
     minimal = _minimal(prefer)
-    try:
-        view = await svc.runs.compact(tenant, conversation_id, body.agent, if_match_value(if_match))
-    except NotFound:
-        raise conversation_not_found(conversation_id) from None
-    except PreconditionFailed as exc:
-        raise Problem(
-            PRECONDITION_FAILED,
-            "If-Match does not match the stored context",
-            current_etag=exc.current_etag,
-        ) from None
-    except Busy as exc:
-        raise run_in_progress(exc.active_run_id, int(exc.retry_after)) from None
-    except ShuttingDown:
-        raise _stopping() from None
+    finished = await svc.conversations.compact(
+        tenant, conversation_id, body.agent, if_match_value(if_match)
+    )
+    view = run_view(finished)
     headers = {
         "Location": _location(conversation_id, view.model.run_id),
         **_preference_applied(minimal),

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.store.errors import NotFound
-
 from ..deps import (
     ConversationPath,
     CursorQuery,
@@ -16,7 +14,7 @@ from ..deps import (
     encode_cursor,
     page_limit,
 )
-from ..problems import conversation_not_found, problem_responses
+from ..problems import problem_responses
 from ..schemas import TranscriptEntry, TranscriptPage
 
 router = APIRouter(tags=["transcript"])
@@ -37,17 +35,13 @@ async def get_transcript(
 ) -> TranscriptPage:
     """Every admitted prompt, assistant attempt (failed ones flagged), tool result, compaction
     and context replacement, in order, each with its run id, sequence number and time."""
-    size = page_limit(svc.settings, limit)
-    after = decode_cursor(cursor, int) or 0
-    try:
-        rows = await svc.repo.list_transcript(
-            tenant, conversation_id, after_seq=after, limit=size + 1
-        )
-    except NotFound:
-        raise conversation_not_found(conversation_id) from None
-    more = len(rows) > size
-    rows = rows[:size]
+    page = await svc.conversations.transcript(
+        tenant,
+        conversation_id,
+        after=decode_cursor(cursor, int) or 0,
+        limit=page_limit(svc.settings, limit),
+    )
     return TranscriptPage(
-        items=[TranscriptEntry.model_validate(row, from_attributes=True) for row in rows],
-        next_cursor=encode_cursor(rows[-1].seq) if more else None,
+        items=[TranscriptEntry.model_validate(row, from_attributes=True) for row in page.items],
+        next_cursor=encode_cursor(page.items[-1].seq) if page.more else None,
     )

@@ -1,0 +1,171 @@
+"""How the services' results are answered over HTTP: run records (from a finished run or a
+stored record), conversations, and the service's request types from HTTP bodies."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from app.agent.messages import AttemptError, Usage, UserMessage
+from app.service.conversations import ConversationInfo
+from app.service.runs import FinishedRun, RunRequest
+from app.store.repository import RunRecord
+
+from .problems import PROBLEM_TYPES, run_problem_type
+from .schemas import Conversation, RunCreate, RunProblem
+from .schemas import Run as RunBody
+
+_STATUS_DETAIL = {
+    "conflicted": "the stored context changed while the run was going (e.g. a PUT of the "
+    "context); nothing was overwritten and the run's records are kept",
+    "interrupted": "the process running this run stopped before it finished (its lease "
+    "expired); nothing of the run was stored",
+}
+
+
+def run_problem(error: AttemptError | None, status: str) -> RunProblem | None:
+    """The ``error`` of a run record: a problem whose type says why the run did not complete."""
+    if status in _STATUS_DETAIL:
+        problem_type = run_problem_type(status)
+        return RunProblem(
+            type=problem_type.uri,
+            title=problem_type.title,
+            detail=_STATUS_DETAIL[status],
+            kind=status,
+        )
+    if error is None:
+        return None
+    problem_type = run_problem_type("max_turns" if error.code == "max_turns" else error.kind)
+    return RunProblem(
+        type=problem_type.uri,
+        title=problem_type.title,
+        detail=error.message,
+        kind=error.kind,
+        provider_status=error.status,
+        code=error.code,
+    )
+
+
+@dataclass(frozen=True)
+class RunView:
+    """One run as answered over HTTP (``context`` left out of listings and minimal answers)."""
+
+    model: RunBody
+
+    @property
+    def etag(self) -> str | None:
+        return self.model.etag
+
+    def body(self, *, minimal: bool = False) -> dict[str, Any]:
+        data = self.model.model_dump(mode="json")
+        if minimal or self.model.context is None:
+            data.pop("context", None)
+        return data
+
+
+def _duration(start: datetime, end: datetime | None) -> int | None:
+    return None if end is None else max(0, int((end - start).total_seconds() * 1000))
+
+
+def run_view(finished: FinishedRun) -> RunView:
+    """The answer to ``POST …/runs``, from the run row, the Result and what was stored."""
+    run, result, outcome = finished.run, finished.result, finished.outcome
+    return RunView(
+        RunBody(
+            run_id=run.run_id,
+            conversation_id=run.conversation_id,
+            agent=run.agent,
+            status=outcome.status,
+            stored=outcome.stored,
+            etag=outcome.etag,
+            base_etag=run.base_etag,
+            on_failure=run.on_failure,
+            prompts=[UserMessage.model_validate(p) for p in run.prompts],
+            context=result.context,
+            new_messages=list(result.new_messages),
+            final=result.final,
+            compactions=list(result.compactions),
+            usage=result.usage,
+            error=run_problem(result.error, outcome.status),
+            created_at=run.created_at,
+            finished_at=outcome.finished_at,
+            duration_ms=_duration(run.created_at, outcome.finished_at),
+        )
+    )
+
+
+def record_view(record: RunRecord) -> RunView:
+    """A stored run record (``GET …/runs/{id}``)."""
+    run = record.run
+    error = AttemptError.model_validate(run.error) if run.error else None
+    return RunView(
+        RunBody.model_validate(
+            {
+                "run_id": run.run_id,
+                "conversation_id": run.conversation_id,
+                "agent": run.agent,
+                "status": run.status,
+                "stored": run.stored,
+                "etag": run.result_etag,
+                "base_etag": run.base_etag,
+                "on_failure": run.on_failure,
+                "prompts": [UserMessage.model_validate(p) for p in run.prompts],
+                "context": None,
+                "new_messages": list(record.new_messages),
+                "final": record.final,
+                "compactions": list(record.compactions),
+                "usage": Usage.model_validate(run.usage) if run.usage else Usage(),
+                "error": run_problem(error, run.status),
+                "created_at": run.created_at,
+                "finished_at": run.finished_at,
+                "duration_ms": _duration(run.created_at, run.finished_at),
+            }
+        )
+    )
+
+
+def conversation_body(info: ConversationInfo) -> Conversation:
+    conv = info.conversation
+    return Conversation(
+        id=conv.id,
+        etag=conv.etag,
+        system_prompt=conv.system_prompt,
+        has_summary=bool(conv.summary),
+        message_count=conv.message_count,
+        run_count=info.run_count,
+        transcript_count=conv.transcript_seq,
+        active_run_id=conv.active_run_id,
+        created_at=conv.created_at,
+        updated_at=conv.updated_at,
+    )
+
+
+def run_request(body: RunCreate) -> RunRequest:
+    """The service's request from the HTTP body."""
+    return RunRequest(
+        prompts=body.user_messages(),
+        agent=body.agent,
+        on_failure=body.on_failure,
+        if_busy=body.if_busy,
+    )
+
+
+def request_hash(body: RunCreate) -> str:
+    """What makes two requests with one Idempotency-Key "the same": their bodies, as JSON."""
+    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+__all__ = [
+    "PROBLEM_TYPES",
+    "RunView",
+    "conversation_body",
+    "record_view",
+    "request_hash",
+    "run_problem",
+    "run_request",
+    "run_view",
+]

@@ -1,0 +1,201 @@
+"""The run service's process-wide duties, apart from running: keeping the leases of this
+process's runs, sweeping runs of dead processes, purging idempotency keys, and stopping.
+
+One loop, every :attr:`LeaseKeeping.tick`:
+
+- renews the leases of every run of this process in one statement, and learns from the same
+  statement which of them another replica asked to cancel (they are cancelled) and which are no
+  longer this process's (another process found the lease expired and marked the run
+  ``interrupted``; the run is cancelled, and the store refuses its outcome);
+- marks runs of dead processes (their lease expired) ``interrupted``: a read on the
+  ``(status, lease_expires_at)`` index, and a short write per run found, so a dead process's
+  runs end within about ``lease_seconds + tick`` of its last renewal;
+- every ``min(60 s, idempotency_ttl_seconds)`` (at most as often as that, by the injected
+  clock's monotonic time), deletes the idempotency keys past their retention.
+
+Shutdown: when the process is asked to stop (SIGTERM or SIGINT to a server that handles them,
+such as uvicorn), the runs in flight are cancelled at once and recorded ``cancelled`` — their
+clients get that answer and their conversations are free at once, instead of the server waiting
+for runs that may go on for minutes (or being killed and leaving them to their leases). A run
+that is already writing its outcome finishes writing. New runs are refused while stopping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from app.clock import Clock
+from app.config import Settings
+from app.observability import RUNS, RUNS_IN_PROGRESS
+from app.store.db import make_engine
+from app.store.repository import Repository
+
+from .types import ActiveRun
+
+log = logging.getLogger(__name__)
+
+#: the signals after which a server stops: runs in flight are cancelled then
+SHUTDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: idempotency keys past their retention are deleted at most this often (seconds)
+PURGE_EVERY = 60.0
+
+
+class LeaseKeeping:
+    """The lease keeper and the stopping of a :class:`~app.service.runs.RunManager`."""
+
+    repo: Repository
+    settings: Settings
+    clock: Clock
+    owner: str
+    active: dict[str, ActiveRun]
+    closing: bool
+    lease_repo: Repository
+    _keeper: asyncio.Task[None] | None
+    _hooked: dict[int, tuple[Any, Any]]
+
+    async def start_keeper(self) -> None:
+        if self._keeper is None:
+            self.lease_repo = self._own_connection()
+            self._keeper = asyncio.create_task(self._keep_leases(), name="carryover-leases")
+            self._hook_signals()
+
+    def _own_connection(self) -> Repository:
+        """A repository on a connection of the keeper's own.
+
+        Under load every connection of the shared pool is taken and hundreds of requests queue
+        for one; a renewal queued behind them comes too late, and the runs' leases expire while
+        the runs are alive. (An in-memory SQLite database is one per connection: shared then.)
+        """
+        url = self.repo.engine.url
+        if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+            return self.repo
+        return Repository(make_engine(url, pool_size=1, max_overflow=0), self.clock)
+
+    async def aclose(self) -> None:
+        """Cancel this process's runs (they are recorded ``cancelled``) and stop the keeper."""
+        self.shutdown()
+        for active in list(self.active.values()):
+            if active.task is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await active.task
+        if self._keeper is not None:
+            self._keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keeper
+            self._keeper = None
+        if self.lease_repo is not self.repo:
+            await self.lease_repo.engine.dispose()
+            self.lease_repo = self.repo
+        self._unhook_signals()
+
+    def shutdown(self) -> None:
+        """Stop: refuse new runs and cancel the ones in flight (each is recorded cancelled)."""
+        if not self.closing and self.active:
+            log.info("stopping: cancelling %d run(s) in flight", len(self.active))
+        self.closing = True
+        for active in list(self.active.values()):
+            self.stop(active)
+
+    def stop(self, active: ActiveRun) -> None:
+        """Cancel a run of this process, unless it is already writing its outcome."""
+        if active.finishing:
+            return
+        if active.task is None or not active.running:
+            active.stop_requested = True  # the task sees it when it begins
+        else:
+            active.task.cancel()
+
+    def _hook_signals(self) -> None:
+        """Cancel the runs as soon as the server is told to stop.
+
+        Only where a server installed its own handler for the signal (uvicorn does, to stop
+        gracefully): that handler still runs. Without one, nothing is changed.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
+        loop = asyncio.get_running_loop()
+        for sig in SHUTDOWN_SIGNALS:
+            previous = signal.getsignal(sig)
+            if not callable(previous) or previous is signal.default_int_handler:
+                continue
+
+            def handler(
+                signum: int,
+                frame: FrameType | None,
+                previous: Callable[[int, FrameType | None], Any] = previous,
+            ) -> None:
+                loop.call_soon_threadsafe(self.shutdown)
+                previous(signum, frame)
+
+            signal.signal(sig, handler)
+            self._hooked[sig] = (previous, handler)
+
+    def _unhook_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig, (previous, handler) in self._hooked.items():
+            if signal.getsignal(sig) is handler:
+                signal.signal(sig, previous)
+        self._hooked.clear()
+
+    @property
+    def tick(self) -> float:
+        """How often leases are renewed and cancel requests looked for."""
+        return min(1.0, self.settings.lease_seconds / 3)
+
+    async def _keep_leases(self) -> None:
+        purged = self.clock.monotonic()
+        purge_every = min(PURGE_EVERY, float(self.settings.idempotency_ttl_seconds))
+        while True:
+            await asyncio.sleep(self.tick)
+            try:
+                await self._renew()
+                interrupted = await self.lease_repo.interrupt_expired(alive=set(self.active))
+                if interrupted:
+                    log.warning("marked %d run(s) of a dead process interrupted", interrupted)
+                    RUNS.labels(status="interrupted").inc(interrupted)
+                now = self.clock.monotonic()
+                if now - purged >= purge_every:
+                    purged = now
+                    await self.lease_repo.purge_idempotency_keys()
+            except Exception:  # the database may be away for a moment; try again next tick
+                log.exception("lease keeping failed")
+
+    async def _renew(self) -> None:
+        ids = list(self.active)  # finishing ones too: recording may take a while
+        if not ids:
+            return
+        renewal = await self.lease_repo.renew_leases(
+            ids, owner=self.owner, lease_seconds=self.settings.lease_seconds
+        )
+        for run_id in ids:
+            active = self.active.get(run_id)
+            if active is None:
+                continue
+            if run_id not in renewal.renewed:
+                if active.finishing:
+                    continue  # it finished (or is finishing) meanwhile
+                log.warning(
+                    "run %s lost its lease (marked interrupted elsewhere); stopping it", run_id
+                )
+                self.stop(active)
+            elif run_id in renewal.cancel_requested:
+                self.stop(active)
+
+    def _register(self, active: ActiveRun) -> None:
+        self.active[active.run_id] = active
+        RUNS_IN_PROGRESS.inc()
+
+    def _unregister(self, run_id: str) -> None:
+        if self.active.pop(run_id, None) is not None:
+            RUNS_IN_PROGRESS.dec()
+
+
+__all__ = ["PURGE_EVERY", "SHUTDOWN_SIGNALS", "LeaseKeeping"]

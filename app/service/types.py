@@ -1,0 +1,78 @@
+"""The run service's own types: what a run is asked (:class:`RunRequest`), what it gives back
+(:class:`FinishedRun`, :class:`Replayed`), and a run of this process in flight."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from app.agent.events import RunEvent
+from app.agent.messages import UserMessage
+from app.agent.records import Result
+from app.store.repository import OnFailure, RunOutcome, StartedRun
+from app.store.tables import Run
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What a run is asked to do: the prompts, the agent profile, and the policies."""
+
+    prompts: tuple[UserMessage, ...]
+    agent: str = "default"
+    on_failure: OnFailure = "keep"
+    if_busy: Literal["reject", "wait"] = "reject"
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """A run that ended: its row as started, the agent's Result, and what the store recorded."""
+
+    run: Run
+    result: Result
+    outcome: RunOutcome
+
+
+Answer = Callable[[FinishedRun], tuple[int, dict[str, Any]]]
+"""How an idempotent request's answer is rendered (status code, body), to be kept for repeats."""
+
+
+@dataclass(frozen=True)
+class Idempotency:
+    """An ``Idempotency-Key`` with the request: the key, a hash of the request, and how to
+    render the answer that repeats will replay (given by the API, called after the outcome
+    was recorded)."""
+
+    key: str
+    request_hash: str
+    answer: Answer
+
+
+@dataclass
+class ActiveRun:
+    """A run of this process in flight: its events and, once done, its outcome."""
+
+    tenant: str
+    conversation_id: str
+    run_id: str
+    started: StartedRun
+    events: asyncio.Queue[RunEvent | None] | None
+    done: asyncio.Future[FinishedRun] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    task: asyncio.Task[None] | None = None
+    running: bool = False  # the task has begun (a task cancelled before it begins never does)
+    stop_requested: bool = False  # asked to stop before the task began
+    finishing: bool = False  # the outcome is being written: cancelling now changes nothing
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """The stored first answer of an idempotent request (same key, same body)."""
+
+    status_code: int
+    body: dict[str, Any]
+
+
+__all__ = ["ActiveRun", "Answer", "FinishedRun", "Idempotency", "Replayed", "RunRequest"]

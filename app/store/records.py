@@ -1,0 +1,205 @@
+"""What runs leave behind, read back: run records with their audit rows (new messages, final,
+compactions) and the append-only transcript (SPEC §4)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import ColumnElement, and_, insert, or_, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.agent.codec import dump_message, dump_messages, load_message
+from app.agent.messages import AnyMessage, AssistantMessage
+from app.agent.records import Compaction, Result
+
+from ._sql import StoreBase, child_key, require_conversation
+from .db import read_transaction
+from .tables import (
+    Run,
+    TranscriptEntry,
+    run_compactions,
+    run_finals,
+    run_new_messages,
+    runs,
+    transcript,
+)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A run row with its audit records decoded."""
+
+    run: Run
+    new_messages: tuple[AnyMessage, ...]
+    final: AssistantMessage | None
+    compactions: tuple[Compaction, ...]
+
+
+class RecordStore(StoreBase):
+    async def get_run(self, tenant: str, conv_id: str, run_id: str) -> RunRecord | None:
+        """A run with its new messages, final and compactions."""
+        async with read_transaction(self.engine) as conn:
+            row = (
+                (
+                    await conn.execute(
+                        select(runs).where(
+                            *child_key(runs, tenant, conv_id), runs.c.run_id == run_id
+                        )
+                    )
+                )
+                .mappings()
+                .first()
+            )
+            if row is None:
+                return None
+            [record] = await _records(conn, tenant, conv_id, [Run(**row)])
+        return record
+
+    async def list_runs(
+        self, tenant: str, conv_id: str, *, after: str | None = None, limit: int = 50
+    ) -> list[Run]:
+        """A page of a conversation's runs, oldest first, starting after the run ``after``."""
+        stmt = select(runs).where(*child_key(runs, tenant, conv_id))
+        if after is not None:
+            cursor = (
+                select(runs.c.created_at)
+                .where(*child_key(runs, tenant, conv_id), runs.c.run_id == after)
+                .scalar_subquery()
+            )
+            stmt = stmt.where(
+                or_(
+                    runs.c.created_at > cursor,
+                    and_(runs.c.created_at == cursor, runs.c.run_id > after),
+                )
+            )
+        stmt = stmt.order_by(runs.c.created_at, runs.c.run_id).limit(limit)
+        async with read_transaction(self.engine) as conn:
+            await require_conversation(conn, tenant, conv_id)
+            rows = (await conn.execute(stmt)).mappings().all()
+        return [Run(**row) for row in rows]
+
+    async def list_run_records(
+        self, tenant: str, conv_id: str, *, after: str | None = None, limit: int = 50
+    ) -> list[RunRecord]:
+        """A page of runs (as :meth:`list_runs`) with their audit records, in four queries."""
+        page = await self.list_runs(tenant, conv_id, after=after, limit=limit)
+        async with read_transaction(self.engine) as conn:
+            return await _records(conn, tenant, conv_id, page)
+
+    async def list_transcript(
+        self, tenant: str, conv_id: str, *, after_seq: int = 0, limit: int = 100
+    ) -> list[TranscriptEntry]:
+        """A page of the transcript, by ``seq``, starting after ``after_seq``."""
+        stmt = (
+            select(transcript)
+            .where(*child_key(transcript, tenant, conv_id), transcript.c.seq > after_seq)
+            .order_by(transcript.c.seq)
+            .limit(limit)
+        )
+        async with read_transaction(self.engine) as conn:
+            await require_conversation(conn, tenant, conv_id)
+            rows = (await conn.execute(stmt)).mappings().all()
+        return [TranscriptEntry(**row) for row in rows]
+
+
+async def _records(
+    conn: AsyncConnection, tenant: str, conv_id: str, page: Sequence[Run]
+) -> list[RunRecord]:
+    """The audit records of a page of runs: one query per audit table."""
+    if not page:
+        return []
+    ids = [run.run_id for run in page]
+
+    def of(table: Any) -> list[ColumnElement[bool]]:
+        return [*child_key(table, tenant, conv_id), table.c.run_id.in_(ids)]
+
+    new_rows = (
+        await conn.execute(
+            select(run_new_messages.c.run_id, run_new_messages.c.body)
+            .where(*of(run_new_messages))
+            .order_by(run_new_messages.c.run_id, run_new_messages.c.seq)
+        )
+    ).all()
+    final_rows = (
+        await conn.execute(select(run_finals.c.run_id, run_finals.c.body).where(*of(run_finals)))
+    ).all()
+    compaction_rows = (
+        (
+            await conn.execute(
+                select(run_compactions)
+                .where(*of(run_compactions))
+                .order_by(run_compactions.c.run_id, run_compactions.c.seq)
+            )
+        )
+        .mappings()
+        .all()
+    )
+    new_messages: dict[str, list[AnyMessage]] = {i: [] for i in ids}
+    for row in new_rows:
+        new_messages[row.run_id].append(load_message(row.body))
+    finals: dict[str, AssistantMessage] = {}
+    for row in final_rows:
+        final = load_message(row.body)
+        assert isinstance(final, AssistantMessage)
+        finals[row.run_id] = final
+    compactions: dict[str, list[Compaction]] = {i: [] for i in ids}
+    for c in compaction_rows:
+        compactions[c["run_id"]].append(
+            Compaction.model_validate(
+                {
+                    "reason": c["reason"],
+                    "folded": c["folded"],
+                    "previous_summary": c["previous_summary"],
+                    "summary": c["summary"],
+                    "tokens_before": c["tokens_before"],
+                    "tokens_after": c["tokens_after"],
+                    "usage": c["usage"],
+                }
+            )
+        )
+    return [
+        RunRecord(
+            run=run,
+            new_messages=tuple(new_messages[run.run_id]),
+            final=finals.get(run.run_id),
+            compactions=tuple(compactions[run.run_id]),
+        )
+        for run in page
+    ]
+
+
+async def insert_audit(
+    conn: AsyncConnection, tenant: str, conv_id: str, run_id: str, result: Result
+) -> None:
+    """A finished run's audit records: its new messages, final and compactions."""
+    key = {"tenant": tenant, "conversation_id": conv_id, "run_id": run_id}
+    if result.new_messages:
+        await conn.execute(
+            insert(run_new_messages),
+            [{**key, "seq": i, "body": dump_message(m)} for i, m in enumerate(result.new_messages)],
+        )
+    if result.final is not None:
+        await conn.execute(insert(run_finals).values(**key, body=dump_message(result.final)))
+    if result.compactions:
+        await conn.execute(
+            insert(run_compactions),
+            [
+                {
+                    **key,
+                    "seq": i,
+                    "reason": c.reason,
+                    "previous_summary": c.previous_summary,
+                    "summary": c.summary,
+                    "folded": dump_messages(c.folded),
+                    "tokens_before": c.tokens_before,
+                    "tokens_after": c.tokens_after,
+                    "usage": c.usage.model_dump(mode="json"),
+                }
+                for i, c in enumerate(result.compactions)
+            ],
+        )
+
+
+__all__ = ["RecordStore", "RunRecord", "insert_audit"]

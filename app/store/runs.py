@@ -1,0 +1,426 @@
+"""The run aggregate (SPEC §4 steps 1-5): a run takes the conversation's lease and reads its
+context in one transaction, and records its outcome in one transaction.
+
+A conversation's messages are rows keyed by an ever-growing ``position``. Compaction folds a
+prefix and a run appends at the end, so storing a run's context deletes the folded prefix with one
+range ``DELETE`` and inserts only the appended messages: the statements and rows a run writes do
+not depend on how long the conversation is.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from sqlalchemy import case, delete, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.agent.codec import dump_messages
+from app.agent.messages import UserMessage
+from app.agent.records import Result
+from app.etag import IfMatch, if_match_holds, version_etag
+
+from ._sql import (
+    Loaded,
+    StoreBase,
+    child_key,
+    conversation_key,
+    insert_messages,
+    insert_transcript,
+    read_context,
+    read_conversation,
+)
+from .changes import ContextWrite, TranscriptItem, plan_context_write, run_transcript
+from .db import read_transaction, write_transaction
+from .errors import (
+    Conflict,
+    NotFound,
+    PreconditionFailed,
+    conversation_not_found,
+    run_not_found,
+)
+from .idempotency import IdempotencyClaim, IdempotentReplay, claimed, insert_claim
+from .leases import interrupt
+from .records import insert_audit
+from .tables import (
+    Conversation,
+    Run,
+    context_messages,
+    conversations,
+    runs,
+)
+
+RunStatus = Literal[
+    "running", "completed", "failed", "cancelled", "conflicted", "interrupted", "requires_action"
+]
+OnFailure = Literal["keep", "discard"]
+
+#: the detail of a run refused by its If-Match
+STALE_RUN = "If-Match does not match the stored context; nothing ran"
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What :meth:`RunStore.finish_run` recorded."""
+
+    status: RunStatus
+    stored: bool  # did the run's context become the stored state
+    etag: str  # the stored state's ETag after the write (stored or not)
+    result_etag: str | None  # the ETag of the run's context, when stored
+    finished_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class StartedRun:
+    """What :meth:`RunStore.start_run` did: started the run (``run`` and ``loaded``), found
+    the conversation busy (``active_run_id``), or found the answer already given (``replay``)."""
+
+    run: Run | None = None
+    loaded: Loaded | None = None
+    active_run_id: str | None = None
+    replay: IdempotentReplay | None = None
+    interrupted: str | None = None  # a run of a dead process whose lease this one took over
+
+
+class _NotRunning(Exception):
+    """The run being finished is no longer ``running`` (or no longer exists)."""
+
+
+class RunStore(StoreBase):
+    async def insert_run(
+        self,
+        tenant: str,
+        conv_id: str,
+        *,
+        base_etag: str,
+        prompts: Sequence[UserMessage],
+        agent: str = "default",
+        on_failure: OnFailure = "keep",
+        run_id: str | None = None,
+    ) -> Run:
+        """Record a run that starts (status ``running``), without a lease."""
+        values = _run_values(
+            tenant,
+            conv_id,
+            run_id or str(uuid.uuid4()),
+            base_etag=base_etag,
+            prompts=prompts,
+            agent=agent,
+            on_failure=on_failure,
+            now=self.clock.now(),
+        )
+        async with write_transaction(self.engine) as conn:
+            try:
+                await conn.execute(insert(runs).values(values))
+            except IntegrityError:
+                # The foreign key: the conversation does not exist (run ids are fresh uuids).
+                raise conversation_not_found(conv_id) from None
+        return Run(**values)
+
+    async def start_run(
+        self,
+        tenant: str,
+        conv_id: str,
+        *,
+        run_id: str,
+        if_match: IfMatch | None,
+        prompts: Sequence[UserMessage],
+        agent: str,
+        on_failure: OnFailure,
+        owner: str,
+        lease_seconds: float,
+        idempotency: IdempotencyClaim | None = None,
+    ) -> StartedRun:
+        """Take the conversation's run lease and load its context, in one write transaction.
+
+        In order: :class:`NotFound`; an idempotency key seen before (the stored answer, or
+        :class:`IdempotencyMismatch` / :class:`IdempotencyInFlight`); :class:`PreconditionFailed`
+        when ``if_match`` does not hold; busy when another run holds a live lease (a lease that
+        expired marks its run ``interrupted`` and is taken over). Then the run row, the lease and
+        the idempotency key are written and the context is read under them.
+        """
+        interrupted: str | None = None
+        async with write_transaction(self.engine) as conn:
+            stmt = select(conversations).where(*conversation_key(tenant, conv_id))
+            if conn.dialect.name == "postgresql":
+                stmt = stmt.with_for_update()
+            found = (await conn.execute(stmt)).mappings().first()
+            # The time once the locks are held: waiting for them must not eat into the lease.
+            now = self.clock.now()
+            if found is None:
+                raise conversation_not_found(conv_id)
+            conv = Conversation(**found)
+
+            if idempotency is not None:
+                replay = await claimed(conn, tenant, conv_id, idempotency, now)
+                if replay is not None:
+                    return StartedRun(replay=replay)
+
+            if if_match is not None and not if_match_holds(
+                if_match, conv.incarnation, conv.version
+            ):
+                raise PreconditionFailed(STALE_RUN, current_etag=conv.etag)
+
+            if conv.active_run_id is not None:
+                holder = (
+                    await conn.execute(
+                        select(runs.c.status, runs.c.lease_expires_at).where(
+                            *child_key(runs, tenant, conv_id), runs.c.run_id == conv.active_run_id
+                        )
+                    )
+                ).first()
+                if holder is not None and holder.status == "running":
+                    expired = holder.lease_expires_at is None or holder.lease_expires_at <= now
+                    # The holder may renew its lease meanwhile: the interrupt is conditional.
+                    if not expired or not await interrupt(
+                        conn, tenant, conv_id, conv.active_run_id, now
+                    ):
+                        return StartedRun(active_run_id=conv.active_run_id)
+                    interrupted = conv.active_run_id
+
+            await conn.execute(
+                update(conversations)
+                .where(*conversation_key(tenant, conv_id))
+                .values(active_run_id=run_id)
+            )
+            values = _run_values(
+                tenant,
+                conv_id,
+                run_id,
+                base_etag=conv.etag,
+                prompts=prompts,
+                agent=agent,
+                on_failure=on_failure,
+                now=now,
+            )
+            values.update(
+                lease_owner=owner, lease_expires_at=now + timedelta(seconds=lease_seconds)
+            )
+            await conn.execute(insert(runs).values(values))
+            if idempotency is not None:
+                await insert_claim(conn, tenant, conv_id, run_id, idempotency, now)
+            loaded = await read_context(conn, conv)
+        return StartedRun(run=Run(**values), loaded=loaded, interrupted=interrupted)
+
+    async def request_cancel(self, tenant: str, conv_id: str, run_id: str) -> Run:
+        """Flag a running run for cancellation; the process running it stops it.
+
+        :class:`NotFound` for an unknown run, :class:`Conflict` when it is not running.
+        """
+        key = [*child_key(runs, tenant, conv_id), runs.c.run_id == run_id]
+        async with write_transaction(self.engine) as conn:
+            await conn.execute(
+                update(runs).where(*key, runs.c.status == "running").values(cancel_requested=True)
+            )
+            row = (await conn.execute(select(runs).where(*key))).mappings().first()
+        if row is None:
+            raise run_not_found(conv_id, run_id)
+        run = Run(**row)
+        if run.status != "running":
+            raise Conflict(f"run {run_id!r} is {run.status}, not running")
+        return run
+
+    async def finish_run(
+        self,
+        tenant: str,
+        conv_id: str,
+        run_id: str,
+        *,
+        base: Loaded,
+        result: Result,
+        store: bool,
+    ) -> RunOutcome:
+        """Record a run's outcome in ONE write transaction, and return it.
+
+        When ``store`` is true the result's context replaces ``base`` if, and only if, the stored
+        state is still ``base`` (same incarnation and version); otherwise nothing of the context
+        is written and the run ends ``conflicted``. Either way the run row is finished, its
+        new messages, final and compactions go to the audit tables and the transcript gets every
+        admitted prompt, attempt, tool result and compaction. The run's lease is released. (The
+        answer an idempotent request keeps is rendered from the returned outcome by the caller:
+        :meth:`IdempotencyStore.keep_answer`.)
+
+        Only a run still ``running`` finishes: one that lost its lease and was marked
+        ``interrupted`` meanwhile writes nothing at all, and learns how it was recorded.
+        """
+        plan = plan_context_write(base.context, base.first_position, base.next_position, result)
+        entries = run_transcript(result, len(base.context.messages), plan)
+        try:
+            return await self._finish_run(
+                tenant,
+                conv_id,
+                run_id,
+                base=base,
+                result=result,
+                store=store,
+                plan=plan,
+                entries=entries,
+            )
+        except _NotRunning:
+            # The lease fences the write: only a run still ``running`` finishes. A run whose
+            # lease expired and that another process marked ``interrupted`` (its process was
+            # paused or cut off from the database meanwhile) stores nothing (the transaction
+            # was rolled back) and stays as it was marked.
+            async with read_transaction(self.engine) as conn:
+                return await _no_longer_running(conn, tenant, conv_id, run_id)
+
+    async def _finish_run(
+        self,
+        tenant: str,
+        conv_id: str,
+        run_id: str,
+        *,
+        base: Loaded,
+        result: Result,
+        store: bool,
+        plan: ContextWrite,
+        entries: Sequence[TranscriptItem],
+    ) -> RunOutcome:
+        now = self.clock.now()
+        key = conversation_key(tenant, conv_id)
+        same_incarnation = conversations.c.incarnation == base.incarnation
+        returning = (conversations.c.version, conversations.c.transcript_seq)
+        release = case(
+            (conversations.c.active_run_id == run_id, None), else_=conversations.c.active_run_id
+        )
+
+        # Lock order, here as everywhere: the conversation row first, then the run row.
+        async with write_transaction(self.engine) as conn:
+            row = None
+            if store:
+                row = (
+                    await conn.execute(
+                        update(conversations)
+                        .where(*key, same_incarnation, conversations.c.version == base.version)
+                        .values(
+                            version=conversations.c.version + 1,
+                            system_prompt=result.context.system_prompt,
+                            summary=result.context.summary,
+                            next_position=plan.next_position,
+                            message_count=len(result.context.messages),
+                            transcript_seq=conversations.c.transcript_seq + len(entries),
+                            updated_at=now,
+                            active_run_id=release,
+                        )
+                        .returning(*returning)
+                    )
+                ).first()
+            stored = row is not None
+            if row is None:
+                # Not stored (discarded or stale): only allocate the transcript's seqs.
+                row = (
+                    await conn.execute(
+                        update(conversations)
+                        .where(*key, same_incarnation)
+                        .values(
+                            transcript_seq=conversations.c.transcript_seq + len(entries),
+                            active_run_id=release,
+                        )
+                        .returning(*returning)
+                    )
+                ).first()
+                if row is None:
+                    raise NotFound(f"conversation {conv_id!r} was deleted during the run")
+
+            if stored:
+                if plan.delete_before is not None:
+                    await conn.execute(
+                        delete(context_messages).where(
+                            *child_key(context_messages, tenant, conv_id),
+                            context_messages.c.position < plan.delete_before,
+                        )
+                    )
+                await insert_messages(conn, tenant, conv_id, plan.inserts)
+
+            status: RunStatus = result.status if stored or not store else "conflicted"
+            etag = version_etag(base.incarnation, row.version)
+            result_etag = etag if stored else None
+            finished = await conn.execute(
+                update(runs)
+                .where(
+                    *child_key(runs, tenant, conv_id),
+                    runs.c.run_id == run_id,
+                    runs.c.status == "running",
+                )
+                .values(
+                    status=status,
+                    stored=stored,
+                    result_etag=result_etag,
+                    usage=result.usage.model_dump(mode="json"),
+                    error=result.error.model_dump(mode="json") if result.error else None,
+                    finished_at=now,
+                    lease_expires_at=None,
+                )
+            )
+            if not finished.rowcount:
+                raise _NotRunning  # rolls the transaction back
+
+            await insert_audit(conn, tenant, conv_id, run_id, result)
+            first_seq = row.transcript_seq - len(entries) + 1
+            await insert_transcript(conn, tenant, conv_id, run_id, first_seq, entries, now)
+        return RunOutcome(
+            status=status, stored=stored, etag=etag, result_etag=result_etag, finished_at=now
+        )
+
+
+def _run_values(
+    tenant: str,
+    conv_id: str,
+    run_id: str,
+    *,
+    base_etag: str,
+    prompts: Sequence[UserMessage],
+    agent: str,
+    on_failure: OnFailure,
+    now: datetime,
+) -> dict[str, Any]:
+    return {
+        "tenant": tenant,
+        "conversation_id": conv_id,
+        "run_id": run_id,
+        "status": "running",
+        "stored": False,
+        "on_failure": on_failure,
+        "agent": agent,
+        "base_etag": base_etag,
+        "result_etag": None,
+        "prompts": dump_messages(prompts),
+        "usage": {},
+        "error": None,
+        "created_at": now,
+        "finished_at": None,
+        "lease_owner": None,
+        "lease_expires_at": None,
+        "cancel_requested": False,
+    }
+
+
+async def _no_longer_running(
+    conn: AsyncConnection, tenant: str, conv_id: str, run_id: str
+) -> RunOutcome:
+    """What a run that may no longer finish learns: how it was recorded (``interrupted``, or
+    its own outcome when a first attempt to finish did commit), and the stored ETag."""
+    run = (
+        await conn.execute(
+            select(runs.c.status, runs.c.stored, runs.c.result_etag, runs.c.finished_at).where(
+                *child_key(runs, tenant, conv_id), runs.c.run_id == run_id
+            )
+        )
+    ).first()
+    conv = await read_conversation(conn, tenant, conv_id)
+    if run is None or conv is None:
+        raise run_not_found(conv_id, run_id)
+    return RunOutcome(
+        status=run.status,
+        stored=run.stored,
+        etag=conv.etag,
+        result_etag=run.result_etag,
+        finished_at=run.finished_at,
+    )
+
+
+__all__ = ["STALE_RUN", "OnFailure", "RunOutcome", "RunStatus", "RunStore", "StartedRun"]
