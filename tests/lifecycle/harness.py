@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -290,16 +290,6 @@ async def all_runs(http: httpx.AsyncClient, conv: str) -> list[dict[str, Any]]:
 
 async def all_transcript(http: httpx.AsyncClient, conv: str) -> list[dict[str, Any]]:
     return await all_pages(http, f"/conversations/{conv}/transcript")
-
-
-def user_texts(messages: Iterable[dict[str, Any]]) -> list[str]:
-    return [
-        block["text"]
-        for m in messages
-        if m["type"] == "user"
-        for block in m["content"]
-        if block["type"] == "text"
-    ]
 
 
 async def stored_context(

@@ -13,6 +13,7 @@ import pytest
 
 from app.store.tables import parse_etag
 
+from ..helpers import user_texts
 from .harness import (
     Server,
     Servers,
@@ -21,7 +22,6 @@ from .harness import (
     client,
     create_conversation,
     stored_context,
-    user_texts,
 )
 
 CLIENTS = 16

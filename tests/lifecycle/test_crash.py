@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from ..helpers import user_texts
 from .harness import (
     LEASE_SECONDS,
     Servers,
@@ -23,7 +24,6 @@ from .harness import (
     run_ends,
     started_run,
     stored_context,
-    user_texts,
 )
 
 

@@ -39,16 +39,6 @@ API_KEYS = f"acme:{ACME_KEY},globex:{GLOBEX_KEY}"
 Rows = dict[str, list[tuple[Any, ...]]]
 
 
-def assert_problem(response: httpx.Response, status: int, slug: str) -> dict[str, Any]:
-    """A problem response of this status and type, with a detail; its body."""
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith("application/problem+json"), response.text
-    body: dict[str, Any] = response.json()
-    assert body["type"] == PROBLEM + slug, body
-    assert body["status"] == status and body["detail"], body
-    return body
-
-
 async def snapshot(database_url: str) -> Rows:
     """Every row of every table, in primary key order."""
     engine = make_engine(database_url)

@@ -17,13 +17,13 @@ from app.api.auth import PUBLIC_PATHS
 from app.store.db import make_engine
 from app.store.keys import KeyStore
 
+from ..helpers import assert_problem
 from .conftest import (
     ACME_KEY,
     API_KEYS,
     GLOBEX_KEY,
     StartApp,
     Tenants,
-    assert_problem,
     http_client,
     snapshot,
 )

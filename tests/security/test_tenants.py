@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from .conftest import Tenants, assert_problem, snapshot
+from ..helpers import assert_problem
+from .conftest import Tenants, snapshot
 
 CONV = "shared-id"
 
