@@ -107,6 +107,12 @@ class GatedOpenAI(FakeServer):
 
         return await until(probe, what=f"request {prompt!r} #{count}", within=HANG_GUARD_SECONDS)
 
+    async def release_in_order(self, count: int) -> None:
+        """Let ``count`` requests answer one at a time, each once it has arrived, in the order
+        they arrived (a model that answers one request after the other)."""
+        for n in range(1, count + 1):
+            (await self.arrival(count=n)).release()
+
     def release_all(self) -> None:
         with self._lock:
             for held in self.held:
