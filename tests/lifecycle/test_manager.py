@@ -16,21 +16,32 @@ from sqlalchemy import event, update
 from app.api.schemas import RunCreate
 from app.config import Settings
 from app.observability import RUNS_IN_PROGRESS
-from app.service.agents import AgentPool
 from app.service.runs import ActiveRun, RunManager, ShuttingDown
 from app.store.db import write_transaction
 from app.store.repository import Repository
 from app.store.tables import runs, utcnow
 
+from ..fakes.gated import GatedProvider, gated_pool
+from ..helpers import until
+
 
 @pytest.fixture
-async def manager(repo: Repository, database_url: str) -> AsyncIterator[RunManager]:
+def gate() -> GatedProvider:
+    """Holds the provider request of every run whose prompt starts with "held"."""
+    return GatedProvider(hold=lambda prompt: prompt.startswith("held"))
+
+
+@pytest.fixture
+async def manager(
+    repo: Repository, database_url: str, gate: GatedProvider
+) -> AsyncIterator[RunManager]:
     settings = Settings(database_url=database_url, lease_seconds=2.0, busy_wait_seconds=5.0)
-    pool = AgentPool(settings)
+    pool = gated_pool(settings, gate)
     runs_ = RunManager(repo, pool, settings)
     try:
         yield runs_
     finally:
+        gate.open()
         await runs_.aclose()
         await pool.aclose()
 
@@ -81,7 +92,7 @@ async def test_a_run_stopped_before_its_task_began_ends_cancelled(
 ) -> None:
     await repo.create_conversation("default", "c1")
     before = _gauge()
-    active = await _start(manager, "c1", "/sleep 30 never")
+    active = await _start(manager, "c1", "held: never")
     assert _gauge() == before + 1
     manager.stop(active)  # no await in between: the task has not begun
     body = await _answer(manager, active)
@@ -96,7 +107,7 @@ async def test_a_run_that_lost_its_lease_is_stopped_and_stores_nothing(
 ) -> None:
     await repo.create_conversation("default", "c1")
     loaded = await repo.load_context("default", "c1")
-    active = await _start(manager, "c1", "/sleep 30 paused")
+    active = await _start(manager, "c1", "held: paused")
     # as if this process had been paused past its lease: another process marks it interrupted
     async with write_transaction(repo.engine) as conn:
         await conn.execute(
@@ -216,7 +227,11 @@ async def test_waiting_for_a_busy_conversation_polls_with_reads(
     assert await repo.lease_holder("default", "c1") == "holder"
     with _statements(repo) as executed:
         waiting = asyncio.create_task(_start(manager, "c1", "after you", if_busy="wait"))
-        await asyncio.sleep(1.0)
+
+        async def polled() -> bool | None:  # it has read the lease holder a few times
+            return True if sum(s.startswith("SELECT") for s in executed) > 2 else None
+
+        await until(polled, what="the waiter to poll")
         attempts = [s for s in executed if "FOR UPDATE" in s or s == "BEGIN IMMEDIATE"]
         assert len(attempts) == 1  # the first try; the polls since were reads
         assert sum(s.startswith("SELECT") for s in executed) > 2
@@ -238,15 +253,16 @@ async def test_waiting_for_a_busy_conversation_polls_with_reads(
 
 
 async def test_shutdown_cancels_runs_and_refuses_new_ones(
-    manager: RunManager, repo: Repository
+    manager: RunManager, repo: Repository, gate: GatedProvider
 ) -> None:
     await repo.create_conversation("default", "c1")
     await repo.create_conversation("default", "c2")
-    active = await _start(manager, "c1", "/sleep 30 in flight")
-    await asyncio.sleep(0.2)
+    active = await _start(manager, "c1", "held: in flight")
+    held = await gate.arrival("held: in flight")  # admitted, and its model is answering
     manager.shutdown()
     body = await _answer(manager, active)
     assert body["status"] == "cancelled" and body["stored"] is True  # keep: prompt admitted
+    assert held.cancelled  # the stop cut the provider request off
     with pytest.raises(ShuttingDown):
         await _start(manager, "c2", "too late")
     conv = await repo.get_conversation("default", "c1")
