@@ -55,8 +55,6 @@ class Held:
 class GatedProvider:
     """A :class:`Provider` that holds every request until the test releases it."""
 
-    name = "gated"
-
     def __init__(
         self,
         inner: Provider | None = None,
@@ -70,6 +68,10 @@ class GatedProvider:
         self.held: list[Held] = []
         self._changed = asyncio.Condition()
         self._open = False
+
+    @property
+    def name(self) -> str:  # its answers are the inner provider's, under its name
+        return self.inner.name
 
     async def aclose(self) -> None:
         await self.inner.aclose()
