@@ -73,6 +73,66 @@ class _HeldEvents(Sequence[bytes]):
         self._held.answered.set()
 
 
+class _StalledEvents(Sequence[bytes]):
+    """SSE events of which the first ``sent`` go out at once, the rest once ``go`` is set."""
+
+    def __init__(self, events: Sequence[bytes], sent: int, stall: Stall) -> None:
+        self._events = list(events)
+        self._sent = sent
+        self._stall = stall
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[bytes]: ...
+    def __getitem__(self, index: int | slice) -> bytes | Sequence[bytes]:
+        return self._events[index]
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._events[: self._sent]
+        self._stall.stalled.set()
+        self._stall.go.wait()
+        yield from self._events[self._sent :]
+        self._stall.ended.set()
+
+
+@dataclass
+class Stall:
+    """What a stalled stream did: ``stalled`` once its first events were sent, ``ended`` once
+    the rest was; the test sets ``go`` to let the rest out."""
+
+    stalled: threading.Event = field(default_factory=threading.Event)
+    go: threading.Event = field(default_factory=threading.Event)
+    ended: threading.Event = field(default_factory=threading.Event)
+
+
+class StallAfter:
+    """Mixin for any :class:`FakeServer`: each SSE answer sends its first ``stall_after``
+    events, then waits until the test sets ``stall.go`` (a model that stops mid-answer)::
+
+        class StalledOpenAI(StallAfter, OpenAIFake): ...
+    """
+
+    stall_after = 3
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stall = Stall()
+
+    def handle(self, request: RecordedRequest) -> JSONAnswer | SSEAnswer:
+        answer: JSONAnswer | SSEAnswer = super().handle(request)  # type: ignore[misc]
+        if isinstance(answer, SSEAnswer):
+            answer.events = _StalledEvents(answer.events, self.stall_after, self.stall)
+        return answer
+
+    def stop(self) -> None:
+        self.stall.go.set()
+        super().stop()  # type: ignore[misc]
+
+
 class GatedOpenAI(FakeServer):
     """Chat Completions that answer only once the test releases each request."""
 
