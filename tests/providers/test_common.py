@@ -132,17 +132,24 @@ async def test_cancelling_a_stream_is_prompt() -> None:
                 await provider.aclose()
 
 
-async def test_breaking_out_of_a_stream_closes_it(openai_fake: O.OpenAIFake) -> None:
-    openai_fake.add(O.Reply(text="y" * 30, chunk_size=1, delay=0.05), O.Reply(text="next"))
-    provider = OpenAIProvider(api_key=openai_fake.api_key, base_url=openai_fake.base_url, model="m")
-    try:
-        request = ProviderRequest(system_prompt="", messages=(UserMessage.text("x"),), model="m")
-        stream = provider.stream(request)
-        async for _ in stream:
-            break
-        await stream.aclose()  # type: ignore[attr-defined]
-        # the client is still usable afterwards
-        events = [e async for e in provider.stream(request)]
-        assert events
-    finally:
-        await provider.aclose()
+async def test_breaking_out_of_a_stream_closes_it() -> None:
+    with StalledOpenAI() as openai_fake:
+        openai_fake.add(O.Reply(text="y" * 30, chunk_size=1), O.Reply(text="next"))
+        provider = OpenAIProvider(
+            api_key=openai_fake.api_key, base_url=openai_fake.base_url, model="m"
+        )
+        try:
+            request = ProviderRequest(
+                system_prompt="", messages=(UserMessage.text("x"),), model="m"
+            )
+            stream = provider.stream(request)
+            async for _ in stream:
+                break
+            await stream.aclose()  # type: ignore[attr-defined]
+            assert not openai_fake.stall.ended.is_set()  # closed while the answer was held
+            openai_fake.stall.go.set()
+            # the client is still usable afterwards
+            events = [e async for e in provider.stream(request)]
+            assert events
+        finally:
+            await provider.aclose()
