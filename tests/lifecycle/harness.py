@@ -23,6 +23,8 @@ from typing import Any, TypeVar
 
 import httpx
 
+from ..helpers import until
+
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
@@ -224,15 +226,9 @@ async def eventually(
     interval: float = 0.05,
     what: str = "condition",
 ) -> T:
-    """Poll ``probe`` until it returns something other than None (or fail after ``within``)."""
-    deadline = time.monotonic() + within
-    while True:
-        value = await probe()
-        if value is not None:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(interval)
+    """Poll ``probe`` until it returns something other than None (or fail after ``within``,
+    a hang guard)."""
+    return await until(probe, within=within, interval=interval, what=what)
 
 
 async def create_conversation(http: httpx.AsyncClient, **body: Any) -> tuple[str, str]:
