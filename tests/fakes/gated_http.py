@@ -19,6 +19,10 @@ server with a ``base_url`` takes none); the default profile stays ``echo``. The 
 
 Requests wait in the fake's handler threads (after the response headers, as a model that takes
 its time); closing the fake releases whatever is still held.
+
+:class:`StallAfter` is the same idea for any fake (``class StalledOpenAI(StallAfter,
+OpenAIFake)``): each streamed answer sends its first events, then holds the rest until the test
+sets ``stall.go`` — a model that stops mid-answer, for cancellation tests.
 """
 
 from __future__ import annotations
@@ -50,36 +54,22 @@ class HeldRequest:
         self.released.set()
 
 
-class _HeldEvents(Sequence[bytes]):
-    """The SSE events of one answer; iterating waits until the request is released."""
+class _GatedEvents(Sequence[bytes]):
+    """The SSE events of one answer: the first ``sent`` go out at once (then ``stalled`` is
+    set), the rest once ``go`` is set (then ``ended`` is)."""
 
-    def __init__(self, events: list[bytes], held: HeldRequest) -> None:
-        self._events = events
-        self._held = held
-
-    def __len__(self) -> int:
-        return len(self._events)
-
-    @overload
-    def __getitem__(self, index: int) -> bytes: ...
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[bytes]: ...
-    def __getitem__(self, index: int | slice) -> bytes | Sequence[bytes]:
-        return self._events[index]
-
-    def __iter__(self) -> Iterator[bytes]:
-        self._held.released.wait()
-        yield from self._events
-        self._held.answered.set()
-
-
-class _StalledEvents(Sequence[bytes]):
-    """SSE events of which the first ``sent`` go out at once, the rest once ``go`` is set."""
-
-    def __init__(self, events: Sequence[bytes], sent: int, stall: Stall) -> None:
+    def __init__(
+        self,
+        events: Sequence[bytes],
+        *,
+        sent: int = 0,
+        go: threading.Event,
+        ended: threading.Event,
+        stalled: threading.Event | None = None,
+    ) -> None:
         self._events = list(events)
         self._sent = sent
-        self._stall = stall
+        self._go, self._ended, self._stalled = go, ended, stalled
 
     def __len__(self) -> int:
         return len(self._events)
@@ -93,10 +83,11 @@ class _StalledEvents(Sequence[bytes]):
 
     def __iter__(self) -> Iterator[bytes]:
         yield from self._events[: self._sent]
-        self._stall.stalled.set()
-        self._stall.go.wait()
+        if self._stalled is not None:
+            self._stalled.set()
+        self._go.wait()
         yield from self._events[self._sent :]
-        self._stall.ended.set()
+        self._ended.set()
 
 
 @dataclass
@@ -125,7 +116,14 @@ class StallAfter:
     def handle(self, request: RecordedRequest) -> JSONAnswer | SSEAnswer:
         answer: JSONAnswer | SSEAnswer = super().handle(request)  # type: ignore[misc]
         if isinstance(answer, SSEAnswer):
-            answer.events = _StalledEvents(answer.events, self.stall_after, self.stall)
+            stall = self.stall
+            answer.events = _GatedEvents(
+                answer.events,
+                sent=self.stall_after,
+                go=stall.go,
+                ended=stall.ended,
+                stalled=stall.stalled,
+            )
         return answer
 
     def stop(self) -> None:
@@ -204,7 +202,7 @@ class GatedOpenAI(FakeServer):
             self.held.append(held)
         if not body.get("stream"):  # carryover always streams; this is never held
             return JSONAnswer(200, self._whole(body, f'Gated: You said: "{prompt}"'))
-        return SSEAnswer(_HeldEvents(events, held))
+        return SSEAnswer(_GatedEvents(events, go=held.released, ended=held.answered))
 
     def _events(self, body: dict[str, Any], text: str) -> list[bytes]:
         response_id = f"chatcmpl-gated-{next(self._ids)}"
