@@ -63,15 +63,12 @@ class GatedProvider:
         hold_summaries: bool = False,
     ) -> None:
         self.inner: Provider = inner or EchoProvider()
+        self.name = self.inner.name  # its answers are the inner provider's, under its name
         self.hold = hold
         self.hold_summaries = hold_summaries
         self.held: list[Held] = []
         self._changed = asyncio.Condition()
         self._open = False
-
-    @property
-    def name(self) -> str:  # its answers are the inner provider's, under its name
-        return self.inner.name
 
     async def aclose(self) -> None:
         await self.inner.aclose()
