@@ -4,6 +4,7 @@ compaction triggers, concurrency, and the echo provider's directives."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -23,13 +24,15 @@ from app.agent import (
     UserMessage,
 )
 from app.agent.compaction import SUMMARY_PREFIX, choose_cut
-from app.agent.providers.base import ProviderError
+from app.agent.providers.base import ProviderError, ProviderRequest, StreamEvent
 from app.agent.providers.echo import EchoProvider
 from app.agent.replay import validate_context
 from app.agent.retry import RetryPolicy
 from app.agent.tokens import calibration, estimate
 from app.agent.tools import ToolRegistry
 
+from ..fakes.gated import GatedProvider
+from ..helpers import HANG_GUARD_SECONDS
 from .scripted import Calls, ScriptedProvider
 from .test_run_failures import NO_WAIT, agent_for, history, run
 
@@ -216,11 +219,13 @@ async def test_calibration_follows_the_providers_reported_usage() -> None:
 
 
 async def test_one_agent_serves_many_contexts_concurrently() -> None:
-    agent = echo_agent()
+    gate = GatedProvider()  # answers as echo, once released
+    agent = Agent(AgentConfig(provider=gate, retry=NO_WAIT, tools=BUILTINS))
     contexts = [Context(messages=history(n).messages) for n in range(20)]
-    results = await asyncio.gather(
-        *(run(agent, c, f"/sleep 0.01 prompt {i}") for i, c in enumerate(contexts))
-    )
+    runs = asyncio.gather(*(run(agent, c, f"prompt {i}") for i, c in enumerate(contexts)))
+    await gate.arrival(count=len(contexts))  # every run is in flight at once
+    gate.release_all()
+    results = await runs
     for i, (context, result) in enumerate(zip(contexts, results, strict=True)):
         assert result.context.messages[: len(context.messages)] == context.messages
         assert result.final is not None
@@ -266,11 +271,19 @@ async def test_echo_fail_and_overflow_directives() -> None:
 
 
 async def test_echo_sleep_directive_can_be_cancelled() -> None:
-    agent = echo_agent()
+    sleeping = asyncio.Event()
+
+    class Watched(EchoProvider):
+        async def stream(self, request: ProviderRequest) -> AsyncIterator[StreamEvent]:
+            async for event in super().stream(request):
+                yield event
+                sleeping.set()  # resumed after MessageStart: the next step is the sleep
+
+    agent = Agent(AgentConfig(provider=Watched(), retry=NO_WAIT, tools=BUILTINS))
     task = asyncio.create_task(
         agent.run(Input(context=Context(), prompts=(UserMessage.text("/sleep 30"),)))
     )
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(sleeping.wait(), HANG_GUARD_SECONDS)
     task.cancel()
     result = await asyncio.wait_for(task, 5)
     assert result.status == "cancelled"

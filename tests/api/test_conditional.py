@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from ..helpers import assert_problem
 from .conftest import AppClient
 
 PROBLEM = "https://carryover.dev/problems/"
@@ -61,14 +62,6 @@ def _headers(headers: dict[str, str]) -> dict[str, str]:
 WRITES = {"put_context": put_context, "delete": delete, "run": run, "compact": compact}
 #: what each write answers when its precondition holds
 SUCCESS = {"put_context": 200, "delete": 204, "run": 201, "compact": 201}
-
-
-def assert_problem(response: httpx.Response, status: int, slug: str) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith("application/problem+json")
-    body: dict[str, Any] = response.json()
-    assert body["type"] == PROBLEM + slug and body["status"] == status
-    return body
 
 
 async def assert_untouched(client: AppClient, conv: str, etag: str) -> None:

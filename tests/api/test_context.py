@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from ..helpers import assert_problem
 from .conftest import AppClient
 
 PROBLEM = "https://carryover.dev/problems/"
@@ -119,14 +120,6 @@ async def put(
     client: AppClient, conv: str, body: Any, headers: dict[str, str] | None = None
 ) -> httpx.Response:
     return await client.put(f"/conversations/{conv}/context", json=body, headers=headers or {})
-
-
-def assert_problem(response: httpx.Response, status: int, slug: str) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith("application/problem+json")
-    body: dict[str, Any] = response.json()
-    assert body["type"] == PROBLEM + slug
-    return body
 
 
 async def stored(client: AppClient, conv: str) -> tuple[dict[str, Any], str]:

@@ -7,23 +7,15 @@ import re
 from datetime import datetime
 from typing import Any
 
-import httpx
 import pytest
 
 from app.api.deps import encode_cursor
 from app.api.schemas import CONVERSATION_ID_PATTERN
 
+from ..helpers import assert_problem
 from .conftest import AppClient
 
 PROBLEM = "https://carryover.dev/problems/"
-
-
-def assert_problem(response: httpx.Response, status: int, slug: str) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith("application/problem+json")
-    body: dict[str, Any] = response.json()
-    assert body["type"] == PROBLEM + slug and body["status"] == status
-    return body
 
 
 # --- create -------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -13,7 +14,9 @@ import pytest
 
 from app.api.deps import encode_cursor
 
-from .conftest import AppClient
+from ..fakes.gated import GatedProvider, gated_pool
+from ..helpers import HANG_GUARD_SECONDS, assert_problem, user
+from .conftest import AppClient, SettingsFactory
 
 PROBLEM = "https://carryover.dev/problems/"
 RUN_FIELDS = {
@@ -36,18 +39,6 @@ RUN_FIELDS = {
     "finished_at",
     "duration_ms",
 }
-
-
-def user(value: str) -> dict[str, Any]:
-    return {"type": "user", "content": [{"type": "text", "text": value}]}
-
-
-def assert_problem(response: httpx.Response, status: int, slug: str) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith("application/problem+json")
-    body: dict[str, Any] = response.json()
-    assert body["type"] == PROBLEM + slug
-    return body
 
 
 async def create(client: AppClient, conv_id: str = "conv") -> str:
@@ -408,24 +399,56 @@ async def test_compact_honours_if_match_and_404(client: AppClient) -> None:
 # --- runs that overlap --------------------------------------------------------------------
 
 
-async def wait_for_active_run(client: AppClient, conv: str) -> str:
-    """The id of the run holding ``conv``, once one does (polled; no timing assumed)."""
-    for _ in range(2000):
-        meta = (await client.get(f"/conversations/{conv}")).json()
-        if meta["active_run_id"] is not None:
-            active: str = meta["active_run_id"]
-            return active
-        await asyncio.sleep(0.005)
-    raise AssertionError("the run never started")
+@pytest.fixture
+def gate() -> GatedProvider:
+    """Holds the provider request of every run whose prompt starts with "held"."""
+    return GatedProvider(hold=lambda prompt: prompt.startswith("held"))
+
+
+@pytest.fixture
+async def gated(
+    app_factory: Callable[..., Any], make_settings: SettingsFactory, gate: GatedProvider
+) -> AsyncIterator[AppClient]:
+    """A client on an app whose default agent answers through ``gate``."""
+    async with app_factory(agents=gated_pool(make_settings(), gate)) as http:
+        try:
+            yield http
+        finally:
+            gate.open()  # nothing stays held past the test
+
+
+async def held_run(client: AppClient, gate: GatedProvider, conv: str, prompt: str) -> str:
+    """The id of the run on ``conv`` whose provider request ``prompt`` is held at the gate."""
+    await gate.arrival(prompt)
+    meta = (await client.get(f"/conversations/{conv}")).json()
+    assert meta["active_run_id"] is not None, meta
+    active: str = meta["active_run_id"]
+    return active
+
+
+def busy_waits(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """Set once a run with ``if_busy: wait`` has found the conversation busy and waits."""
+    from app.service.runs import RunManager
+
+    waiting = asyncio.Event()
+    wait_until_free = RunManager._wait_until_free
+
+    async def spied(self: RunManager, *args: Any, **kwargs: Any) -> None:
+        waiting.set()
+        await wait_until_free(self, *args, **kwargs)
+
+    monkeypatch.setattr(RunManager, "_wait_until_free", spied)
+    return waiting
 
 
 async def test_a_put_during_a_run_makes_it_conflicted_with_its_records_kept(
-    client: AppClient,
+    gated: AppClient, gate: GatedProvider
 ) -> None:
+    client = gated
     await create(client)
     await run(client, "conv", "hello")
-    running = asyncio.create_task(run(client, "conv", "/sleep 1"))
-    run_id = await wait_for_active_run(client, "conv")
+    running = asyncio.create_task(run(client, "conv", "held"))
+    run_id = await held_run(client, gate, "conv", "held")
     _, etag = await context_of(client, "conv")
 
     replacement = {
@@ -438,7 +461,9 @@ async def test_a_put_during_a_run_makes_it_conflicted_with_its_records_kept(
     )
     assert put.status_code == 200
     put_etag = put.headers["etag"]
+    assert not running.done()  # the run is still at the gate: the PUT came during it
 
+    gate.release_all()
     ran = await running
     assert ran.status_code == 201
     body = ran.json()
@@ -450,49 +475,57 @@ async def test_a_put_during_a_run_makes_it_conflicted_with_its_records_kept(
     # what the PUT stored is what is stored
     assert await context_of(client, "conv") == (replacement, put_etag)
     # the run's work is kept in its record
-    assert body["final"]["content"][0]["text"].endswith('You said: "/sleep 1"')
+    assert body["final"]["content"][0]["text"].endswith('You said: "held"')
     record = (await client.get(f"/conversations/conv/runs/{run_id}")).json()
     assert record["status"] == "conflicted" and record["stored"] is False
     assert record["etag"] is None and record["error"] == body["error"]
-    assert record["new_messages"] == [user("/sleep 1"), body["final"]]
+    assert record["new_messages"] == [user("held"), body["final"]]
     assert record["final"] == body["final"]
     meta = (await client.get("/conversations/conv")).json()
     assert meta["active_run_id"] is None and meta["etag"] == put_etag
 
 
 async def test_a_second_run_on_a_busy_conversation_is_409_naming_the_active_run(
-    client: AppClient,
+    gated: AppClient, gate: GatedProvider, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    client = gated
     await create(client)
-    running = asyncio.create_task(run(client, "conv", "/sleep 1"))
-    run_id = await wait_for_active_run(client, "conv")
+    running = asyncio.create_task(run(client, "conv", "held"))
+    run_id = await held_run(client, gate, "conv", "held")
     refused = await run(client, "conv", "me too", if_busy="reject")
     problem = assert_problem(refused, 409, "run-in-progress")
     assert problem["active_run_id"] == run_id and run_id in problem["detail"]
     assert int(refused.headers["retry-after"]) >= 1
     assert_problem(await client.post("/conversations/conv/compact"), 409, "run-in-progress")
 
-    waited = await run(client, "conv", "after you", if_busy="wait")
+    waiting = busy_waits(monkeypatch)
+    waiter = asyncio.create_task(run(client, "conv", "after you", if_busy="wait"))
+    await asyncio.wait_for(waiting.wait(), HANG_GUARD_SECONDS)  # it found the run and waits
+    assert not running.done()
+    gate.release_all()
     first = await running
+    waited = await waiter
     assert first.json()["status"] == "completed"
     assert waited.status_code == 201
     assert waited.json()["base_etag"] == first.json()["etag"]  # it ran on the newer state
     assert waited.json()["final"]["content"][0]["text"].startswith("Echo: I saw 3 messages")
 
 
-async def test_cancel_a_run_in_flight(client: AppClient) -> None:
+async def test_cancel_a_run_in_flight(gated: AppClient, gate: GatedProvider) -> None:
+    client = gated
     await create(client)
-    running = asyncio.create_task(run(client, "conv", "/sleep 30", on_failure="discard"))
-    run_id = await wait_for_active_run(client, "conv")
+    running = asyncio.create_task(run(client, "conv", "held forever", on_failure="discard"))
+    run_id = await held_run(client, gate, "conv", "held forever")
     cancelled = await client.post(f"/conversations/conv/runs/{run_id}/cancel")
     assert cancelled.status_code == 202
     assert cancelled.json()["run_id"] == run_id
-    ran = (await running).json()
+    ran = (await running).json()  # never released: only the cancel can end it
     assert (ran["status"], ran["stored"]) == ("cancelled", False)
     assert ran["error"]["type"] == PROBLEM + "run-cancelled"
+    assert gate.held[0].cancelled  # the provider request was cut off at the gate
     record = (await client.get(f"/conversations/conv/runs/{run_id}")).json()
     assert record["status"] == "cancelled"
-    assert record["new_messages"][0] == user("/sleep 30")
+    assert record["new_messages"][0] == user("held forever")
 
     again = await client.post(f"/conversations/conv/runs/{run_id}/cancel")
     assert_problem(again, 409, "run-not-active")

@@ -7,18 +7,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-import httpx
 import pytest
 
 from app.api.deps import encode_cursor
 
+from ..helpers import assert_problem, user
 from .conftest import AppClient
 
 PROBLEM = "https://carryover.dev/problems/"
-
-
-def user(value: str) -> dict[str, Any]:
-    return {"type": "user", "content": [{"type": "text", "text": value}]}
 
 
 async def run(client: AppClient, *prompts: str, **options: Any) -> dict[str, Any]:
@@ -46,11 +42,6 @@ async def transcript(client: AppClient, limit: int | None = None) -> list[dict[s
         cursor = body["next_cursor"]
         if cursor is None:
             return entries
-
-
-def assert_problem(response: httpx.Response, status: int, slug: str) -> None:
-    assert response.status_code == status, response.text
-    assert response.json()["type"] == PROBLEM + slug
 
 
 @pytest.fixture

@@ -11,10 +11,9 @@ Fixtures: ``serve`` (the app on a fresh migrated database per test, SQLite and P
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -25,7 +24,6 @@ from app.config import Settings
 from app.service.agents import AgentPool
 from tests.api.conftest import AppClient, SettingsFactory, start_client
 from tests.api.conftest import make_settings as make_settings
-from tests.fakes._server import FakeServer, RecordedRequest
 from tests.fakes.anthropic_fake import anthropic_fake as anthropic_fake
 from tests.fakes.openai_fake import openai_fake as openai_fake
 
@@ -90,25 +88,6 @@ def fast_retries(*names: str) -> Callable[[Settings], AgentPool]:
         return pool
 
     return build
-
-
-@dataclass
-class Timed:
-    """When a fake received each request (monotonic seconds)."""
-
-    times: list[float] = field(default_factory=list)
-
-
-def time_requests(fake: FakeServer) -> Timed:
-    timed = Timed()
-    handle = fake.handle
-
-    def timed_handle(request: RecordedRequest) -> Any:
-        timed.times.append(time.monotonic())
-        return handle(request)
-
-    fake.handle = timed_handle  # type: ignore[method-assign]
-    return timed
 
 
 class Conversation:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import pytest
 from fastapi import FastAPI, Header, HTTPException
@@ -19,6 +19,8 @@ from app.api.problems import (
     problem_response,
     problem_responses,
 )
+
+from ..helpers import assert_problem
 
 SECRET = "do-not-leak-4711"
 
@@ -81,18 +83,6 @@ def make_app() -> FastAPI:
 @pytest.fixture
 def client() -> TestClient:
     return TestClient(make_app(), raise_server_exceptions=False)
-
-
-def assert_problem(response: Any, status: int, slug: str) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"] == "application/problem+json"
-    body = response.json()
-    assert body["type"] == f"https://carryover.dev/problems/{slug}"
-    assert body["status"] == status
-    assert isinstance(body["title"], str) and body["title"]
-    assert isinstance(body["detail"], str) and body["detail"]
-    assert body["instance"] == response.request.url.path
-    return dict(body)
 
 
 # --- the registry ----------------------------------------------------------------------------
@@ -165,13 +155,13 @@ def test_constructors_carry_their_extension_members() -> None:
 
 
 def test_a_raised_problem_becomes_problem_json(client: TestClient) -> None:
-    body = assert_problem(client.get("/missing"), 404, "not-found")
+    body = assert_problem(client.get("/missing"), 404, "not-found", instance=True)
     assert body["detail"] == "conversation c1 does not exist"
 
 
 def test_run_in_progress_names_the_run_and_says_when_to_retry(client: TestClient) -> None:
     response = client.get("/busy")
-    body = assert_problem(response, 409, "run-in-progress")
+    body = assert_problem(response, 409, "run-in-progress", instance=True)
     assert body["active_run_id"] == "run_42"
     assert response.headers["retry-after"] == "3"
 
@@ -180,7 +170,7 @@ def test_malformed_json_is_400(client: TestClient) -> None:
     response = client.post(
         "/runs", content=b'{"prompts": [', headers={"content-type": "application/json"}
     )
-    body = assert_problem(response, 400, "malformed-json")
+    body = assert_problem(response, 400, "malformed-json", instance=True)
     assert "not valid JSON" in str(body["detail"])
 
 
@@ -195,7 +185,7 @@ def test_validation_error_names_each_path(client: TestClient) -> None:
             "on_failure": "explode",
         },
     )
-    body = assert_problem(response, 422, "validation-error")
+    body = assert_problem(response, 422, "validation-error", instance=True)
     paths = [error["path"] for error in body["errors"]]
     assert paths == [
         "query.limit",
@@ -208,35 +198,37 @@ def test_validation_error_names_each_path(client: TestClient) -> None:
 
 
 def test_a_missing_body_is_a_validation_error(client: TestClient) -> None:
-    body = assert_problem(client.post("/runs"), 422, "validation-error")
+    body = assert_problem(client.post("/runs"), 422, "validation-error", instance=True)
     assert body["errors"] == [{"path": "body", "message": "Field required"}]
 
 
 def test_a_bad_header_value_is_a_validation_error_on_the_header(client: TestClient) -> None:
-    body = assert_problem(client.get("/headers", headers={"x-count": "x"}), 422, "validation-error")
+    body = assert_problem(
+        client.get("/headers", headers={"x-count": "x"}), 422, "validation-error", instance=True
+    )
     assert body["errors"][0]["path"] == "header.x-count"
 
 
 def test_a_body_that_is_not_json_is_415(client: TestClient) -> None:
     response = client.post("/runs", content=b"hello", headers={"content-type": "text/plain"})
-    body = assert_problem(response, 415, "unsupported-media-type")
+    body = assert_problem(response, 415, "unsupported-media-type", instance=True)
     assert "text/plain" in str(body["detail"])
 
 
 def test_unknown_route_is_404(client: TestClient) -> None:
-    body = assert_problem(client.get("/nowhere"), 404, "not-found")
+    body = assert_problem(client.get("/nowhere"), 404, "not-found", instance=True)
     assert body["detail"] == "nothing at GET /nowhere"
 
 
 def test_wrong_method_is_405_with_allow(client: TestClient) -> None:
     response = client.delete("/runs")
-    assert_problem(response, 405, "method-not-allowed")
+    assert_problem(response, 405, "method-not-allowed", instance=True)
     assert response.headers["allow"] == "POST"
 
 
 def test_an_unhandled_exception_is_a_500_problem_that_leaks_nothing(client: TestClient) -> None:
     response = client.get("/boom")
-    assert_problem(response, 500, "internal")
+    assert_problem(response, 500, "internal", instance=True)
     assert SECRET not in response.text
     assert "RuntimeError" not in response.text
 

@@ -1,7 +1,8 @@
 """Fixtures of the lifecycle tests: a fresh PostgreSQL database per test module (migrated with
 ``app.store.migrate.upgrade``, via the helpers of tests/conftest.py), a SQLite file per test,
-and ``servers``, which starts real ``carryover serve`` processes and kills them when the test
-ends, pass or fail."""
+``servers``, which starts real ``carryover serve`` processes and kills them when the test
+ends, pass or fail, and ``gate``, an OpenAI-compatible fake that holds each request until the
+test releases it (start servers with ``**gate.settings()`` and run with ``agent=PROFILE``)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from ..conftest import (
     _require_postgres,
     run_blocking,
 )
+from ..fakes.gated_http import GatedOpenAI
 from .harness import Servers
 
 
@@ -49,3 +51,9 @@ async def servers(tmp_path: Path) -> AsyncIterator[Servers]:
         yield started
     finally:
         started.close()
+
+
+@pytest.fixture
+def gate() -> Iterator[GatedOpenAI]:
+    with GatedOpenAI() as fake:
+        yield fake

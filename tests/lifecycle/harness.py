@@ -16,12 +16,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+
+from ..helpers import until
 
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -224,15 +226,9 @@ async def eventually(
     interval: float = 0.05,
     what: str = "condition",
 ) -> T:
-    """Poll ``probe`` until it returns something other than None (or fail after ``within``)."""
-    deadline = time.monotonic() + within
-    while True:
-        value = await probe()
-        if value is not None:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(interval)
+    """Poll ``probe`` until it returns something other than None (or fail after ``within``,
+    a hang guard)."""
+    return await until(probe, within=within, interval=interval, what=what)
 
 
 async def create_conversation(http: httpx.AsyncClient, **body: Any) -> tuple[str, str]:
@@ -290,16 +286,6 @@ async def all_runs(http: httpx.AsyncClient, conv: str) -> list[dict[str, Any]]:
 
 async def all_transcript(http: httpx.AsyncClient, conv: str) -> list[dict[str, Any]]:
     return await all_pages(http, f"/conversations/{conv}/transcript")
-
-
-def user_texts(messages: Iterable[dict[str, Any]]) -> list[str]:
-    return [
-        block["text"]
-        for m in messages
-        if m["type"] == "user"
-        for block in m["content"]
-        if block["type"] == "text"
-    ]
 
 
 async def stored_context(

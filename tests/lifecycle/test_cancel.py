@@ -4,12 +4,13 @@ client that goes away (``on_disconnect``), streaming or not."""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import httpx
 import pytest
 
+from ..fakes.gated_http import PROFILE, GatedOpenAI, HeldRequest
+from ..helpers import HANG_GUARD_SECONDS, user_texts
 from .harness import (
     Servers,
     background_run,
@@ -19,28 +20,27 @@ from .harness import (
     sse_events,
     started_run,
     stored_context,
-    user_texts,
 )
 
 
 @pytest.mark.parametrize("on_failure", ["keep", "discard"])
 async def test_cancel_on_another_server(
-    on_failure: str, postgres_url: str, servers: Servers
+    on_failure: str, postgres_url: str, servers: Servers, gate: GatedOpenAI
 ) -> None:
-    a, b = await servers.start(postgres_url, 2)
+    a, b = await servers.start(postgres_url, 2, **gate.settings())
     async with client(b) as http:
         conv, created = await create_conversation(http)
-        running = background_run(a, conv, "/sleep 60 cancel me", on_failure=on_failure)
+        running = background_run(a, conv, "cancel me", on_failure=on_failure, agent=PROFILE)
+        held = await gate.arrival("cancel me")  # the model is answering on server a
         run_id = await started_run(http, conv)
 
         asked = await http.post(f"/conversations/{conv}/runs/{run_id}/cancel")
-        asked_at = time.monotonic()
         assert asked.status_code == 202, asked.text
         assert asked.json()["run_id"] == run_id
 
-        answer = await asyncio.wait_for(running, 15)
-        took = time.monotonic() - asked_at
-        print(f"cancelled on the other server {took:.2f}s after the request")
+        answer = await asyncio.wait_for(running, HANG_GUARD_SECONDS)
+        # the model's request was never released: the cancel, not an answer, ended the run
+        assert not held.released.is_set()
         assert answer.status_code == 201, answer.text
         body = answer.json()
         assert body["run_id"] == run_id and body["status"] == "cancelled"
@@ -52,7 +52,7 @@ async def test_cancel_on_another_server(
         assert etag == body["etag"]
         if on_failure == "keep":  # §3.2: after admission the prompt is in the context
             assert body["stored"] is True
-            assert user_texts(context["messages"]) == ["/sleep 60 cancel me"]
+            assert user_texts(context["messages"]) == ["cancel me"]
         else:  # the stored state stays as before the run
             assert body["stored"] is False
             assert context["messages"] == [] and etag == created
@@ -116,9 +116,13 @@ async def test_cancel_during_a_tool_batch_on_another_server(
         assert context["messages"][2]["is_error"] is True
 
 
-async def _disconnect_json(server: Any, conv: str, prompt: str, on_disconnect: str) -> str:
-    """Start a non-streaming run, then close the connection while it runs; its run id."""
-    running = background_run(server, conv, prompt, on_disconnect=on_disconnect)
+async def _disconnect_json(
+    server: Any, gate: GatedOpenAI, conv: str, prompt: str, on_disconnect: str
+) -> str:
+    """Start a non-streaming run, then close the connection while its model request is held;
+    its run id."""
+    running = background_run(server, conv, prompt, on_disconnect=on_disconnect, agent=PROFILE)
+    await gate.arrival(prompt)
     async with client(server) as http:
         run_id = await started_run(http, conv)
     running.cancel()  # closes the connection mid-request
@@ -127,64 +131,75 @@ async def _disconnect_json(server: Any, conv: str, prompt: str, on_disconnect: s
     return run_id
 
 
-async def _disconnect_stream(server: Any, conv: str, prompt: str, on_disconnect: str) -> str:
-    """Start a streaming run, read ``run.started``, then close the connection; its run id."""
+async def _disconnect_stream(
+    server: Any, gate: GatedOpenAI, conv: str, prompt: str, on_disconnect: str
+) -> str:
+    """Start a streaming run, read ``run.started``, then close the connection while its model
+    request is held; its run id."""
     async with (
         client(server) as http,
         http.stream(
             "POST",
             f"/conversations/{conv}/runs",
             headers={"Accept": "text/event-stream"},
-            json={"prompts": [prompt], "on_disconnect": on_disconnect},
+            json={"prompts": [prompt], "on_disconnect": on_disconnect, "agent": PROFILE},
         ) as response,
     ):
         assert response.status_code == 201
         async for event, data in sse_events(response):
             assert event == "run.started"
+            await gate.arrival(prompt)
             return str(data["run_id"])
     raise AssertionError("no run.started event")
 
 
 @pytest.mark.parametrize("how", ["json", "stream"])
 async def test_a_client_that_goes_away_cancels_only_when_asked(
-    how: str, postgres_url: str, servers: Servers
+    how: str, postgres_url: str, servers: Servers, gate: GatedOpenAI
 ) -> None:
-    [server] = await servers.start(postgres_url)
+    [server] = await servers.start(postgres_url, **gate.settings())
     disconnect = _disconnect_json if how == "json" else _disconnect_stream
     async with client(server) as http:
         conv, created = await create_conversation(http)
 
         # on_disconnect: cancel — the run stops when the client goes away
-        run_id = await disconnect(server, conv, "/sleep 60 gone", "cancel")
-        record = await run_ends(http, conv, run_id, within=15)
+        run_id = await disconnect(server, gate, conv, "gone", "cancel")
+        record = await run_ends(http, conv, run_id, within=HANG_GUARD_SECONDS)
         assert record["status"] == "cancelled"
+        assert not (await gate.arrival("gone")).released.is_set()  # no answer ended it
         context, _ = await stored_context(http, conv)
-        assert user_texts(context["messages"]) == ["/sleep 60 gone"]  # on_failure keep
+        assert user_texts(context["messages"]) == ["gone"]  # on_failure keep
 
         # on_disconnect: continue (the default) — the run completes and is stored
-        run_id = await disconnect(server, conv, "/sleep 1 stay", "continue")
-        record = await run_ends(http, conv, run_id, within=15)
+        run_id = await disconnect(server, gate, conv, "stay", "continue")
+        (await gate.arrival("stay")).release()  # the model answers after the client left
+        record = await run_ends(http, conv, run_id, within=HANG_GUARD_SECONDS)
         assert record["status"] == "completed" and record["stored"] is True
         context, etag = await stored_context(http, conv)
-        assert user_texts(context["messages"]) == ["/sleep 60 gone", "/sleep 1 stay"]
+        assert user_texts(context["messages"]) == ["gone", "stay"]
         assert etag == record["etag"] != created
 
 
 async def test_cancels_racing_the_end_of_a_run_leave_its_answer_whole(
-    postgres_url: str, servers: Servers
+    postgres_url: str, servers: Servers, gate: GatedOpenAI
 ) -> None:
-    """Many cancels racing the end of a short run: its answer is a run record, never a 500."""
-    [server] = await servers.start(postgres_url)
+    """Many cancels racing the end of a run (its model answers as they are sent): its answer
+    is a run record, never a 500."""
+    [server] = await servers.start(postgres_url, **gate.settings())
     async with client(server) as http:
         conv, _ = await create_conversation(http)
-        for _ in range(5):
-            running = background_run(server, conv, "/sleep 0.2 race")
+        for n in range(5):
+            running = background_run(server, conv, "race", agent=PROFILE)
+            held = await gate.arrival("race", count=n + 1)
             run_id = await started_run(http, conv)
 
             async def cancel(run_id: str = run_id) -> httpx.Response:
                 return await http.post(f"/conversations/{conv}/runs/{run_id}/cancel")
 
-            cancels = await asyncio.gather(*(cancel() for _ in range(10)))
+            async def answer_now(held: HeldRequest = held) -> None:
+                held.release()
+
+            *cancels, _ = await asyncio.gather(*(cancel() for _ in range(10)), answer_now())
             answer = await running
             assert answer.status_code == 201, answer.text
             assert answer.json()["status"] in ("cancelled", "completed")

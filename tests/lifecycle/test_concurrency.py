@@ -13,6 +13,8 @@ import pytest
 
 from app.store.tables import parse_etag
 
+from ..fakes.gated_http import PROFILE, GatedOpenAI
+from ..helpers import HANG_GUARD_SECONDS, user_texts
 from .harness import (
     Server,
     Servers,
@@ -21,27 +23,30 @@ from .harness import (
     client,
     create_conversation,
     stored_context,
-    user_texts,
 )
 
 CLIENTS = 16
 
 
-async def _wait_runs(targets: list[Server], conv: str) -> list[dict[str, Any]]:
-    """CLIENTS concurrent ``if_busy: wait`` runs, spread over the targets; their answers."""
+async def _wait_runs(gate: GatedOpenAI, targets: list[Server], conv: str) -> list[dict[str, Any]]:
+    """CLIENTS concurrent ``if_busy: wait`` runs, spread over the targets, whose model answers
+    one request after the other; their answers."""
 
     async def one(i: int) -> dict[str, Any]:
         async with client(targets[i % len(targets)]) as http:
             answer = await http.post(
                 f"/conversations/{conv}/runs",
-                json={"prompts": [f"/sleep 0.05 client {i}"], "if_busy": "wait"},
+                json={"prompts": [f"client {i}"], "if_busy": "wait", "agent": PROFILE},
             )
         assert answer.status_code == 201, answer.text
         body: dict[str, Any] = answer.json()
         assert answer.headers["etag"] == body["etag"]
         return body
 
-    return await asyncio.gather(*(one(i) for i in range(CLIENTS)))
+    releaser = asyncio.create_task(gate.release_in_order(CLIENTS))
+    answers = await asyncio.gather(*(one(i) for i in range(CLIENTS)))
+    await releaser
+    return answers
 
 
 async def _check_chain(
@@ -68,7 +73,7 @@ async def _check_chain(
     assert current == chain[-1]["etag"]
     prompts = [user_texts(a["prompts"])[0] for a in chain]
     assert user_texts(context["messages"]) == prompts
-    assert sorted(prompts) == sorted(f"/sleep 0.05 client {i}" for i in range(CLIENTS))
+    assert sorted(prompts) == sorted(f"client {i}" for i in range(CLIENTS))
 
     runs = await all_runs(http, conv)
     assert sorted(r["run_id"] for r in runs) == sorted(a["run_id"] for a in answers)
@@ -81,40 +86,48 @@ async def _check_chain(
 
 
 async def test_wait_on_two_servers_loses_and_duplicates_nothing(
-    postgres_url: str, servers: Servers
+    postgres_url: str, servers: Servers, gate: GatedOpenAI
 ) -> None:
-    a, b = await servers.start(postgres_url, 2)
+    a, b = await servers.start(postgres_url, 2, **gate.settings())
     async with client(a) as http:
         conv, created = await create_conversation(http)
-        answers = await _wait_runs([a, b], conv)
+        answers = await _wait_runs(gate, [a, b], conv)
         await _check_chain(http, conv, created, answers)
 
 
 async def test_reject_on_two_servers_is_a_run_or_a_409_naming_the_active_run(
-    postgres_url: str, servers: Servers
+    postgres_url: str, servers: Servers, gate: GatedOpenAI
 ) -> None:
-    a, b = await servers.start(postgres_url, 2)
+    a, b = await servers.start(postgres_url, 2, **gate.settings())
     async with client(a) as http:
         conv, created = await create_conversation(http)
 
     async def one(i: int) -> httpx.Response:
         async with client((a, b)[i % 2]) as http:
             return await http.post(
-                f"/conversations/{conv}/runs", json={"prompts": [f"/sleep 0.3 client {i}"]}
+                f"/conversations/{conv}/runs",
+                json={"prompts": [f"client {i}"], "agent": PROFILE},
             )
 
+    # one run takes the conversation and its model holds it: every other client is refused
+    tasks = [asyncio.create_task(one(i)) for i in range(CLIENTS)]
+    held = await gate.arrival()
+    pending = set(tasks)
+    async with asyncio.timeout(HANG_GUARD_SECONDS):
+        while len(pending) > 1:
+            _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+    held.release()
     completed: list[dict[str, Any]] = []
     refused: list[httpx.Response] = []
-    for _ in range(3):  # bursts until both answers were seen (the first burst nearly always)
-        for answer in await asyncio.gather(*(one(i) for i in range(CLIENTS))):
-            if answer.status_code == 201:
-                assert answer.json()["status"] == "completed", answer.text
-                completed.append(answer.json())
-            else:
-                refused.append(answer)
-        if completed and refused:
-            break
-    assert completed and refused
+    for answer in await asyncio.gather(*tasks):
+        if answer.status_code == 201:
+            assert answer.json()["status"] == "completed", answer.text
+            completed.append(answer.json())
+        else:
+            refused.append(answer)
+    assert len(completed) == 1 and len(refused) == CLIENTS - 1
+    assert user_texts(completed[0]["prompts"]) == [held.prompt]
+    assert len(gate.held) == 1  # the refused ones never reached the model
 
     async with client(b) as http:
         runs = {r["run_id"]: r for r in await all_runs(http, conv)}
@@ -139,32 +152,38 @@ async def test_reject_on_two_servers_is_a_run_or_a_409_naming_the_active_run(
 
 @pytest.mark.parametrize("engine", ["postgresql", "sqlite"])
 async def test_serve_with_two_workers(
-    engine: str, postgres_url: str, sqlite_url: str, servers: Servers
+    engine: str, postgres_url: str, sqlite_url: str, servers: Servers, gate: GatedOpenAI
 ) -> None:
     """``--workers 2`` starts two worker processes that share the leases through the database."""
     url = postgres_url if engine == "postgresql" else sqlite_url
-    [server] = await servers.start(url, workers=2)
+    [server] = await servers.start(url, workers=2, **gate.settings())
     assert len(server.pids()) >= 3, "a supervisor and two workers"
     prefix = f"workers-{uuid.uuid4().hex[:8]}"
     async with client(server) as http:
         conv, created = await create_conversation(http, id=f"{prefix}-0")
-        answers = await _wait_runs([server], conv)
+        answers = await _wait_runs(gate, [server], conv)
         await _check_chain(http, conv, created, answers)
 
     # Both workers take runs: each process keeps its leases under an owner of its own. The
     # kernel hands connections to whichever worker accepts first, so send bursts of new
-    # connections (one conversation each) until both have answered.
+    # connections (one conversation each), all held in flight together, until both answered.
     async def one(i: int) -> None:
         async with client(server) as http:
             conv, _ = await create_conversation(http, id=f"{prefix}-{i}")
             answer = await http.post(
-                f"/conversations/{conv}/runs", json={"prompts": ["/sleep 0.1 spread"]}
+                f"/conversations/{conv}/runs", json={"prompts": ["spread"], "agent": PROFILE}
             )
             assert answer.status_code == 201 and answer.json()["status"] == "completed"
 
+    async def burst_in_flight(burst: int) -> None:
+        runs = asyncio.gather(*(one(burst * 20 + i) for i in range(1, 21)))
+        await gate.arrival("spread", count=(burst + 1) * 20)  # the whole burst is in flight
+        gate.release_all()
+        await runs
+
     owners: set[str] = set()
     for burst in range(10):
-        await asyncio.gather(*(one(burst * 20 + i) for i in range(1, 21)))
+        await burst_in_flight(burst)
         owners = await _lease_owners(url, prefix)
         if len(owners) == 2:
             break

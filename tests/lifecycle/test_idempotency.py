@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
+from ..fakes.gated_http import PROFILE, GatedOpenAI
+from ..helpers import HANG_GUARD_SECONDS
 from .harness import (
     Servers,
     all_runs,
@@ -65,36 +67,37 @@ async def test_same_key_and_body_replays_without_running_again(
         assert elsewhere.json()["run_id"] != first.json()["run_id"]
 
 
-async def test_while_the_first_runs_a_repeat_is_409(postgres_url: str, servers: Servers) -> None:
-    a, b = await servers.start(postgres_url, 2)
+async def test_while_the_first_runs_a_repeat_is_409(
+    postgres_url: str, servers: Servers, gate: GatedOpenAI
+) -> None:
+    a, b = await servers.start(postgres_url, 2, **gate.settings())
     key = {"Idempotency-Key": "slow-1"}
+    body = {"prompts": ["slow"], "agent": PROFILE}
     async with client(b) as http:
         conv, _ = await create_conversation(http)
-        running = background_run(a, conv, "/sleep 2 slow", headers=key)
+        running = background_run(a, conv, "slow", headers=key, agent=PROFILE)
         run_id = await started_run(http, conv)
-        repeat = await http.post(
-            f"/conversations/{conv}/runs", headers=key, json={"prompts": ["/sleep 2 slow"]}
-        )
+        held = await gate.arrival("slow")  # the first is in flight until released
+        repeat = await http.post(f"/conversations/{conv}/runs", headers=key, json=body)
         assert repeat.status_code == 409, repeat.text
         assert repeat.json()["type"].endswith("/idempotency-key-in-flight")
         assert repeat.json()["run_id"] == run_id
         assert int(repeat.headers["retry-after"]) >= 1
         # with if_busy: wait it is still the same key in flight, not a wait for the lease
         waiting = await http.post(
-            f"/conversations/{conv}/runs",
-            headers=key,
-            json={"prompts": ["/sleep 2 slow"], "if_busy": "wait"},
+            f"/conversations/{conv}/runs", headers=key, json={**body, "if_busy": "wait"}
         )
         assert waiting.status_code == 422  # another body (if_busy differs)
+        assert not running.done()
 
-        first = await asyncio.wait_for(running, 30)
+        held.release()
+        first = await asyncio.wait_for(running, HANG_GUARD_SECONDS)
         assert first.status_code == 201
-        replay = await http.post(
-            f"/conversations/{conv}/runs", headers=key, json={"prompts": ["/sleep 2 slow"]}
-        )
+        replay = await http.post(f"/conversations/{conv}/runs", headers=key, json=body)
         assert replay.headers["idempotent-replayed"] == "true"
         assert replay.json() == first.json()
         assert len(await all_runs(http, conv)) == 1
+        assert len(gate.held) == 1  # the model was asked once
 
 
 async def test_keys_are_scoped_per_tenant(postgres_url: str, servers: Servers) -> None:

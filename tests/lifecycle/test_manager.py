@@ -12,26 +12,50 @@ from typing import Any
 
 import pytest
 from sqlalchemy import event, update
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.agent.messages import UserMessage
 from app.api.views import run_view
+from app.clock import ManualClock
 from app.config import Settings
 from app.observability import RUNS_IN_PROGRESS
-from app.service.agents import AgentPool
 from app.service.runs import ActiveRun, RunManager, RunRequest, ShuttingDown
 from app.store.db import write_transaction
 from app.store.repository import Repository
 from app.store.tables import runs, utcnow
 
+from ..fakes.gated import GatedProvider, gated_pool
+from ..helpers import until
+
 
 @pytest.fixture
-async def manager(repo: Repository, database_url: str) -> AsyncIterator[RunManager]:
+def gate() -> GatedProvider:
+    """Holds the provider request of every run whose prompt starts with "held"."""
+    return GatedProvider(hold=lambda prompt: prompt.startswith("held"))
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def clocked_repo(engine: AsyncEngine, clock: ManualClock) -> Repository:
+    """A store whose time moves only when the test advances ``clock`` (leases, TTLs)."""
+    return Repository(engine, clock)
+
+
+@pytest.fixture
+async def manager(
+    repo: Repository, database_url: str, gate: GatedProvider
+) -> AsyncIterator[RunManager]:
     settings = Settings(database_url=database_url, lease_seconds=2.0, busy_wait_seconds=5.0)
-    pool = AgentPool(settings)
+    pool = gated_pool(settings, gate)
     runs_ = RunManager(repo, pool, settings)
     try:
         yield runs_
     finally:
+        gate.open()
         await runs_.aclose()
         await pool.aclose()
 
@@ -81,7 +105,7 @@ async def test_a_run_stopped_before_its_task_began_ends_cancelled(
 ) -> None:
     await repo.create_conversation("default", "c1")
     before = _gauge()
-    active = await _start(manager, "c1", "/sleep 30 never")
+    active = await _start(manager, "c1", "held: never")
     assert _gauge() == before + 1
     manager.stop(active)  # no await in between: the task has not begun
     body = await _answer(manager, active)
@@ -96,7 +120,7 @@ async def test_a_run_that_lost_its_lease_is_stopped_and_stores_nothing(
 ) -> None:
     await repo.create_conversation("default", "c1")
     loaded = await repo.load_context("default", "c1")
-    active = await _start(manager, "c1", "/sleep 30 paused")
+    active = await _start(manager, "c1", "held: paused")
     # as if this process had been paused past its lease: another process marks it interrupted
     async with write_transaction(repo.engine) as conn:
         await conn.execute(
@@ -116,15 +140,15 @@ async def test_a_run_that_lost_its_lease_is_stopped_and_stores_nothing(
     assert await repo.list_transcript("default", "c1") == []
 
 
-async def test_finish_is_fenced_by_the_lease(repo: Repository) -> None:
+async def test_finish_is_fenced_by_the_lease(clocked_repo: Repository, clock: ManualClock) -> None:
     """The store refuses the outcome of a run another process marked interrupted, even when
     nothing was written since (the conditional write alone would let it through)."""
     from app.agent.messages import AssistantMessage, TextBlock, UserMessage
     from app.agent.records import Result
 
-    await repo.create_conversation("default", "c1")
+    await clocked_repo.create_conversation("default", "c1")
     prompt = UserMessage.text("late")
-    started = await repo.start_run(
+    started = await clocked_repo.start_run(
         "default",
         "c1",
         run_id="r1",
@@ -136,8 +160,8 @@ async def test_finish_is_fenced_by_the_lease(repo: Repository) -> None:
         lease_seconds=0.001,
     )
     assert started.loaded is not None
-    await asyncio.sleep(0.01)
-    assert await repo.interrupt_expired() == 1
+    clock.advance(0.01)
+    assert await clocked_repo.interrupt_expired() == 1
     answer = AssistantMessage(
         content=(TextBlock(text="too late"),), provider="echo", model="echo", stop_reason="end_turn"
     )
@@ -145,12 +169,12 @@ async def test_finish_is_fenced_by_the_lease(repo: Repository) -> None:
     result = Result(
         status="completed", context=context, new_messages=(prompt, answer), final=answer
     )
-    outcome = await repo.finish_run(
+    outcome = await clocked_repo.finish_run(
         "default", "c1", "r1", base=started.loaded, result=result, store=True
     )
     assert outcome.status == "interrupted" and outcome.stored is False
     assert outcome.etag == started.loaded.etag
-    stored = await repo.load_context("default", "c1")
+    stored = await clocked_repo.load_context("default", "c1")
     assert stored.etag == started.loaded.etag and stored.context.messages == ()
 
 
@@ -216,7 +240,11 @@ async def test_waiting_for_a_busy_conversation_polls_with_reads(
     assert await repo.lease_holder("default", "c1") == "holder"
     with _statements(repo) as executed:
         waiting = asyncio.create_task(_start(manager, "c1", "after you", if_busy="wait"))
-        await asyncio.sleep(1.0)
+
+        async def polled() -> bool | None:  # it has read the lease holder a few times
+            return True if sum(s.startswith("SELECT") for s in executed) > 2 else None
+
+        await until(polled, what="the waiter to poll")
         attempts = [s for s in executed if "FOR UPDATE" in s or s == "BEGIN IMMEDIATE"]
         assert len(attempts) == 1  # the first try; the polls since were reads
         assert sum(s.startswith("SELECT") for s in executed) > 2
@@ -238,28 +266,31 @@ async def test_waiting_for_a_busy_conversation_polls_with_reads(
 
 
 async def test_shutdown_cancels_runs_and_refuses_new_ones(
-    manager: RunManager, repo: Repository
+    manager: RunManager, repo: Repository, gate: GatedProvider
 ) -> None:
     await repo.create_conversation("default", "c1")
     await repo.create_conversation("default", "c2")
-    active = await _start(manager, "c1", "/sleep 30 in flight")
-    await asyncio.sleep(0.2)
+    active = await _start(manager, "c1", "held: in flight")
+    held = await gate.arrival("held: in flight")  # admitted, and its model is answering
     manager.shutdown()
     body = await _answer(manager, active)
     assert body["status"] == "cancelled" and body["stored"] is True  # keep: prompt admitted
+    assert held.cancelled  # the stop cut the provider request off
     with pytest.raises(ShuttingDown):
         await _start(manager, "c2", "too late")
     conv = await repo.get_conversation("default", "c1")
     assert conv is not None and conv.active_run_id is None
 
 
-async def test_keys_of_runs_in_flight_outlive_their_retention(repo: Repository) -> None:
+async def test_keys_of_runs_in_flight_outlive_their_retention(
+    clocked_repo: Repository, clock: ManualClock
+) -> None:
     from app.store.errors import IdempotencyInFlight
     from app.store.repository import IdempotencyClaim
 
-    await repo.create_conversation("default", "c1")
+    await clocked_repo.create_conversation("default", "c1")
     claim = IdempotencyClaim(key="k", request_hash="h", ttl_seconds=1)
-    started = await repo.start_run(
+    started = await clocked_repo.start_run(
         "default",
         "c1",
         run_id="r1",
@@ -272,10 +303,10 @@ async def test_keys_of_runs_in_flight_outlive_their_retention(repo: Repository) 
         idempotency=claim,
     )
     assert started.loaded is not None
-    await asyncio.sleep(1.1)
-    assert await repo.purge_idempotency_keys() == 0  # still running: the key stays, and
+    clock.advance(1.1)
+    assert await clocked_repo.purge_idempotency_keys() == 0  # still running: the key stays, and
     with pytest.raises(IdempotencyInFlight):  # a repeat is still "in flight", not a new request
-        await repo.start_run(
+        await clocked_repo.start_run(
             "default",
             "c1",
             run_id="r2",
@@ -289,7 +320,7 @@ async def test_keys_of_runs_in_flight_outlive_their_retention(repo: Repository) 
         )
     from app.agent.records import Result
 
-    outcome = await repo.finish_run(
+    outcome = await clocked_repo.finish_run(
         "default",
         "c1",
         "r1",
@@ -297,19 +328,21 @@ async def test_keys_of_runs_in_flight_outlive_their_retention(repo: Repository) 
         result=Result(status="completed", context=started.loaded.context),
         store=True,
     )
-    await repo.keep_answer(
+    await clocked_repo.keep_answer(
         "default", "c1", "r1", status_code=201, response={"status": outcome.status}
     )
-    assert await repo.purge_idempotency_keys() == 1
+    assert await clocked_repo.purge_idempotency_keys() == 1
 
 
-async def test_takeovers_and_sweeps_of_expired_leases_do_not_deadlock(repo: Repository) -> None:
+async def test_takeovers_and_sweeps_of_expired_leases_do_not_deadlock(
+    clocked_repo: Repository, clock: ManualClock
+) -> None:
     """After a crash, clients taking conversations over and sweepers marking the same runs
     interrupted lock rows in one order: none of them fails."""
     convs = [f"c{i}" for i in range(20)]
     for conv in convs:
-        await repo.create_conversation("default", conv)
-        await repo.start_run(
+        await clocked_repo.create_conversation("default", conv)
+        await clocked_repo.start_run(
             "default",
             conv,
             run_id=f"dead-{conv}",
@@ -320,10 +353,10 @@ async def test_takeovers_and_sweeps_of_expired_leases_do_not_deadlock(repo: Repo
             owner="dead",
             lease_seconds=0.001,
         )
-    await asyncio.sleep(0.01)
+    clock.advance(0.01)
 
     async def take(conv: str) -> None:
-        started = await repo.start_run(
+        started = await clocked_repo.start_run(
             "default",
             conv,
             run_id=f"new-{conv}",
@@ -338,11 +371,11 @@ async def test_takeovers_and_sweeps_of_expired_leases_do_not_deadlock(repo: Repo
 
     results = await asyncio.gather(
         *(take(conv) for conv in convs),
-        *(repo.interrupt_expired() for _ in range(4)),
+        *(clocked_repo.interrupt_expired() for _ in range(4)),
         return_exceptions=True,
     )
     assert [r for r in results if isinstance(r, BaseException)] == []
     assert sum(r for r in results if isinstance(r, int)) <= len(convs)
     for conv in convs:
-        record = await repo.get_run("default", conv, f"dead-{conv}")
+        record = await clocked_repo.get_run("default", conv, f"dead-{conv}")
         assert record is not None and record.run.status == "interrupted"

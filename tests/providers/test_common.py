@@ -15,6 +15,8 @@ from app.agent.providers.base import Provider, ProviderRequest
 from app.agent.providers.openai import OpenAIProvider
 from tests.fakes import anthropic_fake as A
 from tests.fakes import openai_fake as O
+from tests.fakes.gated_http import Stall, StallAfter
+from tests.helpers import HANG_GUARD_SECONDS
 
 
 @pytest.mark.parametrize(
@@ -80,8 +82,17 @@ def test_overflow_wordings() -> None:
         assert classify_status(400, code=None, error_type=None, message=message) == "overflow"
 
 
-async def _cancel_midway(provider: Provider) -> float:
-    """Start a slow stream, cancel after the first event; how long cancelling took."""
+class StalledOpenAI(StallAfter, O.OpenAIFake):
+    pass
+
+
+class StalledAnthropic(StallAfter, A.AnthropicFake):
+    pass
+
+
+async def _cancel_midway(provider: Provider, stall: Stall) -> bool:
+    """Start a stream that stalls after its first events and cancel it there; whether the
+    server still held the stream open when the cancel was done."""
     got_one = asyncio.Event()
 
     async def consume() -> None:
@@ -91,43 +102,54 @@ async def _cancel_midway(provider: Provider) -> float:
             got_one.set()
 
     task = asyncio.create_task(consume())
-    await asyncio.wait_for(got_one.wait(), 5)
-    started = time.monotonic()
+    await asyncio.wait_for(got_one.wait(), HANG_GUARD_SECONDS)
+    await asyncio.to_thread(stall.stalled.wait, HANG_GUARD_SECONDS)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await task
-    return time.monotonic() - started
+        await asyncio.wait_for(task, HANG_GUARD_SECONDS)
+    still_open = not stall.ended.is_set()
+    stall.go.set()
+    return still_open
 
 
-async def test_cancelling_a_stream_is_prompt(
-    openai_fake: O.OpenAIFake, anthropic_fake: A.AnthropicFake
-) -> None:
-    openai_fake.add(O.Reply(text="x" * 50, chunk_size=1, delay=0.1))
-    anthropic_fake.add(A.Reply([A.Text("x" * 50)], chunk_size=1, delay=0.1))
-    providers: list[Provider] = [
-        OpenAIProvider(api_key=openai_fake.api_key, base_url=openai_fake.base_url, model="m"),
-        AnthropicProvider(
-            api_key=anthropic_fake.api_key, base_url=anthropic_fake.base_url, model="m"
-        ),
-    ]
-    for provider in providers:
+async def test_cancelling_a_stream_is_prompt() -> None:
+    """Cancelling does not wait for the rest of the answer: it ends while the server still
+    holds the stream open mid-answer."""
+    with StalledOpenAI() as openai_fake, StalledAnthropic() as anthropic_fake:
+        openai_fake.add(O.Reply(text="x" * 50, chunk_size=1))
+        anthropic_fake.add(A.Reply([A.Text("x" * 50)], chunk_size=1))
+        stalls = [openai_fake.stall, anthropic_fake.stall]
+        providers: list[Provider] = [
+            OpenAIProvider(api_key=openai_fake.api_key, base_url=openai_fake.base_url, model="m"),
+            AnthropicProvider(
+                api_key=anthropic_fake.api_key, base_url=anthropic_fake.base_url, model="m"
+            ),
+        ]
+        for provider, stall in zip(providers, stalls, strict=True):
+            try:
+                assert await _cancel_midway(provider, stall)
+            finally:
+                await provider.aclose()
+
+
+async def test_breaking_out_of_a_stream_closes_it() -> None:
+    with StalledOpenAI() as openai_fake:
+        openai_fake.add(O.Reply(text="y" * 30, chunk_size=1), O.Reply(text="next"))
+        provider = OpenAIProvider(
+            api_key=openai_fake.api_key, base_url=openai_fake.base_url, model="m"
+        )
         try:
-            assert await _cancel_midway(provider) < 1.0
+            request = ProviderRequest(
+                system_prompt="", messages=(UserMessage.text("x"),), model="m"
+            )
+            stream = provider.stream(request)
+            async for _ in stream:
+                break
+            await stream.aclose()  # type: ignore[attr-defined]
+            assert not openai_fake.stall.ended.is_set()  # closed while the answer was held
+            openai_fake.stall.go.set()
+            # the client is still usable afterwards
+            events = [e async for e in provider.stream(request)]
+            assert events
         finally:
             await provider.aclose()
-
-
-async def test_breaking_out_of_a_stream_closes_it(openai_fake: O.OpenAIFake) -> None:
-    openai_fake.add(O.Reply(text="y" * 30, chunk_size=1, delay=0.05), O.Reply(text="next"))
-    provider = OpenAIProvider(api_key=openai_fake.api_key, base_url=openai_fake.base_url, model="m")
-    try:
-        request = ProviderRequest(system_prompt="", messages=(UserMessage.text("x"),), model="m")
-        stream = provider.stream(request)
-        async for _ in stream:
-            break
-        await stream.aclose()  # type: ignore[attr-defined]
-        # the client is still usable afterwards
-        events = [e async for e in provider.stream(request)]
-        assert events
-    finally:
-        await provider.aclose()

@@ -4,6 +4,8 @@ fresh migrated database per test (SQLite and PostgreSQL).
 - ``make_settings(**overrides)`` / ``app_factory`` / ``client``: as in ``tests/api``.
 - ``tenants``: one app with ``CARRYOVER_API_KEYS`` for ``acme`` and ``globex``, and a client
   per caller: ``tenants.acme``, ``tenants.globex``, ``tenants.anonymous`` (no key).
+- ``gated_tenants``: the same, with runs whose prompt starts with "held" held at ``gate`` (a
+  :class:`~tests.fakes.gated.GatedProvider`) until the test releases them.
 - ``snapshot(database_url)``: every row of every table, to check a refused request wrote
   nothing.
 """
@@ -21,6 +23,7 @@ from sqlalchemy import select
 
 from app.api.app import create_app
 from app.config import Settings
+from app.service.agents import AgentPool
 from app.store.db import make_engine, read_transaction
 from app.store.tables import metadata
 from tests.api.conftest import (  # noqa: F401  (fixtures)
@@ -31,22 +34,14 @@ from tests.api.conftest import (  # noqa: F401  (fixtures)
     make_settings,
 )
 
+from ..fakes.gated import GatedProvider, gated_pool
+
 PROBLEM = "https://carryover.dev/problems/"
 ACME_KEY = "acme-key-9f2c0d7e4b1a"
 GLOBEX_KEY = "globex-key-3e8a6c5d2f90"
 API_KEYS = f"acme:{ACME_KEY},globex:{GLOBEX_KEY}"
 
 Rows = dict[str, list[tuple[Any, ...]]]
-
-
-def assert_problem(response: httpx.Response, status: int, slug: str) -> dict[str, Any]:
-    """A problem response of this status and type, with a detail; its body."""
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith("application/problem+json"), response.text
-    body: dict[str, Any] = response.json()
-    assert body["type"] == PROBLEM + slug, body
-    assert body["status"] == status and body["detail"], body
-    return body
 
 
 async def snapshot(database_url: str) -> Rows:
@@ -102,10 +97,9 @@ def start_app(make_settings: SettingsFactory) -> StartApp:  # noqa: F811
     return start
 
 
-@pytest.fixture
-async def tenants(make_settings: SettingsFactory) -> AsyncIterator[Tenants]:  # noqa: F811
-    settings = make_settings(api_keys=API_KEYS)
-    app = create_app(settings)
+@asynccontextmanager
+async def _tenants(settings: Settings, agents: AgentPool | None = None) -> AsyncIterator[Tenants]:
+    app = create_app(settings, agents=agents)
     async with app.router.lifespan_context(app):
         clients = [http_client(app, ACME_KEY), http_client(app, GLOBEX_KEY), http_client(app)]
         try:
@@ -113,3 +107,29 @@ async def tenants(make_settings: SettingsFactory) -> AsyncIterator[Tenants]:  # 
         finally:
             for http in clients:
                 await http.aclose()
+
+
+@pytest.fixture
+async def tenants(make_settings: SettingsFactory) -> AsyncIterator[Tenants]:  # noqa: F811
+    async with _tenants(make_settings(api_keys=API_KEYS)) as found:
+        yield found
+
+
+@pytest.fixture
+def gate() -> GatedProvider:
+    """Holds the provider request of every run whose prompt starts with "held"."""
+    return GatedProvider(hold=lambda prompt: prompt.startswith("held"))
+
+
+@pytest.fixture
+async def gated_tenants(
+    make_settings: SettingsFactory,  # noqa: F811
+    gate: GatedProvider,
+) -> AsyncIterator[Tenants]:
+    """``tenants`` whose default agent answers through ``gate``."""
+    settings = make_settings(api_keys=API_KEYS)
+    async with _tenants(settings, gated_pool(settings, gate)) as found:
+        try:
+            yield found
+        finally:
+            gate.open()

@@ -14,7 +14,8 @@ import pytest
 
 from app.api.deps import encode_cursor
 
-from .conftest import API_KEYS, AppClient, StartApp, assert_problem, http_client, snapshot
+from ..helpers import assert_problem
+from .conftest import API_KEYS, AppClient, StartApp, http_client, snapshot
 
 CONV = "c1"
 RUNS = f"/conversations/{CONV}/runs"

@@ -3,7 +3,8 @@ key, the allowed origins get ``ETag`` and ``Location`` exposed, and other origin
 
 from __future__ import annotations
 
-from .conftest import ACME_KEY, API_KEYS, StartApp, assert_problem, http_client
+from ..helpers import assert_problem
+from .conftest import ACME_KEY, API_KEYS, StartApp, http_client
 
 ORIGIN = "https://app.example"
 

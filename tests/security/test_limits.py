@@ -16,7 +16,8 @@ from app.config import AgentProfile, Settings
 from tests.fakes.openai_fake import OpenAIFake, Reply
 from tests.fakes.openai_fake import openai_fake as openai_fake
 
-from .conftest import AppClient, StartApp, assert_problem, http_client, snapshot
+from ..helpers import assert_problem
+from .conftest import AppClient, StartApp, http_client, snapshot
 
 LIMITS = {
     "max_body_bytes": 4096,

@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from .conftest import Tenants, assert_problem, snapshot
+from ..fakes.gated import GatedProvider
+from ..helpers import assert_problem
+from .conftest import Tenants, snapshot
 
 CONV = "shared-id"
 
@@ -108,19 +110,16 @@ async def test_the_same_id_in_two_tenants_is_two_conversations(
 
 
 async def test_an_active_run_of_one_tenant_neither_blocks_nor_shows_to_another(
-    tenants: Tenants,
+    gated_tenants: Tenants, gate: GatedProvider
 ) -> None:
+    tenants = gated_tenants
     base = f"/conversations/{CONV}"
     for client in (tenants.acme, tenants.globex):
         assert (await client.post("/conversations", json={"id": CONV})).status_code == 201
-    slow = asyncio.create_task(tenants.acme.post(f"{base}/runs", json={"prompts": ["/sleep 1.5"]}))
+    slow = asyncio.create_task(tenants.acme.post(f"{base}/runs", json={"prompts": ["held"]}))
     try:
-        active = None
-        for _ in range(100):
-            active = (await tenants.acme.get(base)).json()["active_run_id"]
-            if active:
-                break
-            await asyncio.sleep(0.02)
+        held = await gate.arrival("held")  # acme's run is in flight until released
+        active = (await tenants.acme.get(base)).json()["active_run_id"]
         assert active
         assert (await tenants.globex.get(base)).json()["active_run_id"] is None
         assert_not_found(await tenants.globex.post(f"{base}/runs/{active}/cancel"))
@@ -128,9 +127,12 @@ async def test_an_active_run_of_one_tenant_neither_blocks_nor_shows_to_another(
         # globex's conversation of the same id is not busy
         ran = await tenants.globex.post(f"{base}/runs", json={"prompts": ["quick"]})
         assert ran.status_code == 201 and ran.json()["status"] == "completed"
+        assert not slow.done()  # all of that while acme's run was in flight
     finally:
+        gate.release_all()
         finished = await slow
     assert finished.json()["status"] == "completed"  # the cancel attempt did nothing
+    assert not held.cancelled
 
 
 async def test_a_key_of_an_unknown_tenant_sees_nothing_either(tenants: Tenants) -> None:
