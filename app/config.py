@@ -407,6 +407,8 @@ class Settings(_ProfileFields, BaseSettings):
     lease_seconds: float = Field(default=5.0, gt=0)
     busy_wait_seconds: float = Field(default=30.0, ge=0)
     idempotency_ttl_seconds: int = Field(default=86_400, ge=1)
+    #: how long a run's outcome write is retried while the database fails (docs/faults.md)
+    outcome_retry_seconds: float = Field(default=30.0, ge=0, le=600)
 
     # --- limits --------------------------------------------------------------------------------
     max_body_bytes: int = Field(default=8 * MiB, ge=1024)

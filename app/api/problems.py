@@ -88,6 +88,7 @@ PRECONDITION_REQUIRED = _register("precondition-required", "Precondition require
 INTERNAL = _register("internal", "Internal server error", 500)
 PROVIDER_ERROR = _register("provider-error", "The model provider failed", 502)
 NOT_READY = _register("not-ready", "Service not ready", 503)
+DATABASE_UNAVAILABLE = _register("database-unavailable", "The database is not available", 503)
 
 # Why a run did not complete: a run record's ``error`` (docs/api.md). Its status is the one the
 # failure would have as an answer; the run itself is answered 201.
@@ -196,6 +197,16 @@ def run_in_progress(active_run_id: str, retry_after: int = 1) -> Problem:
     )
 
 
+def database_unavailable(detail: str, retry_after: int = 1, **extras: Any) -> Problem:
+    """503: the database failed (docs/faults.md); ``Retry-After`` says when to try again."""
+    return Problem(
+        DATABASE_UNAVAILABLE,
+        detail,
+        headers={"Retry-After": str(max(1, int(retry_after)))},
+        **extras,
+    )
+
+
 def conversation_not_found(conversation_id: str) -> Problem:
     """404 for a conversation that does not exist — or belongs to another tenant."""
     return Problem(NOT_FOUND, f"conversation {conversation_id!r} not found")
@@ -286,6 +297,13 @@ class ProblemDetails(BaseModel):
     )
     limit: str | None = Field(
         default=None, description="limit-exceeded / payload-too-large: the setting exceeded"
+    )
+    run_id: str | None = Field(
+        default=None, description="database-unavailable after a run: the run it concerns"
+    )
+    stored: bool | None = Field(
+        default=None,
+        description="database-unavailable after a run: false, the run's outcome was not stored",
     )
     maximum: int | None = None
 

@@ -30,11 +30,14 @@ def run_problem(error: AttemptError | None, status: str) -> RunProblem | None:
     """The ``error`` of a run record: a problem whose type says why the run did not complete."""
     if status in _STATUS_DETAIL:
         problem_type = run_problem_type(status)
+        # An outcome lost to a database outage says so (docs/faults.md).
+        outage = error is not None and error.code == "database_unavailable"
         return RunProblem(
             type=problem_type.uri,
             title=problem_type.title,
-            detail=_STATUS_DETAIL[status],
+            detail=error.message if outage and error is not None else _STATUS_DETAIL[status],
             kind=status,
+            code=error.code if outage and error is not None else None,
         )
     if error is None:
         return None
