@@ -10,6 +10,8 @@ from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from app import __version__
 from app.config import Settings, get_settings
@@ -24,7 +26,14 @@ from .auth import Authenticator, AuthMiddleware, announce_access
 from .deps import Services
 from .limits import BodyLimitMiddleware
 from .links import install_links
-from .problems import NOT_READY, Problem, install_problem_handlers, validation_error
+from .problems import (
+    METHOD_NOT_ALLOWED,
+    NOT_READY,
+    Problem,
+    install_problem_handlers,
+    problem_response,
+    validation_error,
+)
 from .routes import conversations, health, runs, transcript
 
 DESCRIPTION = """\
@@ -39,6 +48,38 @@ Every error is an RFC 9457 `application/problem+json` with a stable `type`.
 def _operation_id(route: APIRoute) -> str:
     """Readable operation ids for generated clients (``create_run``, not ``create_run_post``)."""
     return route.name
+
+
+#: the methods a 405's ``Allow`` may name (RFC 9110 §9), in the order it names them
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(app: FastAPI, scope: Any) -> list[str]:
+    """Every method some route answers at the request's path (what a 405's ``Allow`` lists,
+    RFC 9110 §15.5.6); Starlette's own 405 names only the first route whose path matched.
+    Asked of the router itself, so included routers and path converters count as they route."""
+    found = []
+    for method in _METHODS:
+        probe = {**scope, "method": method}
+        if any(route.matches(probe)[0] is Match.FULL for route in app.router.routes):
+            found.append(method)
+    return found
+
+
+def install_method_not_allowed(app: FastAPI) -> None:
+    """Answer 405 as a problem whose ``Allow`` lists all the resource's methods."""
+
+    async def method_not_allowed(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        headers = dict(exc.headers or {})
+        headers["Allow"] = ", ".join(allowed_methods(app, request.scope))
+        default = exc.detail in (None, "", "Method Not Allowed")
+        detail = f"{request.method} is not allowed on {request.url.path}" if default else exc.detail
+        return problem_response(
+            METHOD_NOT_ALLOWED, detail, instance=request.url.path, headers=headers
+        )
+
+    app.add_exception_handler(405, method_not_allowed)
 
 
 def create_app(settings: Settings | None = None, *, agents: AgentPool | None = None) -> FastAPI:
@@ -73,6 +114,7 @@ def create_app(settings: Settings | None = None, *, agents: AgentPool | None = N
         generate_unique_id_function=_operation_id,
     )
     install_problem_handlers(app)
+    install_method_not_allowed(app)
     install_links(app)
 
     async def unknown_agent(request: Request, exc: Exception) -> Response:
