@@ -82,6 +82,40 @@ def install_method_not_allowed(app: FastAPI) -> None:
     app.add_exception_handler(405, method_not_allowed)
 
 
+def _parameter_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A parameter's schema without the ``null`` branch FastAPI gives an optional one (``str |
+    None``): a header or query value is absent or a string, never ``null`` — a generator taking
+    the document at its word would send the text ``null``."""
+    branches = schema.get("anyOf")
+    if not isinstance(branches, list):
+        return schema
+    others = [b for b in branches if b != {"type": "null"}]
+    if len(others) != 1 or len(others) == len(branches):
+        return schema
+    rest = {k: v for k, v in schema.items() if k != "anyOf"}
+    return {**others[0], **rest}
+
+
+def install_parameter_schemas(app: FastAPI, max_page_size: int) -> None:
+    """Make the parameters of the document as exact as the server: no ``null`` for an optional
+    one, and ``limit`` bounded by this app's ``max_page_size`` (the committed document is built
+    from the default settings). Beyond it the server answers 422 ``limit-exceeded``, so the
+    bound is written here rather than enforced by FastAPI."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        schema = generate()
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                for parameter in operation.get("parameters", []):
+                    parameter["schema"] = _parameter_schema(parameter["schema"])
+                    if parameter["in"] == "query" and parameter["name"] == "limit":
+                        parameter["schema"]["maximum"] = max_page_size
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def create_app(settings: Settings | None = None, *, agents: AgentPool | None = None) -> FastAPI:
     """Build the app. Tests pass settings (and a pool with fake agents); ``carryover serve``
     calls it without arguments, so the environment configures it."""
@@ -116,6 +150,7 @@ def create_app(settings: Settings | None = None, *, agents: AgentPool | None = N
     install_problem_handlers(app)
     install_method_not_allowed(app)
     install_links(app)
+    install_parameter_schemas(app, settings.max_page_size)
 
     async def unknown_agent(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, UnknownAgent)
