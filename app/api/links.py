@@ -180,6 +180,11 @@ def document_extras(schema: dict[str, Any]) -> None:
     """Add the links, the middleware's answers and the exact body rules to ``schema``
     (in place)."""
     components = schema.get("components", {}).get("schemas", {})
+    for name, component in components.items():
+        if name.endswith(("-Input", "-Output")):
+            # a request's and an answer's schema of one model: titled apart, since generators
+            # (openapi-python-client) name models by title
+            component["title"] = name.replace("-", "")
     _require_discriminators(schema, components)
     # one schema, or a request's and an answer's (FastAPI's ``-Input`` / ``-Output``)
     for name in ("Base64Source", "Base64Source-Input", "Base64Source-Output"):
