@@ -22,6 +22,7 @@ from app.api.deps import decode_cursor, encode_cursor, parse_prefer
 from app.api.etags import parse_condition
 from app.api.problems import Problem
 from app.api.routes.runs import _idempotency_key
+from app.errors import CarryoverError
 
 DOCUMENT = openapi_document()
 
@@ -57,6 +58,9 @@ def accepts(parse: Callable[[str], Any], value: str) -> bool:
         parse(value)
     except Problem as problem:
         assert problem.problem_type.status == 400, problem
+        return False
+    except CarryoverError as refusal:  # the ETag parser lives below the api layer (app/etag.py)
+        assert refusal.status == 400 and refusal.slug == "bad-header", refusal
         return False
     return True
 
