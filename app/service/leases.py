@@ -165,15 +165,17 @@ class LeaseKeeping:
         while True:
             await asyncio.sleep(self.tick)
             try:
-                # Bounded: a database call that hangs must not stop the keeping.
-                await asyncio.wait_for(self._renew(), timeout=self.settings.lease_seconds)
+                # Bounded: a database call that hangs must not stop the keeping. (asyncio.timeout,
+                # not wait_for: Python 3.11's wait_for can swallow the keeper's cancellation.)
+                async with asyncio.timeout(self.settings.lease_seconds):
+                    await self._renew()
                 now = self.clock.monotonic()
                 if sweep_after is None or now >= sweep_after:
                     sweep_after = None
-                    interrupted = await asyncio.wait_for(
-                        self.lease_repo.interrupt_expired(alive=set(self.active)),
-                        timeout=self.settings.lease_seconds,
-                    )
+                    async with asyncio.timeout(self.settings.lease_seconds):
+                        interrupted = await self.lease_repo.interrupt_expired(
+                            alive=set(self.active)
+                        )
                     if interrupted:
                         log.warning("marked %d run(s) of a dead process interrupted", interrupted)
                         RUNS.labels(status="interrupted").inc(interrupted)

@@ -312,6 +312,7 @@ class RunManager(LeaseKeeping):
         then, so no other process marks it with a vaguer reason). Given up when the process
         stops: then its lease expires and any process marks it interrupted."""
         error = outage_reason(lost)
+        delay = 0.05  # tried often: a client sending its prompts again races this mark
         while not self.closing:
             try:
                 marked = await mark_unstored(
@@ -326,7 +327,8 @@ class RunManager(LeaseKeeping):
                 if classify(exc) is None:
                     log.exception("run %s could not be marked interrupted", active.run_id)
                     return
-                await asyncio.sleep(self.tick)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.5)
                 continue
             if marked:
                 log.warning("run %s was marked interrupted: %s", active.run_id, error["message"])
