@@ -29,7 +29,7 @@ from .deps import Services
 from .handlers import install_problem_handlers
 from .limits import BodyLimitMiddleware
 from .links import install_links
-from .problems import METHOD_NOT_ALLOWED, problem_response
+from .problems import METHOD_NOT_ALLOWED, document_problem_types, problem_response
 from .routes import conversations, health, runs, transcript
 
 DESCRIPTION = """\
@@ -107,6 +107,7 @@ def install_parameter_schemas(app: FastAPI, max_page_size: int) -> None:
                     parameter["schema"] = _parameter_schema(parameter["schema"])
                     if parameter["in"] == "query" and parameter["name"] == "limit":
                         parameter["schema"]["maximum"] = max_page_size
+        document_problem_types(schema)
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]

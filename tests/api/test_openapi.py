@@ -286,3 +286,15 @@ def test_request_bodies_are_the_wire_models(document: dict[str, Any]) -> None:
     assert body["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/Context-Input"
     }
+
+
+def test_every_problem_type_is_documented() -> None:
+    """Each registered problem type (request problems and run errors) is named in the
+    document, on the schema of the problems that carry it."""
+    from app.api.problems import PROBLEM_TYPES
+
+    schemas = openapi_document()["components"]["schemas"]
+    request = schemas["ProblemDetails"]["properties"]["type"]["description"]
+    run = schemas["RunProblem"]["properties"]["type"]["description"]
+    for problem in PROBLEM_TYPES.values():
+        assert problem.uri in (run if problem.run_error else request), problem.slug
