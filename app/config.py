@@ -417,6 +417,10 @@ class Settings(_ProfileFields, BaseSettings):
     max_page_size: int = Field(default=200, ge=1)
     default_page_size: int = Field(default=50, ge=1)
 
+    # --- long conversations (docs/performance.md) ----------------------------------------------
+    #: messages of parsed contexts kept in memory per process (LRU); 0: no cache
+    context_cache_messages: int = Field(default=200_000, ge=0)
+
     # --- access --------------------------------------------------------------------------------
     api_keys: Annotated[ApiKeys, NoDecode] = Field(default_factory=ApiKeys)
     #: how long a database key lookup (and "are there keys at all") is remembered: a revoked

@@ -36,6 +36,7 @@ from app.store.repository import (
 )
 
 from .agents import AgentPool
+from .cache import ContextCache
 from .errors import Busy, ShuttingDown
 from .leases import LeaseKeeping
 from .metrics import observe_result
@@ -69,6 +70,7 @@ class RunManager(LeaseKeeping):
         self.lease_repo = repo  # renewals, sweeps, purges: its own connection once keeping
         self._keeper: asyncio.Task[None] | None = None
         self._hooked: dict[int, tuple[Any, Any]] = {}
+        self.contexts = ContextCache(settings.context_cache_messages)
 
     # --- runs --------------------------------------------------------------------------------
 
@@ -109,6 +111,7 @@ class RunManager(LeaseKeeping):
                 owner=self.owner,
                 lease_seconds=self.settings.lease_seconds,
                 idempotency=claim,
+                cached=self.contexts.lookup,
             )
             if started.replay is not None:
                 return Replayed(started.replay.status_code, started.replay.response)
@@ -150,8 +153,9 @@ class RunManager(LeaseKeeping):
                 return  # free (or its holder's lease expired): try to take it
             holder = found
 
-    @staticmethod
-    def _took_over(started: StartedRun) -> None:
+    def _took_over(self, started: StartedRun) -> None:
+        if started.loaded is not None and started.run is not None:
+            self.contexts.keep(started.run.tenant, started.run.conversation_id, started.loaded)
         if started.interrupted is not None:
             log.warning("run %s of a dead process was marked interrupted", started.interrupted)
             RUNS.labels(status="interrupted").inc()
@@ -171,7 +175,7 @@ class RunManager(LeaseKeeping):
             try:
                 if active.stop_requested:
                     raise asyncio.CancelledError
-                result = await self._run_agent(active, agent, loaded.context, request.prompts)
+                result = await self._run_agent(active, agent, loaded, request.prompts)
             except asyncio.CancelledError:  # cancelled before the agent took over
                 result = _cancelled(loaded.context)
             except Exception as exc:  # a bug: the run still ends, recorded, lease released
@@ -203,13 +207,16 @@ class RunManager(LeaseKeeping):
                 active.events.put_nowait(None)
 
     async def _run_agent(
-        self, active: ActiveRun, agent: Agent, context: Context, prompts: tuple[UserMessage, ...]
+        self, active: ActiveRun, agent: Agent, loaded: Loaded, prompts: tuple[UserMessage, ...]
     ) -> Result:
         async def on_event(event: RunEvent) -> None:
             if active.events is not None:
                 active.events.put_nowait(event)
 
-        return await agent.run(Input(context=context, prompts=prompts), on_event=on_event)
+        return await agent.run(
+            Input(context=loaded.context, prompts=prompts, tokens=loaded.tokens),
+            on_event=on_event,
+        )
 
     async def _finish(
         self,
@@ -240,6 +247,7 @@ class RunManager(LeaseKeeping):
                 store=store,
             ),
         )
+        self.contexts.saved(active.tenant, active.conversation_id, outcome)
         finished = FinishedRun(run, result, outcome)
         if outcome.status == "interrupted":
             # It lost its lease: another process marked it interrupted (and counted it).
@@ -337,6 +345,7 @@ class RunManager(LeaseKeeping):
             on_failure="keep",
             owner=self.owner,
             lease_seconds=self.settings.lease_seconds,
+            cached=self.contexts.lookup,
         )
         if started.active_run_id is not None:
             raise Busy(started.active_run_id, retry_after=self.settings.lease_seconds)
@@ -346,7 +355,7 @@ class RunManager(LeaseKeeping):
         self._register(active)
         try:
             try:
-                result = await agent.compact(started.loaded.context)
+                result = await agent.compact(started.loaded.context, tokens=started.loaded.tokens)
             except Exception as exc:
                 log.exception("compaction %s failed unexpectedly", run_id)
                 result = _internal(started.loaded.context, exc)
