@@ -60,10 +60,10 @@ class RunView:
         return self.model.etag
 
     def body(self, *, minimal: bool = False) -> dict[str, Any]:
-        data = self.model.model_dump(mode="json")
         if minimal or self.model.context is None:
-            data.pop("context", None)
-        return data
+            # never serialized only to be dropped: a long context is most of the work
+            return self.model.model_dump(mode="json", exclude={"context"})
+        return self.model.model_dump(mode="json")
 
 
 def _duration(start: datetime, end: datetime | None) -> int | None:
