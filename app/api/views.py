@@ -38,7 +38,8 @@ def run_problem(error: AttemptError | None, status: str) -> RunProblem | None:
         )
     if error is None:
         return None
-    problem_type = run_problem_type("max_turns" if error.code == "max_turns" else error.kind)
+    coded = error.code in ("max_turns", "answer_too_large", "run_deadline")
+    problem_type = run_problem_type(error.code if coded and error.code else error.kind)
     return RunProblem(
         type=problem_type.uri,
         title=problem_type.title,

@@ -36,6 +36,7 @@ from app.store.repository import (
 )
 
 from .agents import AgentPool
+from .bounds import RunDeadline
 from .cache import ContextCache
 from .errors import Busy, ShuttingDown
 from .leases import LeaseKeeping
@@ -213,10 +214,12 @@ class RunManager(LeaseKeeping):
             if active.events is not None:
                 active.events.put_nowait(event)
 
-        return await agent.run(
-            Input(context=loaded.context, prompts=prompts, tokens=loaded.tokens),
-            on_event=on_event,
-        )
+        with RunDeadline(self.settings.run_deadline_seconds, lambda: self.stop(active)) as deadline:
+            result = await agent.run(
+                Input(context=loaded.context, prompts=prompts, tokens=loaded.tokens),
+                on_event=on_event,
+            )
+        return deadline.settle(result)
 
     async def _finish(
         self,
