@@ -101,6 +101,8 @@ _RUN_PROBLEMS = {
     "conflicted": ("run-conflicted", "The stored context changed during the run", 409),
     "interrupted": ("run-interrupted", "The process running the run went away", 503),
     "max_turns": ("run-max-turns", "The model kept calling tools", 422),
+    "answer_too_large": ("run-answer-too-large", "The model's answer passed the size limit", 502),
+    "run_deadline": ("run-deadline-exceeded", "The run passed its deadline", 504),
 }
 #: run error kinds (and the statuses conflicted / interrupted) → their problem type
 RUN_PROBLEMS: dict[str, ProblemType] = {

@@ -35,6 +35,8 @@ from app.store.repository import (
 )
 
 from .agents import AgentPool
+from .bounds import RunDeadline
+from .cache import ContextCache
 from .dbfaults import OutcomeNotStored, mark_unstored, outage_reason, retry_after_busy, retry_write
 from .errors import Busy, ShuttingDown
 from .leases import LeaseKeeping
@@ -66,6 +68,7 @@ class RunManager(LeaseKeeping):
         self.lease_repo = repo  # renewals, sweeps, purges: its own connection once keeping
         self._keeper: asyncio.Task[None] | None = None
         self._hooked: dict[int, tuple[Any, Any]] = {}
+        self.contexts = ContextCache(settings.context_cache_messages)
 
     # --- runs --------------------------------------------------------------------------------
 
@@ -106,6 +109,7 @@ class RunManager(LeaseKeeping):
                 owner=self.owner,
                 lease_seconds=self.settings.lease_seconds,
                 idempotency=claim,
+                cached=self.contexts.lookup,
             )
             if started.replay is not None:
                 return Replayed(started.replay.status_code, started.replay.response)
@@ -154,8 +158,9 @@ class RunManager(LeaseKeeping):
             self.repo, tenant, conversation_id, lease_seconds=self.settings.lease_seconds
         )
 
-    @staticmethod
-    def _took_over(started: StartedRun) -> None:
+    def _took_over(self, started: StartedRun) -> None:
+        if started.loaded is not None and started.run is not None:
+            self.contexts.keep(started.run.tenant, started.run.conversation_id, started.loaded)
         if started.interrupted is not None:
             log.warning("run %s of a dead process was marked interrupted", started.interrupted)
             RUNS.labels(status="interrupted").inc()
@@ -175,7 +180,7 @@ class RunManager(LeaseKeeping):
             try:
                 if active.stop_requested:
                     raise asyncio.CancelledError
-                result = await self._run_agent(active, agent, loaded.context, request.prompts)
+                result = await self._run_agent(active, agent, loaded, request.prompts)
             except asyncio.CancelledError:  # cancelled before the agent took over
                 result = _cancelled(loaded.context)
             except Exception as exc:  # a bug: the run still ends, recorded, lease released
@@ -214,13 +219,18 @@ class RunManager(LeaseKeeping):
                 active.events.put_nowait(None)
 
     async def _run_agent(
-        self, active: ActiveRun, agent: Agent, context: Context, prompts: tuple[UserMessage, ...]
+        self, active: ActiveRun, agent: Agent, loaded: Loaded, prompts: tuple[UserMessage, ...]
     ) -> Result:
         async def on_event(event: RunEvent) -> None:
             if active.events is not None:
                 active.events.put_nowait(event)
 
-        return await agent.run(Input(context=context, prompts=prompts), on_event=on_event)
+        with RunDeadline(self.settings.run_deadline_seconds, lambda: self.stop(active)) as deadline:
+            result = await agent.run(
+                Input(context=loaded.context, prompts=prompts, tokens=loaded.tokens),
+                on_event=on_event,
+            )
+        return deadline.settle(result)
 
     async def _finish(
         self,
@@ -266,6 +276,7 @@ class RunManager(LeaseKeeping):
             )
             waited = self.clock.monotonic() - started_at
             raise OutcomeNotStored(active.run_id, result.status, fault, waited) from exc
+        self.contexts.saved(active.tenant, active.conversation_id, outcome)
         finished = FinishedRun(run, result, outcome)
         if outcome.status == "interrupted":
             # It lost its lease: another process marked it interrupted (and counted it).
@@ -393,6 +404,7 @@ class RunManager(LeaseKeeping):
             on_failure="keep",
             owner=self.owner,
             lease_seconds=self.settings.lease_seconds,
+            cached=self.contexts.lookup,
         )
         if started.active_run_id is not None:
             retry_after = await self._busy_retry_after(tenant, conversation_id)
@@ -403,7 +415,7 @@ class RunManager(LeaseKeeping):
         self._register(active)
         try:
             try:
-                result = await agent.compact(started.loaded.context)
+                result = await agent.compact(started.loaded.context, tokens=started.loaded.tokens)
             except Exception as exc:
                 log.exception("compaction %s failed unexpectedly", run_id)
                 result = _internal(started.loaded.context, exc)
