@@ -68,6 +68,7 @@ async def test_a_database_fault_on_a_route_is_503_with_retry_after(
             raise _lost()
 
         monkeypatch.setattr(ConversationStore, "load_context", lost)
+        monkeypatch.setattr(ConversationStore, "load_context_rows", lost)  # GET context reads rows
         answer = await http.get(f"/conversations/{conv}/context")
         body = assert_problem(answer, 503, "database-unavailable")
         assert answer.headers["retry-after"] == "1"
@@ -101,6 +102,7 @@ async def test_a_500_says_connection_close(
             raise error
 
         monkeypatch.setattr(ConversationStore, "load_context", broken)
+        monkeypatch.setattr(ConversationStore, "load_context_rows", broken)
         answer = await http.get(f"/conversations/{conv}/context")
         assert_problem(answer, 500, "internal")
         assert answer.headers["connection"] == "close"
