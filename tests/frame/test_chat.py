@@ -205,7 +205,8 @@ def test_api_key_from_the_flag_or_the_environment(tmp_path: Path) -> None:
             term.expect(r"conversation talk-1 \(2 messages\)")
             term.type("second")
             term.expect(r'agent: Echo: I saw 3 messages\. You said: "second"')
-            term.child.sendeof()  # Ctrl-D at the prompt
+            term.expect(r"you>")  # the prompt reads keys now: Ctrl-D is a key, not a tty EOF
+            term.child.sendeof()
             assert term.exit_status() == 0
 
         listed = httpx.get(
@@ -262,3 +263,58 @@ def test_an_unreachable_server_is_one_line_and_status_1(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert done.stderr.startswith("carryover chat: cannot reach http://127.0.0.1:")
     assert len(done.stderr.splitlines()) == 1
+
+
+def _pauses() -> bool:
+    from app.api import schemas
+
+    return "requires_action" in str(schemas.Run.model_fields["status"].annotation)
+
+
+@pytest.mark.skipif(not _pauses(), reason="runs do not pause (requires_action) over HTTP yet")
+def test_an_approval_call_is_asked_for_and_answered(tmp_path: Path) -> None:
+    with (
+        server(tmp_path, CARRYOVER_APPROVAL_REQUIRED="wait") as live,
+        chat("--url", live.url) as term,
+    ):
+        conversation = term.expect(r"conversation (\S+) \(new\)").group(1)
+        term.type('/tool wait {"seconds": 0}')
+        term.expect(r"requires_action\]")
+        term.expect(r'\[pending\] wait\(\{"seconds": 0\}\) waits for approval')
+        term.expect(r'approve wait\(\{"seconds": 0\}\)\? \[y/N\]')
+        term.child.send("y\r")
+        term.expect(r"\[tool\] wait returned: waited 0 seconds")
+        term.expect(r'agent: Tool wait returned: "waited 0 seconds"')
+
+        term.type('/tool wait {"seconds": 5}')
+        term.expect(r'approve wait\(\{"seconds": 5\}\)\? \[y/N\]')
+        term.child.send("n\r")
+        term.expect(r"agent: Tool wait failed: .*denied in carryover chat")
+        term.type("/quit")
+        assert term.exit_status() == 0
+
+        runs = httpx.get(f"{live.url}/conversations/{conversation}/runs").json()["items"]
+        assert [r["status"] for r in runs] == ["requires_action", "completed"] * 2
+
+
+@pytest.mark.skipif(not _pauses(), reason="runs do not pause (requires_action) over HTTP yet")
+def test_a_pending_client_call_is_answered_when_the_chat_opens(tmp_path: Path) -> None:
+    with server(tmp_path) as live:
+        # another application paused the conversation on its client tool
+        httpx.post(f"{live.url}/conversations", json={"id": "paused"}).raise_for_status()
+        paused = httpx.post(
+            f"{live.url}/conversations/paused/runs",
+            json={"prompts": ["/tool lookup nvim"], "tools": [{"name": "lookup"}]},
+        ).json()
+        assert paused["status"] == "requires_action"
+
+        with chat("paused", "--url", live.url) as term:
+            term.expect(r"\[pending\] lookup\(nvim\) waits for a result")
+            term.expect(r"result of lookup\(nvim\)>")
+            term.child.send("a text editor\r")
+            term.expect(r'agent: Tool lookup returned: "a text editor"')
+            term.type("/quit")
+            assert term.exit_status() == 0
+
+        runs = httpx.get(f"{live.url}/conversations/paused/runs").json()["items"]
+        assert [r["status"] for r in runs] == ["requires_action", "completed"]
