@@ -44,6 +44,7 @@ from ..deps import (
     page_limit,
     prefers_minimal,
 )
+from ..handlers import stream_problem
 from ..headers import ETAG_HEADER, LOCATION_HEADER, RETRY_AFTER_HEADER
 from ..limits import check_prompts
 from ..problems import (
@@ -64,7 +65,8 @@ SSE_DESCRIPTION = (
     'With `Accept: text/event-stream` or `"stream": true`: server-sent events `run.started`, '
     "`delta` (text, thinking and tool-call parts), `message` (each completed message), "
     "`tool.started`, `tool.finished`, `compaction`, and last `run.finished` carrying the same "
-    "body as the JSON answer."
+    "body as the JSON answer — or, when the outcome could not be stored, `error` carrying the "
+    "problem (e.g. `database-unavailable` with `stored: false`)."
 )
 
 
@@ -82,12 +84,14 @@ SSE_EVENT: dict[str, Any] = {
                 "tool.finished",
                 "compaction",
                 "run.finished",
+                "error",
             ],
         },
         "data": {
             "type": "string",
             "contentMediaType": "application/json",
-            "description": "The event's JSON payload; for run.finished, the Run",
+            "description": "The event's JSON payload; for run.finished, the Run; for error "
+            "(instead of run.finished, when the run's outcome could not be stored), a problem",
         },
     },
     "required": ["event", "data"],
@@ -262,8 +266,16 @@ async def _events(
             payload = _event_payload(event)
             if payload is not None:
                 yield _sse(*payload)
-        finished = await asyncio.shield(active.done)
-        yield _sse("run.finished", run_view(finished).body(minimal=minimal))
+        try:
+            finished = await asyncio.shield(active.done)
+            body = run_view(finished).body(minimal=minimal)
+        except Exception as exc:  # the outcome could not be stored (or a bug): say so, end
+            yield _sse(
+                "error",
+                stream_problem(exc, instance=_location(active.conversation_id, active.run_id)),
+            )
+            return
+        yield _sse("run.finished", body)
     except asyncio.CancelledError:
         if on_disconnect == "cancel":
             manager.stop(active)
