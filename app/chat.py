@@ -448,6 +448,12 @@ class Chat:
                         turn.run_id = event.data["run_id"]
                         if turn.cancel_asked:
                             self._send_cancel(client, turn)
+                    elif event.event == "error":  # the run's outcome could not be stored
+                        title, detail = event.data.get("title", ""), event.data.get("detail", "")
+                        self.screen.line(
+                            f"[run {turn.run_id} not stored: {title} - {detail}]", "red"
+                        )
+                        return
                     elif event.event == "run.finished":
                         self.screen.finished(event.data)
                         action = event.data.get("required_action") or {}

@@ -318,3 +318,35 @@ def test_a_pending_client_call_is_answered_when_the_chat_opens(tmp_path: Path) -
 
         runs = httpx.get(f"{live.url}/conversations/paused/runs").json()["items"]
         assert [r["status"] for r in runs] == ["requires_action", "completed"]
+
+
+def test_an_error_event_says_the_run_was_not_stored() -> None:
+    """A stream that ends with ``error`` (the outcome could not be stored, docs/faults.md)."""
+    import io
+
+    from rich.console import Console
+
+    from app.chat import Chat, Turn
+
+    body = (
+        'event: run.started\ndata: {"run_id":"run_1","conversation_id":"c","base_etag":"e"}\n\n'
+        "event: error\ndata: "
+        '{"title":"Database unavailable","detail":"the outcome was not stored","status":503}\n\n'
+    )
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        assert request.headers["accept"] == "text/event-stream"
+        return httpx.Response(201, text=body, headers={"content-type": "text/event-stream"})
+
+    out = io.StringIO()
+    talk = Chat("http://test", None, "default", "c", console=Console(file=out, width=200))
+
+    async def run() -> None:
+        transport = httpx.MockTransport(answer)
+        async with httpx.AsyncClient(base_url="http://test", transport=transport) as client:
+            await talk._stream(client, {"prompts": ["x"]}, Turn())
+
+    asyncio.run(run())
+    assert out.getvalue() == (
+        "[run run_1 not stored: Database unavailable - the outcome was not stored]\n"
+    )
