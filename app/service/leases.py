@@ -11,7 +11,8 @@ One loop, every :attr:`LeaseKeeping.tick`:
   ``(status, lease_expires_at)`` index, and a short write per run found, so a dead process's
   runs end within about ``lease_seconds + tick`` of its last renewal;
 - every ``min(60 s, idempotency_ttl_seconds)`` (at most as often as that, by the injected
-  clock's monotonic time), deletes the idempotency keys past their retention.
+  clock's monotonic time), deletes the idempotency keys past their retention, and run events
+  past theirs (``event_retention_seconds``, in bounded batches).
 
 Shutdown: when the process is asked to stop (SIGTERM or SIGINT to a server that handles them,
 such as uvicorn), the runs in flight are cancelled at once and recorded ``cancelled`` — their
@@ -165,6 +166,7 @@ class LeaseKeeping:
                 if now - purged >= purge_every:
                     purged = now
                     await self.lease_repo.purge_idempotency_keys()
+                    await self.lease_repo.purge_events(self.settings.event_retention_seconds)
             except Exception:  # the database may be away for a moment; try again next tick
                 log.exception("lease keeping failed")
 

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from app.agent.events import RunEvent
+from app.agent.events import CompactionCompleted, RunEvent
 from app.agent.messages import AttemptError, Context, UserMessage
 from app.agent.records import Input, Result
 from app.agent.run import Agent
@@ -37,6 +37,7 @@ from app.store.repository import (
 
 from .agents import AgentPool
 from .errors import Busy, ShuttingDown
+from .events import start_recorder
 from .leases import LeaseKeeping
 from .metrics import observe_result
 from .pages import Page
@@ -125,6 +126,7 @@ class RunManager(LeaseKeeping):
             events=asyncio.Queue() if stream else None,
         )
         self._register(active)
+        active.recorder = start_recorder(self.repo, self.clock, active)
         active.task = asyncio.create_task(
             self._execute(active, agent, request, idempotency),
             name=f"carryover-run-{run_id}",
@@ -199,6 +201,8 @@ class RunManager(LeaseKeeping):
                 raise
         finally:
             self._unregister(active.run_id)
+            if active.recorder is not None:
+                active.recorder.abandon()
             if active.events is not None:
                 active.events.put_nowait(None)
 
@@ -206,8 +210,8 @@ class RunManager(LeaseKeeping):
         self, active: ActiveRun, agent: Agent, context: Context, prompts: tuple[UserMessage, ...]
     ) -> Result:
         async def on_event(event: RunEvent) -> None:
-            if active.events is not None:
-                active.events.put_nowait(event)
+            if active.recorder is not None:
+                active.recorder.add(event)  # numbered, stored, and streamed live
 
         return await agent.run(Input(context=context, prompts=prompts), on_event=on_event)
 
@@ -229,6 +233,7 @@ class RunManager(LeaseKeeping):
         store = changed and (result.status == "completed" or on_failure == "keep")
         run = active.started.run
         assert run is not None
+        events = await active.recorder.close() if active.recorder is not None else ()
         outcome = await self._retrying(
             active.run_id,
             lambda: self.repo.finish_run(
@@ -238,6 +243,7 @@ class RunManager(LeaseKeeping):
                 base=loaded,
                 result=result,
                 store=store,
+                events=events,
             ),
         )
         finished = FinishedRun(run, result, outcome)
@@ -344,18 +350,22 @@ class RunManager(LeaseKeeping):
         assert started.loaded is not None
         active = ActiveRun(tenant, conversation_id, run_id, started, None)
         self._register(active)
+        active.recorder = start_recorder(self.repo, self.clock, active)
         try:
             try:
                 result = await agent.compact(started.loaded.context)
             except Exception as exc:
                 log.exception("compaction %s failed unexpectedly", run_id)
                 result = _internal(started.loaded.context, exc)
+            for compaction in result.compactions:
+                active.recorder.add(CompactionCompleted(compaction))
             active.finishing = True
             return await asyncio.shield(
                 self._finish(active, started.loaded, result, "keep", idempotency=None)
             )
         finally:
             self._unregister(run_id)
+            active.recorder.abandon()
 
 
 def _settle(target: asyncio.Future[FinishedRun], source: asyncio.Future[FinishedRun]) -> None:

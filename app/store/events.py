@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select, tuple_
+from sqlalchemy import delete, func, select, tuple_
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ._sql import StoreBase, child_key
@@ -47,9 +49,18 @@ class EventRow:
 
 
 async def insert_events(conn: AsyncConnection, rows: Sequence[EventRow]) -> None:
-    """One multi-row statement for any number of events (nothing for none)."""
-    if rows:
-        await conn.execute(insert(run_events), [row.values() for row in rows])
+    """One multi-row statement for any number of events (nothing for none).
+
+    An event already stored is left as it is: a batch whose commit was not confirmed (the
+    connection broke) is written again with the outcome, and must not make it fail."""
+    if not rows:
+        return
+    stmt: Any
+    if conn.dialect.name == "postgresql":
+        stmt = pg_insert(run_events).on_conflict_do_nothing()
+    else:
+        stmt = sqlite_insert(run_events).on_conflict_do_nothing()
+    await conn.execute(stmt, [row.values() for row in rows])
 
 
 class EventStore(StoreBase):
