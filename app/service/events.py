@@ -314,9 +314,15 @@ class EventFeed:
             # Ended without its own finish (interrupted: its process died): the end is said
             # here, numbered after the last stored event.
             bounds = await self.repo.event_bounds(tenant, conversation_id, run_id)
-            end = (bounds[1] if bounds else 0) + 1
-            if last < end:
-                yield StreamedEvent(end, "run.finished", None)
+            stored_end = bounds[1] if bounds else 0
+            if last >= stored_end:
+                tail = await self.repo.read_events(
+                    tenant, conversation_id, run_id, after=stored_end - 1, limit=1
+                )
+                if tail and tail[0].event == "run.finished":
+                    return  # the reader had it all already
+            if last <= stored_end:
+                yield StreamedEvent(stored_end + 1, "run.finished", None)
             return
 
     async def record(self, tenant: str, conversation_id: str, run_id: str) -> RunRecord:
