@@ -59,7 +59,7 @@ def upgrade() -> None:
 
     op.create_table(
         "webhook_deliveries",
-        sa.Column("id", sa.String(40), nullable=False),
+        sa.Column("id", sa.String(80), nullable=False),
         sa.Column("webhook_id", sa.String(36), nullable=False),
         sa.Column("tenant", sa.String(128), nullable=False),
         sa.Column("conversation_id", sa.String(128), nullable=False),

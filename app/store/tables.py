@@ -341,7 +341,7 @@ class WebhookDelivery(SQLModel, table=True):
         Index("ix_webhook_deliveries_webhook", "webhook_id", "created_at"),
     )
 
-    id: str = Field(primary_key=True, max_length=40)
+    id: str = Field(primary_key=True, max_length=80)  # msg_<run id>_<endpoint id>
     webhook_id: str = Field(max_length=36)
     tenant: str = Field(max_length=TENANT_LEN)
     conversation_id: str = Field(max_length=CONVERSATION_ID_LEN)

@@ -12,18 +12,19 @@ write transactions are serial), send them, and settle them: delivered, due again
 from __future__ import annotations
 
 import base64
+import json
 import secrets
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, insert, or_, select, update
+from sqlalchemy import Text, delete, func, insert, literal, or_, select, type_coerce, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ._sql import StoreBase
 from .db import read_transaction, write_transaction
-from .tables import Webhook, WebhookDelivery, webhook_deliveries, webhooks
+from .tables import UTCDateTime, Webhook, WebhookDelivery, webhook_deliveries, webhooks
 
 #: the events an endpoint can ask for: one per way a run ends
 WEBHOOK_EVENTS = (
@@ -47,36 +48,44 @@ async def enqueue_deliveries(
     conn: AsyncConnection, tenant: str, conv_id: str, run_id: str, status: str, now: datetime
 ) -> int:
     """In the caller's transaction: one delivery per endpoint of the tenant that asked for
-    ``run.<status>``. One indexed read (and one insert when there is an endpoint)."""
+    ``run.<status>``, as ONE ``INSERT … SELECT`` (no read-then-write in the outcome
+    transaction; nothing inserted when the tenant has no endpoint). The delivery's id is
+    ``msg_`` + the run's id + the endpoint's: one message per run and endpoint."""
     event = f"run.{status}"
-    found = (
-        await conn.execute(
-            select(webhooks.c.id, webhooks.c.events).where(webhooks.c.tenant == tenant)
+    compact_run = run_id.replace("-", "")
+    rows = select(
+        (literal(f"msg_{compact_run}_") + func.replace(webhooks.c.id, "-", "")).label("id"),
+        webhooks.c.id,
+        literal(tenant),
+        literal(conv_id),
+        literal(run_id),
+        literal(event),
+        literal("pending"),
+        literal(0),
+        literal(now, UTCDateTime()),
+        literal(now, UTCDateTime()),
+    ).where(
+        webhooks.c.tenant == tenant,
+        type_coerce(webhooks.c.events, Text).contains(json.dumps(event), autoescape=True),
+    )
+    done = await conn.execute(
+        insert(webhook_deliveries).from_select(
+            [
+                "id",
+                "webhook_id",
+                "tenant",
+                "conversation_id",
+                "run_id",
+                "event",
+                "status",
+                "attempts",
+                "next_attempt_at",
+                "created_at",
+            ],
+            rows,
         )
-    ).all()
-    rows = [
-        {
-            "id": "msg_" + uuid.uuid4().hex,
-            "webhook_id": hook.id,
-            "tenant": tenant,
-            "conversation_id": conv_id,
-            "run_id": run_id,
-            "event": event,
-            "status": "pending",
-            "attempts": 0,
-            "next_attempt_at": now,
-            "lease_owner": None,
-            "lease_expires_at": None,
-            "last_error": None,
-            "created_at": now,
-            "finished_at": None,
-        }
-        for hook in found
-        if event in hook.events
-    ]
-    if rows:
-        await conn.execute(insert(webhook_deliveries), rows)
-    return len(rows)
+    )
+    return int(done.rowcount or 0)
 
 
 class WebhookStore(StoreBase):

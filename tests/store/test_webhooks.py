@@ -121,3 +121,30 @@ def test_the_signature_is_the_standard_webhooks_example() -> None:
     assert verify(secret, headers, body)
     assert not verify(secret, headers, body + b" ")
     assert not verify(secret, {**headers, "webhook-timestamp": str(timestamp + 1)}, body)
+
+
+async def test_a_run_of_a_dead_process_is_announced_interrupted(engine: AsyncEngine) -> None:
+    clock = ManualClock()
+    repo = Repository(engine, clock)
+    await repo.create_conversation(T, "c")
+    hook = await repo.add_webhook(T, "http://a.test/", ["run.interrupted"])
+    started = await repo.start_run(
+        T,
+        "c",
+        run_id="00000000-0000-0000-0000-00000000dead",
+        if_match=None,
+        prompts=[user("p")],
+        agent="default",
+        on_failure="keep",
+        owner="gone",
+        lease_seconds=5,
+    )
+    assert started.run is not None
+    clock.advance(6)
+    assert await repo.interrupt_expired() == 1
+    [delivery] = await repo.list_deliveries()
+    assert (delivery.webhook_id, delivery.run_id, delivery.event) == (
+        hook.id,
+        started.run.run_id,
+        "run.interrupted",
+    )
