@@ -63,7 +63,7 @@ def _after(last_event_id: str | None, after: int | None) -> int:
 
 def _sse(event: StreamedEvent, data: Any) -> bytes:
     body = json.dumps(data, separators=(",", ":"))
-    return f"id: {event.seq}\nevent: {event.event}\ndata: {body}\n\n".encode()
+    return f"event: {event.event}\ndata: {body}\nid: {event.seq}\n\n".encode()
 
 
 @router.get(

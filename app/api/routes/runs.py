@@ -226,8 +226,8 @@ async def create_run(
 def _sse(event: str, data: Any, seq: int | None = None) -> bytes:
     """One server-sent event; ``id`` is the run's event seq (issue 13: resume after it at
     ``GET …/runs/{id}/events`` with ``Last-Event-ID``)."""
-    head = f"id: {seq}\n" if seq is not None else ""
-    return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+    tail = f"id: {seq}\n" if seq is not None else ""
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n{tail}\n".encode()
 
 
 async def _events(
