@@ -11,17 +11,20 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header, Request
+from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.service.runs import ActiveRun, FinishedRun, Idempotency, Replayed, RunManager
 
 from ..deps import (
+    AcceptHeader,
     ConversationPath,
     CursorQuery,
+    IdempotencyKeyHeader,
     IfMatchHeader,
     LimitQuery,
+    PreferHeader,
     RunIdPath,
     ServicesDep,
     TenantDep,
@@ -31,6 +34,7 @@ from ..deps import (
     page_limit,
     prefers_minimal,
 )
+from ..handlers import stream_problem
 from ..headers import ETAG_HEADER, LOCATION_HEADER, RETRY_AFTER_HEADER
 from ..limits import check_prompts
 from ..problems import (
@@ -47,30 +51,12 @@ from ..views import record_view, request_hash, run_request, run_view
 
 router = APIRouter(tags=["runs"])
 
-PreferHeader = Annotated[
-    str | None,
-    Header(
-        alias="Prefer", description="`return=minimal` (RFC 7240) leaves `context` out of the answer"
-    ),
-]
-IdempotencyKeyHeader = Annotated[
-    str | None,
-    Header(
-        alias="Idempotency-Key",
-        max_length=255,
-        description="Repeat a request safely: the same key and body replay the first answer",
-    ),
-]
-AcceptHeader = Annotated[
-    str | None,
-    Header(alias="Accept", description="`text/event-stream` streams the run as server-sent events"),
-]
-
 SSE_DESCRIPTION = (
     'With `Accept: text/event-stream` or `"stream": true`: server-sent events `run.started`, '
     "`delta` (text, thinking and tool-call parts), `message` (each completed message), "
     "`tool.started`, `tool.finished`, `compaction`, and last `run.finished` carrying the same "
-    "body as the JSON answer."
+    "body as the JSON answer — or, when the outcome could not be stored, `error` carrying the "
+    "problem (e.g. `database-unavailable` with `stored: false`)."
 )
 
 
@@ -88,21 +74,24 @@ SSE_EVENT: dict[str, Any] = {
                 "tool.finished",
                 "compaction",
                 "run.finished",
+                "error",
             ],
         },
         "id": {
             "type": "integer",
             "minimum": 1,
             "description": "The event's sequence number in its run (1 for run.started): "
-            "resume after it at GET …/runs/{run_id}/events with Last-Event-ID",
+            "resume after it at GET …/runs/{run_id}/events with Last-Event-ID (an error "
+            "event has none)",
         },
         "data": {
             "type": "string",
             "contentMediaType": "application/json",
-            "description": "The event's JSON payload; for run.finished, the Run",
+            "description": "The event's JSON payload; for run.finished, the Run; for error "
+            "(instead of run.finished, when the run's outcome could not be stored), a problem",
         },
     },
-    "required": ["id", "event", "data"],
+    "required": ["event", "data"],
 }
 
 
@@ -243,8 +232,15 @@ async def _events(
             if event is None:
                 break
             yield _sse(event.event, event.data, event.seq)
-        finished = await asyncio.shield(active.done)
-        body = run_view(finished).body(minimal=minimal)
+        try:
+            finished = await asyncio.shield(active.done)
+            body = run_view(finished).body(minimal=minimal)
+        except Exception as exc:  # the outcome could not be stored (or a bug): say so, end
+            yield _sse(
+                "error",
+                stream_problem(exc, instance=_location(active.conversation_id, active.run_id)),
+            )
+            return
         yield _sse("run.finished", body, active.recorder.finished_seq)
     except asyncio.CancelledError:
         if on_disconnect == "cancel":
