@@ -10,6 +10,9 @@ One loop, every :attr:`LeaseKeeping.tick`:
 - marks runs of dead processes (their lease expired) ``interrupted``: a read on the
   ``(status, lease_expires_at)`` index, and a short write per run found, so a dead process's
   runs end within about ``lease_seconds + tick`` of its last renewal;
+- renews the holds of this process's requests waiting in a conversation's queue, and claims
+  the heads of queues that no client holds once their conversation is free (after a run ended
+  or its process died: :mod:`app.service.queue`);
 - every ``min(60 s, idempotency_ttl_seconds)`` (at most as often as that, by the injected
   clock's monotonic time), deletes the idempotency keys past their retention.
 
@@ -29,7 +32,7 @@ import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.clock import Clock
 from app.config import Settings
@@ -59,6 +62,10 @@ class LeaseKeeping:
     lease_repo: Repository
     _keeper: asyncio.Task[None] | None
     _hooked: dict[int, tuple[Any, Any]]
+
+    if TYPE_CHECKING:
+
+        async def _sweep_queues(self) -> None: ...  # app.service.queue.Queueing
 
     async def start_keeper(self) -> None:
         if self._keeper is None:
@@ -161,6 +168,7 @@ class LeaseKeeping:
                 if interrupted:
                     log.warning("marked %d run(s) of a dead process interrupted", interrupted)
                     RUNS.labels(status="interrupted").inc(interrupted)
+                await self._sweep_queues()  # app/service/queue.py: the next queued runs
                 now = self.clock.monotonic()
                 if now - purged >= purge_every:
                     purged = now

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import and_, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.agent.messages import UserMessage
@@ -34,7 +34,9 @@ from app.etag import IfMatch, if_match_holds
 
 from ._sql import StoreBase, child_key, conversation_key, read_context
 from ._turns import (
+    ASYNC_ANSWER_KEY,
     answer_async,
+    async_answer,
     drop_queued,
     live,
     next_queue_seq,
@@ -267,13 +269,39 @@ class QueueStore(StoreBase):
         return frozenset(row.run_id for row in rows)
 
     async def ready_queues(self, *, limit: int = READY_BATCH) -> list[tuple[str, str]]:
-        """Conversations with queued runs (a read on the status index): the sweep tries to
-        claim their heads, so that a queue whose accepting process died goes on."""
+        """Conversations where a claim would likely start a queued run that no client holds
+        (a background run, or one whose holder's process died) — a read. The sweep claims their
+        heads, so that a queue goes on when the process that accepted it died."""
+        now = self.clock.now()
+        holder = runs.alias("holder")
+        free = or_(
+            conversations.c.active_run_id.is_(None),
+            holder.c.run_id.is_(None),
+            holder.c.status != "running",
+            holder.c.lease_expires_at <= now,
+        )
+        unheld = or_(runs.c.lease_owner.is_(None), runs.c.lease_expires_at <= now)
         async with read_transaction(self.engine) as conn:
             rows = (
                 await conn.execute(
                     select(runs.c.tenant, runs.c.conversation_id)
-                    .where(runs.c.status == "queued")
+                    .select_from(
+                        runs.join(
+                            conversations,
+                            and_(
+                                conversations.c.tenant == runs.c.tenant,
+                                conversations.c.id == runs.c.conversation_id,
+                            ),
+                        ).outerjoin(
+                            holder,
+                            and_(
+                                holder.c.tenant == conversations.c.tenant,
+                                holder.c.conversation_id == conversations.c.id,
+                                holder.c.run_id == conversations.c.active_run_id,
+                            ),
+                        )
+                    )
+                    .where(runs.c.status == "queued", unheld, free)
                     .group_by(runs.c.tenant, runs.c.conversation_id)
                     .order_by(runs.c.tenant, runs.c.conversation_id)
                     .limit(limit)
@@ -325,7 +353,8 @@ async def _claim(
             return StartedRun(interrupted=interrupted) if interrupted else None
         held = head["lease_owner"] is not None
         alive = held and head["lease_expires_at"] is not None and head["lease_expires_at"] > now
-        if head["wait_until"] is not None and (head["wait_until"] <= now or not alive):
+        gave_up = head["wait_until"] is not None and head["wait_until"] <= now
+        if head["run_id"] != mine and (gave_up or (head["wait_until"] is not None and not alive)):
             await drop_queued(conn, tenant, conv_id, head["run_id"])
             continue
         if alive and head["run_id"] != mine:
@@ -360,4 +389,4 @@ async def _claim(
     return StartedRun(run=run, loaded=loaded, interrupted=interrupted)
 
 
-__all__ = ["READY_BATCH", "QueueState", "QueueStore", "Queued"]
+__all__ = ["ASYNC_ANSWER_KEY", "READY_BATCH", "QueueState", "QueueStore", "Queued", "async_answer"]
