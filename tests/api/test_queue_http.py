@@ -6,6 +6,7 @@ respond-async. Runs are held in flight with :class:`GatedProvider`; nothing is t
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -117,7 +118,7 @@ async def test_enqueued_background_runs_run_in_submission_order_on_their_predece
     records = [await ended(client, run_id) for run_id in ids]
     assert [r["status"] for r in records] == ["completed"] * 5
     # each ran on the context its predecessor left
-    for before, after in zip(records, records[1:], strict=False):
+    for before, after in itertools.pairwise(records):
         assert after["base_etag"] == before["etag"]
     assert await stored_texts(client) == [f"held {n}" for n in range(5)]
     assert [h.prompt for h in gate.held] == [f"held {n}" for n in range(5)]  # none ran twice
