@@ -94,7 +94,7 @@ class Queueing:
     ) -> StartedRun | Replayed | QueuedRun | EndedUnrun:
         """Join the queue; the started run (this request's) once it is its turn — at once,
         or after waiting (a held request) — or, for a background request, the queued run."""
-        wait = request.if_busy == "wait"
+        wait = request.if_busy == "wait" and not respond_async  # nobody waits in background
         queued = await self.repo.enqueue_run(
             tenant,
             conversation_id,

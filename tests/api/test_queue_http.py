@@ -124,6 +124,17 @@ async def test_enqueued_background_runs_run_in_submission_order_on_their_predece
     assert [h.prompt for h in gate.held] == [f"held {n}" for n in range(5)]  # none ran twice
 
 
+async def test_a_background_wait_request_is_queued_like_enqueue(
+    client: AppClient, gate: GatedProvider
+) -> None:
+    await post_run(client, "held first", ASYNC)
+    await gate.arrival("held first")
+    queued = await post_run(client, "later", ASYNC, if_busy="wait")
+    assert queued.status_code == 202 and queued.json()["status"] == "queued"
+    gate.release_all()
+    assert (await ended(client, queued.json()["run_id"]))["status"] == "completed"
+
+
 async def test_an_enqueued_run_without_respond_async_waits_and_answers_as_a_run(
     client: AppClient, gate: GatedProvider
 ) -> None:
