@@ -62,6 +62,8 @@ class LeaseKeeping:
     lease_repo: Repository
     _keeper: asyncio.Task[None] | None
     _hooked: dict[int, tuple[Any, Any]]
+    waiting: dict[str, Any]  # app.service.queue
+    _claims: set[asyncio.Task[None]]
 
     if TYPE_CHECKING:
 
@@ -88,6 +90,9 @@ class LeaseKeeping:
     async def aclose(self) -> None:
         """Cancel this process's runs (they are recorded ``cancelled``) and stop the keeper."""
         self.shutdown()
+        for claim in list(self._claims):  # app.service.queue: a run it claims ends cancelled
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await claim
         for active in list(self.active.values()):
             if active.task is not None:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -109,6 +114,8 @@ class LeaseKeeping:
         self.closing = True
         for active in list(self.active.values()):
             self.stop(active)
+        for waiter in self.waiting.values():  # requests waiting in a queue give up now
+            waiter.wake.set()
 
     def stop(self, active: ActiveRun) -> None:
         """Cancel a run of this process, unless it is already writing its outcome."""

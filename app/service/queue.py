@@ -72,6 +72,7 @@ class Queueing:
     active: dict[str, ActiveRun]
     lease_repo: Repository
     waiting: dict[str, _Waiter]
+    _claims: set[asyncio.Task[None]]  # claims started when a run ended (kept referenced)
 
     if TYPE_CHECKING:  # provided by the RunManager and its LeaseKeeping
 
@@ -213,7 +214,8 @@ class Queueing:
 
     def _conversation_freed(self, tenant: str, conversation_id: str) -> None:
         """A run of this process on the conversation ended: wake its waiters here, and start
-        the next background run of its queue (if it is one's turn)."""
+        the next background run of its queue (if it is one's turn; a read first, so that a
+        conversation without a queue costs no write)."""
         for waiter in self.waiting.values():
             if waiter.tenant == tenant and waiter.conversation_id == conversation_id:
                 waiter.wake.set()
@@ -222,14 +224,17 @@ class Queueing:
                 self._claim_background(tenant, conversation_id),
                 name=f"carryover-claim-{uuid.uuid4().hex[:8]}",
             )
+            self._claims.add(task)
+            task.add_done_callback(self._claims.discard)
             task.add_done_callback(_log_failure)
 
     async def _claim_background(
         self, tenant: str, conversation_id: str, repo: Repository | None = None
     ) -> None:
-        if self.closing:
+        repo = repo or self.repo
+        if self.closing or not await repo.has_queue(tenant, conversation_id):
             return
-        started = await (repo or self.repo).claim_next(
+        started = await repo.claim_next(
             tenant,
             conversation_id,
             owner=self.owner,

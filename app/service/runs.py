@@ -71,6 +71,7 @@ class RunManager(LeaseKeeping, Queueing):
         self._keeper: asyncio.Task[None] | None = None
         self._hooked: dict[int, tuple[Any, Any]] = {}
         self.waiting: dict[str, Any] = {}  # held queued runs of this process (app.service.queue)
+        self._claims: set[asyncio.Task[None]] = set()
 
     # --- runs --------------------------------------------------------------------------------
 

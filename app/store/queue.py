@@ -173,6 +173,11 @@ class QueueStore(StoreBase):
                 conn, conv, now, owner=owner, lease_seconds=lease_seconds, mine=mine
             )
 
+    async def has_queue(self, tenant: str, conv_id: str) -> bool:
+        """A read: are runs queued on the conversation (that may still run)?"""
+        async with read_transaction(self.engine) as conn:
+            return await queue_ahead(conn, tenant, conv_id, self.clock.now()) is not None
+
     async def queue_state(self, tenant: str, conv_id: str, run_id: str) -> QueueState:
         """A read: the queued run's status, and whether a claim by its holder would start
         something now (the waiter only tries to claim then: waiting costs reads, not writes)."""
