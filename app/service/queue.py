@@ -26,6 +26,7 @@ from app.agent.messages import UserMessage
 from app.clock import Clock
 from app.config import Settings
 from app.etag import IfMatch
+from app.store.errors import conversation_not_found
 from app.store.repository import IdempotencyClaim, Repository, RunRecord, StartedRun
 from app.store.tables import Run
 
@@ -157,7 +158,10 @@ class Queueing:
                 if self.closing:
                     return await self._give_up(tenant, conversation_id, run_id, deadline)
                 state = await self.repo.queue_state(tenant, conversation_id, run_id)
-                if state.status is None:  # dropped: its bound passed (seen by another process)
+                if state.status is None:
+                    if await self.repo.get_conversation(tenant, conversation_id) is None:
+                        raise conversation_not_found(conversation_id)  # deleted meanwhile
+                    # dropped: its bound passed (seen by another process)
                     raise Busy(run_id, retry_after=self.settings.lease_seconds)
                 if state.status == "running":
                     continue  # claimed elsewhere after this process lost its hold: wait for it

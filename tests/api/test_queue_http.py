@@ -276,3 +276,16 @@ async def test_if_match_is_checked_on_arrival_not_when_a_queued_run_starts(
     record = await ended(client, matching.json()["run_id"])
     assert record["status"] == "completed" and record["base_etag"] != etag
     assert await stored_texts(client) == ["held first", "stale", "matching"]
+
+
+async def test_a_waiter_whose_conversation_is_deleted_gets_404(
+    client: AppClient, gate: GatedProvider
+) -> None:
+    running = asyncio.create_task(post_run(client, "held"))
+    await gate.arrival("held")
+    waiter = asyncio.create_task(post_run(client, "waiting", if_busy="enqueue"))
+    await queued_count(client, 1)
+    assert (await client.delete("/conversations/conv")).status_code == 204
+    assert_problem(await asyncio.wait_for(waiter, HANG_GUARD_SECONDS), 404, "not-found")
+    gate.release_all()
+    await running
