@@ -1,7 +1,7 @@
 """Queued runs: the arrival order of a conversation's queued runs and a waiter's bound.
 
 Revision ID: 0005
-Revises: 0001
+Revises: 0002
 Create Date: 2026-12-01
 
 ``runs.queue_seq`` orders a conversation's queued runs (status ``queued``) in arrival order;
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0005"
-down_revision: str | Sequence[str] | None = "0001"
+down_revision: str | Sequence[str] | None = "0002"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

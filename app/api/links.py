@@ -26,6 +26,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from .problems import (
+    DATABASE_UNAVAILABLE,
     MALFORMED_JSON,
     NOT_READY,
     PAYLOAD_TOO_LARGE,
@@ -180,10 +181,17 @@ def document_extras(schema: dict[str, Any]) -> None:
     """Add the links, the middleware's answers and the exact body rules to ``schema``
     (in place)."""
     components = schema.get("components", {}).get("schemas", {})
+    for name, component in components.items():
+        if name.endswith(("-Input", "-Output")):
+            # a request's and an answer's schema of one model: titled apart, since generators
+            # (openapi-python-client) name models by title
+            component["title"] = name.replace("-", "")
     _require_discriminators(schema, components)
-    data = components.get("Base64Source", {}).get("properties", {}).get("data")
-    if isinstance(data, dict):
-        data.update({"pattern": BASE64_PATTERN, "contentEncoding": "base64"})
+    # one schema, or a request's and an answer's (FastAPI's ``-Input`` / ``-Output``)
+    for name in ("Base64Source", "Base64Source-Input", "Base64Source-Output"):
+        data = components.get(name, {}).get("properties", {}).get("data")
+        if isinstance(data, dict):
+            data.update({"pattern": BASE64_PATTERN, "contentEncoding": "base64"})
     for path, operations in schema.get("paths", {}).items():
         for method, operation in operations.items():
             if not isinstance(operation, dict) or "responses" not in operation:
@@ -197,7 +205,9 @@ def document_extras(schema: dict[str, Any]) -> None:
                 operation["security"] = [{"HTTPBearer": []}, {}]
                 _add_responses(operation, problem_responses(UNAUTHORIZED))
             elif operation.get("security"):
-                _add_responses(operation, problem_responses(UNAUTHORIZED, NOT_READY))
+                _add_responses(
+                    operation, problem_responses(UNAUTHORIZED, NOT_READY, DATABASE_UNAVAILABLE)
+                )
             if method in _BODY_METHODS:
                 _add_responses(operation, problem_responses(PAYLOAD_TOO_LARGE))
             if "requestBody" in operation:

@@ -80,6 +80,7 @@ class Queueing:
         @property
         def tick(self) -> float: ...
         def _took_over(self, started: StartedRun) -> None: ...
+        async def _busy_retry_after(self, tenant: str, conversation_id: str) -> int: ...
         def _agent_or_none(self, name: str) -> Agent | None: ...
         def _spawn(self, active: ActiveRun, agent: Agent | None, request: RunRequest) -> None: ...
 
@@ -116,7 +117,9 @@ class Queueing:
         if queued.replay is not None:
             return Replayed(queued.replay.status_code, queued.replay.response)
         if queued.busy is not None:
-            raise Busy(queued.busy, retry_after=self.settings.lease_seconds)
+            raise Busy(
+                queued.busy, retry_after=await self._busy_retry_after(tenant, conversation_id)
+            )
         mine = self._mine(queued.started, run_id)
         if mine is not None:
             return mine
@@ -150,7 +153,10 @@ class Queueing:
                 remaining = math.inf if deadline is None else deadline - self.clock.monotonic()
                 if remaining <= 0 and await self.repo.leave_queue(tenant, conversation_id, run_id):
                     holder = await self.repo.lease_holder(tenant, conversation_id)
-                    raise Busy(holder or run_id, retry_after=self.settings.lease_seconds)
+                    raise Busy(
+                        holder or run_id,
+                        retry_after=await self._busy_retry_after(tenant, conversation_id),
+                    )
                 pause = min(self.tick / 4, remaining) if remaining > 0 else self.tick / 4
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(waiter.wake.wait(), pause)
@@ -162,7 +168,9 @@ class Queueing:
                     if await self.repo.get_conversation(tenant, conversation_id) is None:
                         raise conversation_not_found(conversation_id)  # deleted meanwhile
                     # dropped: its bound passed (seen by another process)
-                    raise Busy(run_id, retry_after=self.settings.lease_seconds)
+                    raise Busy(
+                        run_id, retry_after=await self._busy_retry_after(tenant, conversation_id)
+                    )
                 if state.status == "running":
                     continue  # claimed elsewhere after this process lost its hold: wait for it
                 if state.status != "queued":
@@ -250,14 +258,15 @@ class Queueing:
         elif started is not None:
             self._took_over(started)
 
-    async def _sweep_queues(self) -> None:
-        """The keeper's tick: renew the holds of this process's waiting requests, and start
-        background runs whose conversation is free (their accepting process may have died)."""
+    async def _sweep_queues(self, *, claim: bool = True) -> None:
+        """The keeper's tick: renew the holds of this process's waiting requests, and (with
+        ``claim``) start background runs whose conversation is free (their accepting process
+        may have died)."""
         if self.waiting:
             await self.lease_repo.renew_holds(
                 list(self.waiting), owner=self.owner, lease_seconds=self.settings.lease_seconds
             )
-        if self.closing:
+        if self.closing or not claim:
             return
         for tenant, conversation_id in await self.lease_repo.ready_queues():
             await self._claim_background(tenant, conversation_id, self.lease_repo)

@@ -10,7 +10,7 @@ not depend on how long the conversation is.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -22,17 +22,20 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.agent.codec import dump_messages
 from app.agent.messages import UserMessage
 from app.agent.records import Result
+from app.agent.tokens import TokenTally, advance, tally_of
 from app.etag import IfMatch, if_match_holds, version_etag
 
 from ._sql import (
     Loaded,
     StoreBase,
+    StoredRows,
     child_key,
     conversation_key,
+    decode,
     insert_messages,
     insert_transcript,
-    read_context,
     read_conversation,
+    read_rows,
 )
 from ._turns import cancel_queued, queue_ahead, take_free
 from .changes import ContextWrite, TranscriptItem, plan_context_write, run_transcript
@@ -70,6 +73,10 @@ OnFailure = Literal["keep", "discard"]
 #: the detail of a run refused by its If-Match
 STALE_RUN = "If-Match does not match the stored context; nothing ran"
 
+CachedContext = Callable[[str, str, str, int], Loaded | None]
+"""A cache of stored contexts: ``(tenant, conversation_id, incarnation, version)`` → the
+:class:`Loaded` stored at exactly that version, or ``None``."""
+
 
 @dataclass(frozen=True)
 class RunOutcome:
@@ -80,6 +87,8 @@ class RunOutcome:
     etag: str  # the stored state's ETag after the write (stored or not)
     result_etag: str | None  # the ETag of the run's context, when stored
     finished_at: datetime | None = None
+    #: what is stored now, when this run stored it (exactly the run's context): for a cache
+    saved: Loaded | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +151,7 @@ class RunStore(StoreBase):
         owner: str,
         lease_seconds: float,
         idempotency: IdempotencyClaim | None = None,
+        cached: CachedContext | None = None,
     ) -> StartedRun:
         """Take the conversation's run lease and load its context, in one write transaction.
 
@@ -149,9 +159,13 @@ class RunStore(StoreBase):
         :class:`IdempotencyMismatch` / :class:`IdempotencyInFlight`); :class:`PreconditionFailed`
         when ``if_match`` does not hold; busy when another run holds a live lease (a lease that
         expired marks its run ``interrupted`` and is taken over). Then the run row, the lease and
-        the idempotency key are written and the context is read under them.
+        the idempotency key are written and the context is read under them — unless ``cached``
+        holds it at the version read under the lock (then no message row is read). The rows
+        read are decoded after the transaction, in a worker thread for long contexts.
         """
         interrupted: str | None = None
+        hit: Loaded | None = None
+        rows: StoredRows | None = None
         async with write_transaction(self.engine) as conn:
             stmt = select(conversations).where(*conversation_key(tenant, conv_id))
             if conn.dialect.name == "postgresql":
@@ -202,7 +216,11 @@ class RunStore(StoreBase):
             await conn.execute(insert(runs).values(values))
             if idempotency is not None:
                 await insert_claim(conn, tenant, conv_id, run_id, idempotency, now)
-            loaded = await read_context(conn, conv)
+            if cached is not None:
+                hit = cached(tenant, conv_id, conv.incarnation, conv.version)
+            if hit is None:
+                rows = await read_rows(conn, conv)
+        loaded = hit if hit is not None else await decode(rows)
         return StartedRun(run=Run(**values), loaded=loaded, interrupted=interrupted)
 
     async def request_cancel(self, tenant: str, conv_id: str, run_id: str) -> Run:
@@ -250,6 +268,11 @@ class RunStore(StoreBase):
         """
         plan = plan_context_write(base.context, base.first_position, base.next_position, result)
         entries = run_transcript(result, len(base.context.messages), plan)
+        tokens = (
+            tally_of(result.context.messages)
+            if plan.rewritten or base.tokens is None
+            else advance(base.tokens, len(base.context.messages), result)
+        )
         try:
             return await self._finish_run(
                 tenant,
@@ -260,6 +283,7 @@ class RunStore(StoreBase):
                 store=store,
                 plan=plan,
                 entries=entries,
+                tokens=tokens,
             )
         except _NotRunning:
             # The lease fences the write: only a run still ``running`` finishes. A run whose
@@ -280,6 +304,7 @@ class RunStore(StoreBase):
         store: bool,
         plan: ContextWrite,
         entries: Sequence[TranscriptItem],
+        tokens: TokenTally,
     ) -> RunOutcome:
         now = self.clock.now()
         key = conversation_key(tenant, conv_id)
@@ -306,6 +331,7 @@ class RunStore(StoreBase):
                             transcript_seq=conversations.c.transcript_seq + len(entries),
                             updated_at=now,
                             active_run_id=release,
+                            token_tally=tokens.model_dump(mode="json"),
                         )
                         .returning(*returning)
                     )
@@ -363,8 +389,24 @@ class RunStore(StoreBase):
             await insert_audit(conn, tenant, conv_id, run_id, result)
             first_seq = row.transcript_seq - len(entries) + 1
             await insert_transcript(conn, tenant, conv_id, run_id, first_seq, entries, now)
+        saved = None
+        if stored:
+            saved = Loaded(
+                context=result.context,
+                etag=etag,
+                version=row.version,
+                incarnation=base.incarnation,
+                first_position=plan.next_position - len(result.context.messages),
+                next_position=plan.next_position,
+                tokens=tokens,
+            )
         return RunOutcome(
-            status=status, stored=stored, etag=etag, result_etag=result_etag, finished_at=now
+            status=status,
+            stored=stored,
+            etag=etag,
+            result_etag=result_etag,
+            finished_at=now,
+            saved=saved,
         )
 
 
@@ -426,4 +468,12 @@ async def _no_longer_running(
     )
 
 
-__all__ = ["STALE_RUN", "OnFailure", "RunOutcome", "RunStatus", "RunStore", "StartedRun"]
+__all__ = [
+    "STALE_RUN",
+    "CachedContext",
+    "OnFailure",
+    "RunOutcome",
+    "RunStatus",
+    "RunStore",
+    "StartedRun",
+]

@@ -11,7 +11,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header, Request
+from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -38,10 +38,13 @@ from app.store.queue import ASYNC_ANSWER_KEY, async_answer
 from app.store.records import RunRecord
 
 from ..deps import (
+    AcceptHeader,
     ConversationPath,
     CursorQuery,
+    IdempotencyKeyHeader,
     IfMatchHeader,
     LimitQuery,
+    PreferHeader,
     RunIdPath,
     ServicesDep,
     TenantDep,
@@ -52,6 +55,7 @@ from ..deps import (
     parse_prefer,
     prefers_minimal,
 )
+from ..handlers import stream_problem
 from ..headers import ETAG_HEADER, LOCATION_HEADER, RETRY_AFTER_HEADER
 from ..limits import check_prompts
 from ..problems import (
@@ -68,33 +72,12 @@ from ..views import record_view, request_hash, run_request, run_view
 
 router = APIRouter(tags=["runs"])
 
-PreferHeader = Annotated[
-    str | None,
-    Header(
-        alias="Prefer",
-        description="RFC 7240: `return=minimal` leaves `context` out of the answer; on "
-        "`POST …/runs`, `respond-async` answers 202 at once with the run record (background "
-        "mode, docs/runs.md)",
-    ),
-]
-IdempotencyKeyHeader = Annotated[
-    str | None,
-    Header(
-        alias="Idempotency-Key",
-        max_length=255,
-        description="Repeat a request safely: the same key and body replay the first answer",
-    ),
-]
-AcceptHeader = Annotated[
-    str | None,
-    Header(alias="Accept", description="`text/event-stream` streams the run as server-sent events"),
-]
-
 SSE_DESCRIPTION = (
     'With `Accept: text/event-stream` or `"stream": true`: server-sent events `run.started`, '
     "`delta` (text, thinking and tool-call parts), `message` (each completed message), "
     "`tool.started`, `tool.finished`, `compaction`, and last `run.finished` carrying the same "
-    "body as the JSON answer."
+    "body as the JSON answer — or, when the outcome could not be stored, `error` carrying the "
+    "problem (e.g. `database-unavailable` with `stored: false`)."
 )
 
 
@@ -112,12 +95,14 @@ SSE_EVENT: dict[str, Any] = {
                 "tool.finished",
                 "compaction",
                 "run.finished",
+                "error",
             ],
         },
         "data": {
             "type": "string",
             "contentMediaType": "application/json",
-            "description": "The event's JSON payload; for run.finished, the Run",
+            "description": "The event's JSON payload; for run.finished, the Run; for error "
+            "(instead of run.finished, when the run's outcome could not be stored), a problem",
         },
     },
     "required": ["event", "data"],
@@ -369,8 +354,16 @@ async def _events(
             payload = _event_payload(event)
             if payload is not None:
                 yield _sse(*payload)
-        finished = await asyncio.shield(active.done)
-        yield _sse("run.finished", run_view(finished).body(minimal=minimal))
+        try:
+            finished = await asyncio.shield(active.done)
+            body = run_view(finished).body(minimal=minimal)
+        except Exception as exc:  # the outcome could not be stored (or a bug): say so, end
+            yield _sse(
+                "error",
+                stream_problem(exc, instance=_location(active.conversation_id, active.run_id)),
+            )
+            return
+        yield _sse("run.finished", body)
     except asyncio.CancelledError:
         if on_disconnect == "cancel":
             manager.stop(active)
