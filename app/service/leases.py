@@ -71,8 +71,8 @@ class LeaseKeeping:
     _claims: set[asyncio.Task[None]]
 
     if TYPE_CHECKING:
-
-        async def _sweep_queues(self, *, claim: bool = True) -> None: ...  # app.service.queue.Queueing
+        # app.service.queue.Queueing
+        async def _sweep_queues(self, *, claim: bool = True) -> None: ...
 
     async def start_keeper(self) -> None:
         if self._keeper is None:

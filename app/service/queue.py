@@ -74,6 +74,7 @@ class Queueing:
     lease_repo: Repository
     waiting: dict[str, _Waiter]
     _claims: set[asyncio.Task[None]]  # claims started when a run ended (kept referenced)
+    queues: set[tuple[str, str]]  # conversations where this process saw queued runs
 
     if TYPE_CHECKING:  # provided by the RunManager and its LeaseKeeping
 
@@ -116,6 +117,7 @@ class Queueing:
         )
         if queued.replay is not None:
             return Replayed(queued.replay.status_code, queued.replay.response)
+        self.queues.add((tenant, conversation_id))
         if queued.busy is not None:
             raise Busy(
                 queued.busy, retry_after=await self._busy_retry_after(tenant, conversation_id)
@@ -215,6 +217,7 @@ class Queueing:
         """Run a claimed queued run that no request of this process waits for."""
         run = started.run
         assert run is not None and started.loaded is not None
+        self.queues.add((run.tenant, run.conversation_id))
         self._took_over(started)
         request = RunRequest(
             prompts=cast(tuple[UserMessage, ...], load_messages(run.prompts, "prompts")),
@@ -225,13 +228,14 @@ class Queueing:
         self._spawn(active, self._agent_or_none(run.agent), request)
 
     def _conversation_freed(self, tenant: str, conversation_id: str) -> None:
-        """A run of this process on the conversation ended: wake its waiters here, and start
-        the next background run of its queue (if it is one's turn; a read first, so that a
-        conversation without a queue costs no write)."""
+        """A run of this process on the conversation ended: wake its waiters here, and, on a
+        conversation where this process saw queued runs, start the next background run at
+        once (if it is one's turn; a read first). Queues this process did not see are started
+        by the keeper's sweep (any replica's), within a tick."""
         for waiter in self.waiting.values():
             if waiter.tenant == tenant and waiter.conversation_id == conversation_id:
                 waiter.wake.set()
-        if not self.closing:
+        if (tenant, conversation_id) in self.queues and not self.closing:
             task = asyncio.create_task(
                 self._claim_background(tenant, conversation_id),
                 name=f"carryover-claim-{uuid.uuid4().hex[:8]}",
@@ -244,7 +248,10 @@ class Queueing:
         self, tenant: str, conversation_id: str, repo: Repository | None = None
     ) -> None:
         repo = repo or self.repo
-        if self.closing or not await repo.has_queue(tenant, conversation_id):
+        if self.closing:
+            return
+        if not await repo.has_queue(tenant, conversation_id):
+            self.queues.discard((tenant, conversation_id))
             return
         started = await repo.claim_next(
             tenant,

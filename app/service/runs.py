@@ -72,6 +72,7 @@ class RunManager(LeaseKeeping, Queueing):
         self.contexts = ContextCache(settings.context_cache_messages)
         self.waiting: dict[str, Any] = {}  # held queued runs of this process (app.service.queue)
         self._claims: set[asyncio.Task[None]] = set()
+        self.queues: set[tuple[str, str]] = set()
 
     # --- runs --------------------------------------------------------------------------------
 

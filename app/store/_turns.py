@@ -80,6 +80,19 @@ async def queue_ahead(
     return found
 
 
+def queue_head(tenant: str, conv_id: str, now: datetime) -> Any:
+    """:func:`queue_ahead` as a scalar subquery labelled ``queue_head`` (read with the
+    conversation's row, in the statement that locks it)."""
+    return (
+        select(runs.c.run_id)
+        .where(*queued(tenant, conv_id), live(now))
+        .order_by(runs.c.queue_seq)
+        .limit(1)
+        .scalar_subquery()
+        .label("queue_head")
+    )
+
+
 async def next_queue_seq(conn: AsyncConnection, tenant: str, conv_id: str) -> int:
     """The arrival number of a run joining the queue (under the conversation's lock)."""
     last = (
@@ -158,6 +171,7 @@ __all__ = [
     "live",
     "next_queue_seq",
     "queue_ahead",
+    "queue_head",
     "queued",
     "take_free",
 ]

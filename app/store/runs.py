@@ -37,7 +37,7 @@ from ._sql import (
     read_conversation,
     read_rows,
 )
-from ._turns import cancel_queued, queue_ahead, take_free
+from ._turns import cancel_queued, queue_head, take_free
 from .changes import ContextWrite, TranscriptItem, plan_context_write, run_transcript
 from .db import read_transaction, write_transaction
 from .errors import (
@@ -167,15 +167,21 @@ class RunStore(StoreBase):
         hit: Loaded | None = None
         rows: StoredRows | None = None
         async with write_transaction(self.engine) as conn:
-            stmt = select(conversations).where(*conversation_key(tenant, conv_id))
+            # With the row: the first queued run that may still run (app/store/queue.py), in
+            # the same statement — a new run does not overtake the queue.
+            stmt = select(conversations, queue_head(tenant, conv_id, self.clock.now())).where(
+                *conversation_key(tenant, conv_id)
+            )
             if conn.dialect.name == "postgresql":
-                stmt = stmt.with_for_update()
+                stmt = stmt.with_for_update(of=conversations)
             found = (await conn.execute(stmt)).mappings().first()
             # The time once the locks are held: waiting for them must not eat into the lease.
             now = self.clock.now()
             if found is None:
                 raise conversation_not_found(conv_id)
-            conv = Conversation(**found)
+            values_found = dict(found)
+            ahead = values_found.pop("queue_head")
+            conv = Conversation(**values_found)
 
             if idempotency is not None:
                 replay = await claimed(conn, tenant, conv_id, idempotency, now)
@@ -190,9 +196,7 @@ class RunStore(StoreBase):
             busy, interrupted = await take_free(conn, tenant, conv_id, conv.active_run_id, now)
             if busy is not None:
                 return StartedRun(active_run_id=busy)
-            # Runs queued before this request go first (app/store/queue.py).
-            ahead = await queue_ahead(conn, tenant, conv_id, now)
-            if ahead is not None:
+            if ahead is not None:  # runs queued before this request go first
                 return StartedRun(active_run_id=ahead, interrupted=interrupted)
 
             await conn.execute(
