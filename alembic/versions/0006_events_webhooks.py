@@ -1,7 +1,7 @@
 """Run events (durable, resumable SSE) and webhooks with their outbox (issue 13).
 
 Revision ID: 0006
-Revises: 0002
+Revises: 0005
 Create Date: 2026-12-01
 
 Written by hand; ``app/store/tables.py`` describes the same tables.
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0006"
-down_revision: str | Sequence[str] | None = "0002"
+down_revision: str | Sequence[str] | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -12,6 +12,9 @@ One loop, every :attr:`LeaseKeeping.tick`:
   while the database was away may belong to a live run, whose process renews it first — a
   read on the ``(status, lease_expires_at)`` index, and a short write per run found, so a dead
   process's runs end within about ``lease_seconds + tick`` of its last renewal;
+- renews the holds of this process's requests waiting in a conversation's queue, and (outside
+  that grace) claims the heads of queues that no client holds once their conversation is free
+  (after a run ended or its process died: :mod:`app.service.queue`);
 - every ``min(60 s, idempotency_ttl_seconds)`` (at most as often as that, by the injected
   clock's monotonic time), deletes the idempotency keys past their retention, and run events
   past theirs (``event_retention_seconds``, in bounded batches).
@@ -32,7 +35,7 @@ import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.clock import Clock
 from app.config import Settings
@@ -65,6 +68,12 @@ class LeaseKeeping:
     lease_repo: Repository
     _keeper: asyncio.Task[None] | None
     _hooked: dict[int, tuple[Any, Any]]
+    waiting: dict[str, Any]  # app.service.queue
+    _claims: set[asyncio.Task[None]]
+
+    if TYPE_CHECKING:
+        # app.service.queue.Queueing
+        async def _sweep_queues(self, *, claim: bool = True) -> None: ...
 
     async def start_keeper(self) -> None:
         if self._keeper is None:
@@ -87,6 +96,9 @@ class LeaseKeeping:
     async def aclose(self) -> None:
         """Cancel this process's runs (they are recorded ``cancelled``) and stop the keeper."""
         self.shutdown()
+        for claim in list(self._claims):  # app.service.queue: a run it claims ends cancelled
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await claim
         for active in list(self.active.values()):
             if active.task is not None:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -108,6 +120,8 @@ class LeaseKeeping:
         self.closing = True
         for active in list(self.active.values()):
             self.stop(active)
+        for waiter in self.waiting.values():  # requests waiting in a queue give up now
+            waiter.wake.set()
 
     def stop(self, active: ActiveRun) -> None:
         """Cancel a run of this process, unless it is already writing its outcome."""
@@ -180,6 +194,10 @@ class LeaseKeeping:
                     if interrupted:
                         log.warning("marked %d run(s) of a dead process interrupted", interrupted)
                         RUNS.labels(status="interrupted").inc(interrupted)
+                # app/service/queue.py: renew the holds of waiting requests; start the next
+                # queued runs (not during the grace: a claim interrupts an expired holder)
+                async with asyncio.timeout(self.settings.lease_seconds):
+                    await self._sweep_queues(claim=sweep_after is None)
                 if now - purged >= purge_every:
                     purged = now
                     await self.lease_repo.purge_idempotency_keys()

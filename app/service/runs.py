@@ -43,6 +43,7 @@ from .events import start_recorder
 from .leases import LeaseKeeping
 from .metrics import observe_result
 from .pages import Page
+from .queue import EndedUnrun, QueuedRun, Queueing
 from .types import ActiveRun, FinishedRun, Idempotency, Replayed, RunRequest
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ T = TypeVar("T")
 Disconnected = Callable[[], Awaitable[bool]]
 
 
-class RunManager(LeaseKeeping):
+class RunManager(LeaseKeeping, Queueing):
     def __init__(
         self,
         repo: Repository,
@@ -70,6 +71,9 @@ class RunManager(LeaseKeeping):
         self._keeper: asyncio.Task[None] | None = None
         self._hooked: dict[int, tuple[Any, Any]] = {}
         self.contexts = ContextCache(settings.context_cache_messages)
+        self.waiting: dict[str, Any] = {}  # held queued runs of this process (app.service.queue)
+        self._claims: set[asyncio.Task[None]] = set()
+        self.queues: set[tuple[str, str]] = set()
 
     # --- runs --------------------------------------------------------------------------------
 
@@ -82,8 +86,13 @@ class RunManager(LeaseKeeping):
         if_match: IfMatch | None,
         idempotency: Idempotency | None = None,
         stream: bool = False,
-    ) -> ActiveRun | Replayed:
-        """Take the conversation's lease and start the run; refusals raise before."""
+        respond_async: bool = False,
+    ) -> ActiveRun | Replayed | QueuedRun | EndedUnrun:
+        """Take the conversation's lease and start the run; refusals raise before.
+
+        ``if_busy: wait|enqueue`` and ``respond_async`` go through the conversation's queue
+        (:mod:`app.service.queue`): a background request may answer :class:`QueuedRun`, a
+        held one that was cancelled while queued :class:`EndedUnrun`."""
         if self.closing:
             raise ShuttingDown
         agent = self.agents.get(request.agent)
@@ -95,10 +104,21 @@ class RunManager(LeaseKeeping):
                 ttl_seconds=self.settings.idempotency_ttl_seconds,
             )
         run_id = str(uuid.uuid4())
-        deadline = self.clock.monotonic() + (
-            self.settings.busy_wait_seconds if request.if_busy == "wait" else 0.0
-        )
-        while True:
+        if request.if_busy != "reject" or respond_async:
+            # Queued runs, background runs and fair waiting: app/service/queue.py
+            turn = await self._queue_start(
+                tenant,
+                conversation_id,
+                request,
+                run_id=run_id,
+                if_match=if_match,
+                claim=claim,
+                respond_async=respond_async,
+            )
+            if not isinstance(turn, StartedRun):
+                return turn
+            started = turn
+        else:
             started = await self.repo.start_run(
                 tenant,
                 conversation_id,
@@ -114,9 +134,11 @@ class RunManager(LeaseKeeping):
             )
             if started.replay is not None:
                 return Replayed(started.replay.status_code, started.replay.response)
-            if started.active_run_id is None:
-                break
-            await self._wait_until_free(tenant, conversation_id, started.active_run_id, deadline)
+            if started.active_run_id is not None:
+                raise Busy(
+                    started.active_run_id,
+                    retry_after=await self._busy_retry_after(tenant, conversation_id),
+                )
         self._took_over(started)
 
         active = ActiveRun(
@@ -124,36 +146,34 @@ class RunManager(LeaseKeeping):
             conversation_id=conversation_id,
             run_id=run_id,
             started=started,
-            events=asyncio.Queue() if stream else None,
+            events=asyncio.Queue() if stream and not respond_async else None,
         )
+        self._spawn(active, agent, request, idempotency)
+        return active
+
+    def _spawn(
+        self,
+        active: ActiveRun,
+        agent: Agent | None,
+        request: RunRequest,
+        idempotency: Idempotency | None = None,
+    ) -> None:
+        """Run a started run as a task of its own (``agent`` None: its profile is unknown
+        here, and it fails)."""
         self._register(active)
         active.recorder = start_recorder(self.repo, self.clock, active)
         active.task = asyncio.create_task(
             self._execute(active, agent, request, idempotency),
-            name=f"carryover-run-{run_id}",
+            name=f"carryover-run-{active.run_id}",
         )
         if self.closing:  # stopping began while the lease was being taken: end it at once
             self.stop(active)
-        return active
 
-    async def _wait_until_free(
-        self, tenant: str, conversation_id: str, holder: str, deadline: float
-    ) -> None:
-        """``if_busy: wait``: poll with reads (cheap, and concurrent even on SQLite) until the
-        conversation looks free; Busy once the deadline passed."""
-        while True:
-            remaining = deadline - self.clock.monotonic()
-            if remaining <= 0:
-                raise Busy(
-                    holder, retry_after=await self._busy_retry_after(tenant, conversation_id)
-                )
-            await asyncio.sleep(min(self.tick / 4, remaining))
-            if self.closing:
-                raise ShuttingDown
-            found = await self.repo.lease_holder(tenant, conversation_id)
-            if found is None:
-                return  # free (or its holder's lease expired): try to take it
-            holder = found
+    def _agent_or_none(self, name: str) -> Agent | None:
+        try:
+            return self.agents.get(name)
+        except Exception:
+            return None
 
     async def _busy_retry_after(self, tenant: str, conversation_id: str) -> int:
         return await retry_after_busy(
@@ -170,7 +190,7 @@ class RunManager(LeaseKeeping):
     async def _execute(
         self,
         active: ActiveRun,
-        agent: Agent,
+        agent: Agent | None,
         request: RunRequest,
         idempotency: Idempotency | None,
     ) -> None:
@@ -182,6 +202,8 @@ class RunManager(LeaseKeeping):
             try:
                 if active.stop_requested:
                     raise asyncio.CancelledError
+                if agent is None:
+                    raise LookupError(f"no agent profile {request.agent!r} on this server")
                 result = await self._run_agent(active, agent, loaded, request.prompts)
             except asyncio.CancelledError:  # cancelled before the agent took over
                 result = _cancelled(loaded.context)
@@ -221,6 +243,7 @@ class RunManager(LeaseKeeping):
                 active.recorder.abandon()
             if active.events is not None:
                 active.events.put_nowait(None)
+            self._conversation_freed(active.tenant, active.conversation_id)
 
     async def _run_agent(
         self, active: ActiveRun, agent: Agent, loaded: Loaded, prompts: tuple[UserMessage, ...]
@@ -435,6 +458,7 @@ class RunManager(LeaseKeeping):
         finally:
             self._unregister(run_id)
             active.recorder.abandon()
+            self._conversation_freed(tenant, conversation_id)
 
 
 def _settle(target: asyncio.Future[FinishedRun], source: asyncio.Future[FinishedRun]) -> None:
@@ -467,8 +491,10 @@ def _internal(context: Context, exc: Exception) -> Result:
 __all__ = [
     "ActiveRun",
     "Busy",
+    "EndedUnrun",
     "FinishedRun",
     "Idempotency",
+    "QueuedRun",
     "Replayed",
     "RunManager",
     "RunRequest",

@@ -23,7 +23,7 @@ class RunRequest:
     prompts: tuple[UserMessage, ...]
     agent: str = "default"
     on_failure: OnFailure = "keep"
-    if_busy: Literal["reject", "wait"] = "reject"
+    if_busy: Literal["reject", "wait", "enqueue"] = "reject"
 
 
 @dataclass(frozen=True)

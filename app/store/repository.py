@@ -7,7 +7,8 @@ them together for the service (and tests) to hold one handle:
 - :mod:`.runs`: starting a run (lease, load) and recording its outcome;
 - :mod:`.leases`: renewing leases and interrupting runs of dead processes;
 - :mod:`.idempotency`: idempotency keys and their answers;
-- :mod:`.records`: run records and the transcript.
+- :mod:`.records`: run records and the transcript;
+- :mod:`.queue`: queued runs and fair waiting.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .conversations import ConversationStore
 from .events import EventRow, EventStore
 from .idempotency import IdempotencyClaim, IdempotencyStore, IdempotentReplay
 from .leases import LeaseStore, Renewal
+from .queue import Queued, QueueState, QueueStore
 from .records import RecordStore, RunRecord
 from .runs import OnFailure, RunOutcome, RunStatus, RunStore, StartedRun
 from .webhooks import WebhookStore
@@ -32,6 +34,7 @@ class Repository(
     RecordStore,
     EventStore,
     WebhookStore,
+    QueueStore,
 ):
     """Every query of the store, each in its own transaction (``Repository(engine, clock)``)."""
 
@@ -43,6 +46,8 @@ __all__ = [
     "IfMatch",
     "Loaded",
     "OnFailure",
+    "QueueState",
+    "Queued",
     "Renewal",
     "Repository",
     "RunOutcome",

@@ -37,6 +37,7 @@ from ._sql import (
     read_conversation,
     read_rows,
 )
+from ._turns import cancel_queued, queue_head, take_free
 from .changes import ContextWrite, TranscriptItem, plan_context_write, run_transcript
 from .db import read_transaction, write_transaction
 from .errors import (
@@ -48,7 +49,6 @@ from .errors import (
 )
 from .events import EventRow, insert_events
 from .idempotency import IdempotencyClaim, IdempotentReplay, claimed, insert_claim
-from .leases import interrupt
 from .records import insert_audit
 from .tables import (
     Conversation,
@@ -60,7 +60,15 @@ from .tables import (
 from .webhooks import enqueue_deliveries
 
 RunStatus = Literal[
-    "running", "completed", "failed", "cancelled", "conflicted", "interrupted", "requires_action"
+    "queued",
+    "queued",
+    "running",
+    "completed",
+    "failed",
+    "cancelled",
+    "conflicted",
+    "interrupted",
+    "requires_action",
 ]
 OnFailure = Literal["keep", "discard"]
 
@@ -161,15 +169,21 @@ class RunStore(StoreBase):
         hit: Loaded | None = None
         rows: StoredRows | None = None
         async with write_transaction(self.engine) as conn:
-            stmt = select(conversations).where(*conversation_key(tenant, conv_id))
+            # With the row: the first queued run that may still run (app/store/queue.py), in
+            # the same statement — a new run does not overtake the queue.
+            stmt = select(conversations, queue_head(tenant, conv_id, self.clock.now())).where(
+                *conversation_key(tenant, conv_id)
+            )
             if conn.dialect.name == "postgresql":
-                stmt = stmt.with_for_update()
+                stmt = stmt.with_for_update(of=conversations)
             found = (await conn.execute(stmt)).mappings().first()
             # The time once the locks are held: waiting for them must not eat into the lease.
             now = self.clock.now()
             if found is None:
                 raise conversation_not_found(conv_id)
-            conv = Conversation(**found)
+            values_found = dict(found)
+            ahead = values_found.pop("queue_head")
+            conv = Conversation(**values_found)
 
             if idempotency is not None:
                 replay = await claimed(conn, tenant, conv_id, idempotency, now)
@@ -181,22 +195,11 @@ class RunStore(StoreBase):
             ):
                 raise PreconditionFailed(STALE_RUN, current_etag=conv.etag)
 
-            if conv.active_run_id is not None:
-                holder = (
-                    await conn.execute(
-                        select(runs.c.status, runs.c.lease_expires_at).where(
-                            *child_key(runs, tenant, conv_id), runs.c.run_id == conv.active_run_id
-                        )
-                    )
-                ).first()
-                if holder is not None and holder.status == "running":
-                    expired = holder.lease_expires_at is None or holder.lease_expires_at <= now
-                    # The holder may renew its lease meanwhile: the interrupt is conditional.
-                    if not expired or not await interrupt(
-                        conn, tenant, conv_id, conv.active_run_id, now
-                    ):
-                        return StartedRun(active_run_id=conv.active_run_id)
-                    interrupted = conv.active_run_id
+            busy, interrupted = await take_free(conn, tenant, conv_id, conv.active_run_id, now)
+            if busy is not None:
+                return StartedRun(active_run_id=busy)
+            if ahead is not None:  # runs queued before this request go first
+                return StartedRun(active_run_id=ahead, interrupted=interrupted)
 
             await conn.execute(
                 update(conversations)
@@ -227,12 +230,14 @@ class RunStore(StoreBase):
         return StartedRun(run=Run(**values), loaded=loaded, interrupted=interrupted)
 
     async def request_cancel(self, tenant: str, conv_id: str, run_id: str) -> Run:
-        """Flag a running run for cancellation; the process running it stops it.
+        """Flag a running run for cancellation; the process running it stops it. A queued run
+        ends ``cancelled`` at once, without running.
 
-        :class:`NotFound` for an unknown run, :class:`Conflict` when it is not running.
+        :class:`NotFound` for an unknown run, :class:`Conflict` when it is neither.
         """
         key = [*child_key(runs, tenant, conv_id), runs.c.run_id == run_id]
         async with write_transaction(self.engine) as conn:
+            was_queued = await cancel_queued(conn, tenant, conv_id, run_id, self.clock.now())
             await conn.execute(
                 update(runs).where(*key, runs.c.status == "running").values(cancel_requested=True)
             )
@@ -240,7 +245,7 @@ class RunStore(StoreBase):
         if row is None:
             raise run_not_found(conv_id, run_id)
         run = Run(**row)
-        if run.status != "running":
+        if run.status != "running" and not was_queued:
             raise Conflict(f"run {run_id!r} is {run.status}, not running")
         return run
 
@@ -448,6 +453,8 @@ def _run_values(
         "lease_owner": None,
         "lease_expires_at": None,
         "cancel_requested": False,
+        "queue_seq": None,
+        "wait_until": None,
     }
 
 

@@ -163,12 +163,14 @@ class Run(SQLModel, table=True):
         # lease renewal and cancel polling look runs up by id; the sweeper by expiry
         Index("ix_runs_run_id", "run_id"),
         Index("ix_runs_status_lease", "status", "lease_expires_at"),
+        # a conversation's queue in arrival order (app/store/queue.py)
+        Index("ix_runs_queue", "tenant", "conversation_id", "queue_seq"),
     )
 
     tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
     conversation_id: str = Field(primary_key=True, max_length=CONVERSATION_ID_LEN)
     run_id: str = Field(primary_key=True, max_length=RUN_ID_LEN)
-    # running | completed | failed | cancelled | conflicted | interrupted
+    # queued | running | completed | failed | cancelled | conflicted | interrupted
     status: str = Field(max_length=16)
     stored: bool
     on_failure: str = Field(max_length=16)
@@ -183,6 +185,12 @@ class Run(SQLModel, table=True):
     lease_owner: str | None = Field(default=None, max_length=128)
     lease_expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     cancel_requested: bool = False
+    # Queued runs (app/store/queue.py): the arrival order within the conversation (set for
+    # every run that went through the queue), and for ``if_busy: wait`` the time its waiter
+    # gives up. A queued run whose client holds its request open has ``lease_owner`` and
+    # ``lease_expires_at`` set (the holder's process renews them); a background one has none.
+    queue_seq: int | None = Field(default=None, sa_type=BigInteger)
+    wait_until: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
 class RunNewMessage(SQLModel, table=True):

@@ -15,7 +15,17 @@ from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.service.runs import ActiveRun, FinishedRun, Idempotency, Replayed, RunManager
+from app.service.runs import (
+    ActiveRun,
+    EndedUnrun,
+    FinishedRun,
+    Idempotency,
+    QueuedRun,
+    Replayed,
+    RunManager,
+)
+from app.store.queue import ASYNC_ANSWER_KEY, async_answer
+from app.store.records import RunRecord
 
 from ..deps import (
     AcceptHeader,
@@ -32,6 +42,7 @@ from ..deps import (
     encode_cursor,
     if_match_value,
     page_limit,
+    parse_prefer,
     prefers_minimal,
 )
 from ..handlers import stream_problem
@@ -133,6 +144,20 @@ def _idempotency_key(value: str | None) -> str | None:
             "headers": {"Location": LOCATION_HEADER, "ETag": ETAG_HEADER},
             "content": {"text/event-stream": {"schema": SSE_EVENT}},
         },
+        202: {
+            "description": "With `Prefer: respond-async`: the run was accepted and goes on in "
+            "the background; its record (`status` `running` or `queued`). Poll `Location`. "
+            "A repeat with the same Idempotency-Key answers the record as it is then (200 "
+            "once the run ended)",
+            "headers": {
+                "Location": LOCATION_HEADER,
+                "Preference-Applied": {
+                    "description": "`respond-async`",
+                    "schema": {"type": "string"},
+                },
+            },
+            "model": Run,
+        },
         409: {
             "description": "Another run is in progress (`run-in-progress`), or the first "
             "request with this Idempotency-Key still runs",
@@ -163,11 +188,14 @@ async def create_run(
     check_prompts(svc.settings, request_.prompts)
     stream = body.stream or "text/event-stream" in (accept or "")
     minimal = _minimal(prefer)
+    respond_async = "respond-async" in parse_prefer(prefer)
     key = _idempotency_key(idempotency_key)
     idempotency = None
     if key is not None:
 
         def answer(finished: FinishedRun) -> tuple[int, dict[str, Any]]:
+            if respond_async:  # repeats answer the record as it is then
+                return 202, async_answer(finished.run.run_id)
             return 201, run_view(finished).body(minimal=minimal)
 
         idempotency = Idempotency(key, request_hash(body), answer)
@@ -178,9 +206,12 @@ async def create_run(
         if_match=if_match_value(if_match),
         idempotency=idempotency,
         stream=stream,
+        respond_async=respond_async,
     )
 
     if isinstance(started, Replayed):
+        if started.body.get(ASYNC_ANSWER_KEY):
+            return await _async_replay(svc.runs, tenant, conversation_id, started, minimal)
         replay = started.body
         headers = {"Idempotent-Replayed": "true"}
         if replay.get("etag"):
@@ -188,6 +219,20 @@ async def create_run(
         if replay.get("run_id"):
             headers["Location"] = _location(conversation_id, replay["run_id"])
         return JSONResponse(replay, status_code=started.status_code, headers=headers)
+    if isinstance(started, QueuedRun):
+        return _accepted(RunRecord(started.run, (), None, ()), respond_async, minimal)
+    if isinstance(started, EndedUnrun):  # cancelled while it was queued
+        if stream:
+            return _ended_stream(started.record, conversation_id)
+        return JSONResponse(
+            record_view(started.record).body(),
+            status_code=201,
+            headers={"Location": _location(conversation_id, started.record.run.run_id)},
+        )
+    if respond_async:
+        run = started.started.run
+        assert run is not None
+        return _accepted(RunRecord(run, (), None, ()), True, minimal)
 
     location = _location(conversation_id, started.run_id)
     if stream:
@@ -210,6 +255,49 @@ async def create_run(
     if view.etag:
         headers["ETag"] = view.etag
     return JSONResponse(view.body(minimal=minimal), status_code=201, headers=headers)
+
+
+# --- background mode (docs/runs.md) ----------------------------------------------------------
+
+
+def _accepted(record: RunRecord, respond_async: bool, minimal: bool) -> Response:
+    """202 Accepted: the run (``running`` or ``queued``) goes on whatever the client does."""
+    applied = ["respond-async"] if respond_async else []
+    if minimal:
+        applied.append("return=minimal")
+    headers = {"Location": _location(record.run.conversation_id, record.run.run_id)}
+    if applied:
+        headers["Preference-Applied"] = ", ".join(applied)
+    return JSONResponse(record_view(record).body(), status_code=202, headers=headers)
+
+
+async def _async_replay(
+    manager: RunManager, tenant: str, conversation_id: str, replay: Replayed, minimal: bool
+) -> Response:
+    """A repeat of a background request: the run's record as it is now — 202 while it is
+    queued or running, 200 once it ended."""
+    run_id = str(replay.body["run_id"])
+    record = await manager.record(tenant, conversation_id, run_id)
+    headers = {"Idempotent-Replayed": "true", "Location": _location(conversation_id, run_id)}
+    if record.run.status in ("queued", "running"):
+        response = _accepted(record, True, minimal)
+        response.headers.update(headers)
+        return response
+    return JSONResponse(record_view(record).body(), status_code=200, headers=headers)
+
+
+def _ended_stream(record: RunRecord, conversation_id: str) -> Response:
+    """A streamed request whose queued run ended without running: only ``run.finished``."""
+
+    async def events() -> AsyncIterator[bytes]:
+        yield _sse("run.finished", record_view(record).body())
+
+    return StreamingResponse(
+        events(),
+        status_code=201,
+        media_type="text/event-stream",
+        headers={"Location": _location(conversation_id, record.run.run_id)},
+    )
 
 
 def _sse(event: str, data: Any, seq: int | None = None) -> bytes:
@@ -302,7 +390,8 @@ async def cancel_run(
     svc: ServicesDep, tenant: TenantDep, conversation_id: ConversationPath, run_id: RunIdPath
 ) -> Response:
     """Ask an in-flight run to stop, from any replica. It ends `cancelled` within about a
-    second and is stored per its `on_failure`; this answers at once with its record."""
+    second and is stored per its `on_failure`; this answers at once with its record. A queued
+    run ends `cancelled` at once, without running."""
     record = await svc.runs.cancel(tenant, conversation_id, run_id)
     return JSONResponse(record_view(record).body(), status_code=202)
 
