@@ -43,6 +43,14 @@ class MissingProviderKey(CarryoverError, RuntimeError):
     status = 503
 
 
+class MisconfiguredProfile(CarryoverError, ValueError):
+    """A profile that cannot be built as configured (e.g. ``approval_required`` naming a tool
+    it does not have): 503 until the configuration is fixed."""
+
+    slug = "not-ready"
+    status = 503
+
+
 def with_key(profile: AgentProfile, settings: Settings) -> AgentProfile:
     """``profile`` with its API key, when it has none yet: from the variable it names in
     ``api_key_env``, else from ``OPENAI_API_KEY`` / ``ANTHROPIC_API_KEY`` as the settings read
@@ -93,6 +101,13 @@ def build_provider(profile: AgentProfile) -> Provider:
 
 def build_agent(profile: AgentProfile, provider: Provider | None = None) -> Agent:
     tools = ToolRegistry.from_paths(profile.tools, default_timeout=profile.tool_timeout)
+    unknown = sorted(set(profile.approval_required) - set(tools.tools))
+    if unknown:
+        # a typo must not silently gate nothing (docs/tools.md)
+        raise MisconfiguredProfile(
+            f"approval_required names {', '.join(unknown)}, which are not server tools of the "
+            f"profile (its tools: {', '.join(sorted(tools.tools)) or 'none'})"
+        )
     return Agent(
         AgentConfig(
             provider=provider or build_provider(profile),
@@ -103,6 +118,7 @@ def build_agent(profile: AgentProfile, provider: Provider | None = None) -> Agen
             max_turns=profile.max_turns,
             max_output_tokens=profile.max_output_tokens,
             retry=RetryPolicy(max_retries=profile.max_retries),
+            approval_required=frozenset(profile.approval_required),
         )
     )
 

@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from app.agent.events import RunEvent
-from app.agent.messages import AttemptError, Context, UserMessage
-from app.agent.records import Input, Result
+from app.agent.messages import AttemptError, Context
+from app.agent.records import Result
 from app.agent.run import Agent
 from app.clock import SYSTEM_CLOCK, Clock
 from app.config import Settings
@@ -35,6 +35,7 @@ from app.store.repository import (
     StartedRun,
 )
 
+from . import pending
 from .agents import AgentPool
 from .errors import Busy, ShuttingDown
 from .leases import LeaseKeeping
@@ -109,6 +110,7 @@ class RunManager(LeaseKeeping):
                 owner=self.owner,
                 lease_seconds=self.settings.lease_seconds,
                 idempotency=claim,
+                check=pending.checker(agent, request),
             )
             if started.replay is not None:
                 return Replayed(started.replay.status_code, started.replay.response)
@@ -171,7 +173,7 @@ class RunManager(LeaseKeeping):
             try:
                 if active.stop_requested:
                     raise asyncio.CancelledError
-                result = await self._run_agent(active, agent, loaded.context, request.prompts)
+                result = await self._run_agent(active, agent, loaded.context, request)
             except asyncio.CancelledError:  # cancelled before the agent took over
                 result = _cancelled(loaded.context)
             except Exception as exc:  # a bug: the run still ends, recorded, lease released
@@ -179,7 +181,9 @@ class RunManager(LeaseKeeping):
                 result = _internal(loaded.context, exc)
             active.finishing = True
             finish = asyncio.ensure_future(
-                self._finish(active, loaded, result, request.on_failure, idempotency)
+                self._finish(
+                    active, loaded, result, request.on_failure, idempotency, request=request
+                )
             )
             try:
                 finished = await asyncio.shield(finish)
@@ -203,13 +207,13 @@ class RunManager(LeaseKeeping):
                 active.events.put_nowait(None)
 
     async def _run_agent(
-        self, active: ActiveRun, agent: Agent, context: Context, prompts: tuple[UserMessage, ...]
+        self, active: ActiveRun, agent: Agent, context: Context, request: RunRequest
     ) -> Result:
         async def on_event(event: RunEvent) -> None:
             if active.events is not None:
                 active.events.put_nowait(event)
 
-        return await agent.run(Input(context=context, prompts=prompts), on_event=on_event)
+        return await agent.run(pending.agent_input(context, request), on_event=on_event)
 
     async def _finish(
         self,
@@ -218,6 +222,8 @@ class RunManager(LeaseKeeping):
         result: Result,
         on_failure: OnFailure,
         idempotency: Idempotency | None,
+        *,
+        request: RunRequest | None = None,
     ) -> FinishedRun:
         """Record the outcome (one transaction); then, for an idempotent request, render its
         answer from the committed outcome and keep it (a second one)."""
@@ -226,7 +232,8 @@ class RunManager(LeaseKeeping):
         changed = bool(result.compactions) or (
             len(result.context.messages) != len(loaded.context.messages)
         )
-        store = changed and (result.status == "completed" or on_failure == "keep")
+        ended_well = result.status in ("completed", "requires_action")
+        store = changed and (ended_well or on_failure == "keep")
         run = active.started.run
         assert run is not None
         outcome = await self._retrying(
@@ -238,6 +245,7 @@ class RunManager(LeaseKeeping):
                 base=loaded,
                 result=result,
                 store=store,
+                answered=pending.answered(request) if request is not None else None,
             ),
         )
         finished = FinishedRun(run, result, outcome)

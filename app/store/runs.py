@@ -10,7 +10,7 @@ not depend on how long the conversation is.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -34,7 +34,13 @@ from ._sql import (
     read_context,
     read_conversation,
 )
-from .changes import ContextWrite, TranscriptItem, plan_context_write, run_transcript
+from .changes import (
+    Answered,
+    ContextWrite,
+    TranscriptItem,
+    plan_context_write,
+    run_transcript,
+)
 from .db import read_transaction, write_transaction
 from .errors import (
     Conflict,
@@ -134,8 +140,12 @@ class RunStore(StoreBase):
         owner: str,
         lease_seconds: float,
         idempotency: IdempotencyClaim | None = None,
+        check: Callable[[Loaded], None] | None = None,
     ) -> StartedRun:
         """Take the conversation's run lease and load its context, in one write transaction.
+
+        ``check`` is called on the loaded context before the transaction commits: what it
+        raises rolls everything back (no run row, no lease, no idempotency key) and propagates.
 
         In order: :class:`NotFound`; an idempotency key seen before (the stored answer, or
         :class:`IdempotencyMismatch` / :class:`IdempotencyInFlight`); :class:`PreconditionFailed`
@@ -204,6 +214,8 @@ class RunStore(StoreBase):
             if idempotency is not None:
                 await insert_claim(conn, tenant, conv_id, run_id, idempotency, now)
             loaded = await read_context(conn, conv)
+            if check is not None:
+                check(loaded)
         return StartedRun(run=Run(**values), loaded=loaded, interrupted=interrupted)
 
     async def request_cancel(self, tenant: str, conv_id: str, run_id: str) -> Run:
@@ -233,8 +245,11 @@ class RunStore(StoreBase):
         base: Loaded,
         result: Result,
         store: bool,
+        answered: Mapping[str, Answered] | None = None,
     ) -> RunOutcome:
         """Record a run's outcome in ONE write transaction, and return it.
+
+        ``answered``: the pending calls the run's input answered, for the transcript.
 
         When ``store`` is true the result's context replaces ``base`` if, and only if, the stored
         state is still ``base`` (same incarnation and version); otherwise nothing of the context
@@ -248,7 +263,7 @@ class RunStore(StoreBase):
         ``interrupted`` meanwhile writes nothing at all, and learns how it was recorded.
         """
         plan = plan_context_write(base.context, base.first_position, base.next_position, result)
-        entries = run_transcript(result, len(base.context.messages), plan)
+        entries = run_transcript(result, len(base.context.messages), plan, answered)
         try:
             return await self._finish_run(
                 tenant,
@@ -352,6 +367,11 @@ class RunStore(StoreBase):
                     result_etag=result_etag,
                     usage=result.usage.model_dump(mode="json"),
                     error=result.error.model_dump(mode="json") if result.error else None,
+                    required_action=(
+                        result.required_action.model_dump(mode="json")
+                        if status == "requires_action" and result.required_action
+                        else None
+                    ),
                     finished_at=now,
                     lease_expires_at=None,
                 )
@@ -391,6 +411,7 @@ def _run_values(
         "prompts": dump_messages(prompts),
         "usage": {},
         "error": None,
+        "required_action": None,
         "created_at": now,
         "finished_at": None,
         "lease_owner": None,

@@ -79,8 +79,9 @@ AcceptHeader = Annotated[
 SSE_DESCRIPTION = (
     'With `Accept: text/event-stream` or `"stream": true`: server-sent events `run.started`, '
     "`delta` (text, thinking and tool-call parts), `message` (each completed message), "
-    "`tool.started`, `tool.finished`, `compaction`, and last `run.finished` carrying the same "
-    "body as the JSON answer."
+    "`tool.started`, `tool.finished`, `compaction`, `run.requires_action` (a run that paused: "
+    "its `required_action`, right before `run.finished`), and last `run.finished` carrying "
+    "the same body as the JSON answer."
 )
 
 
@@ -97,13 +98,15 @@ SSE_EVENT: dict[str, Any] = {
                 "tool.started",
                 "tool.finished",
                 "compaction",
+                "run.requires_action",
                 "run.finished",
             ],
         },
         "data": {
             "type": "string",
             "contentMediaType": "application/json",
-            "description": "The event's JSON payload; for run.finished, the Run",
+            "description": "The event's JSON payload; for run.finished, the Run; for "
+            "run.requires_action, the RequiredAction",
         },
     },
     "required": ["event", "data"],
@@ -149,8 +152,10 @@ def _idempotency_key(value: str | None) -> str | None:
             "content": {"text/event-stream": {"schema": SSE_EVENT}},
         },
         409: {
-            "description": "Another run is in progress (`run-in-progress`), or the first "
-            "request with this Idempotency-Key still runs",
+            "description": "Another run is in progress (`run-in-progress`), the first "
+            "request with this Idempotency-Key still runs, or the conversation awaits "
+            "results or approvals for its pending tool calls (`tool-results-required`, "
+            "listing them in `pending_tool_calls`)",
             "headers": {"Retry-After": RETRY_AFTER_HEADER},
             "content": {
                 "application/problem+json": {
@@ -175,7 +180,7 @@ async def create_run(
 ) -> Response:
     """Run the agent on new prompts and store the returned context conditionally."""
     request_ = run_request(body)
-    check_prompts(svc.settings, request_.prompts)
+    check_prompts(svc.settings, (*request_.tool_results, *request_.prompts))
     stream = body.stream or "text/event-stream" in (accept or "")
     minimal = _minimal(prefer)
     key = _idempotency_key(idempotency_key)
@@ -279,7 +284,10 @@ async def _events(
             if payload is not None:
                 yield _sse(*payload)
         finished = await asyncio.shield(active.done)
-        yield _sse("run.finished", run_view(finished).body(minimal=minimal))
+        view = run_view(finished)
+        if view.model.required_action is not None:
+            yield _sse("run.requires_action", view.model.required_action.model_dump(mode="json"))
+        yield _sse("run.finished", view.body(minimal=minimal))
     except asyncio.CancelledError:
         if on_disconnect == "cancel":
             manager.stop(active)
