@@ -426,3 +426,24 @@ async def test_a_cancelled_resume_never_wedges_the_conversation(
         await refused(client, 422, "unexpected-tool-answer", prompts=[answer])
         done = await run_ok(client, prompts=["go on"])
     assert done["status"] == "completed", done
+
+
+@pytest.mark.parametrize("on_failure", ["discard", "keep"])
+async def test_a_failed_resume_never_wedges_the_conversation(
+    client: AppClient, on_failure: str
+) -> None:
+    await create(client)
+    call = (await paused(client))["required_action"]["tool_calls"][0]
+    answer = tool_result(call["id"], "lookup", "found")
+    before = await state(client)
+    failed = await run_ok(client, prompts=[answer, "/fail"], on_failure=on_failure)
+    assert failed["status"] == "failed"
+    pending = (await client.get("/conversations/conv")).json()["pending_tool_calls"]
+    if on_failure == "discard":
+        assert (await state(client))[:2] == before[:2]  # context and ETag as before
+        assert pending == [call]
+        done = await run_ok(client, prompts=[answer, "again"])
+    else:
+        assert pending == []  # the answer was admitted before the provider failed
+        done = await run_ok(client, prompts=["again"])
+    assert done["status"] == "completed", done
