@@ -209,7 +209,8 @@ def test_request_headers_are_declared(
     for name in headers:
         assert declared[name]["required"] is False
         assert declared[name]["description"]
-        assert declared[name]["schema"]["anyOf"][0]["type"] == "string"
+        # a string, never null (an absent header is left out, not sent as "null")
+        assert declared[name]["schema"]["type"] == "string"
 
 
 @pytest.mark.parametrize(
@@ -273,8 +274,8 @@ def test_request_bodies_are_the_wire_models(document: dict[str, Any]) -> None:
     # a user message, or (SPEC §7) a tool_result answering a pending client call
     [union] = [p for p in prompt["anyOf"] if "oneOf" in p]
     assert union["discriminator"]["mapping"] == {
-        "user": "#/components/schemas/UserMessage",
-        "tool_result": "#/components/schemas/ToolResultMessage",
+        "user": "#/components/schemas/UserMessage-Input",
+        "tool_result": "#/components/schemas/ToolResultMessage-Input",
     }
     for name in ("tools", "require_approval", "approvals"):
         assert name in run_create["properties"], name
@@ -282,10 +283,10 @@ def test_request_bodies_are_the_wire_models(document: dict[str, Any]) -> None:
     assert "requires_action" in run["status"]["enum"]
     assert run["required_action"]["anyOf"][0] == {"$ref": "#/components/schemas/RequiredAction"}
     assert "pending_tool_calls" in schemas["Conversation"]["properties"]
-    message = schemas["Context"]["properties"]["messages"]["items"]
+    message = schemas["Context-Input"]["properties"]["messages"]["items"]
     assert message["discriminator"]["propertyName"] == "type"
     assert set(message["discriminator"]["mapping"]) == {"user", "assistant", "tool_result"}
-    block = schemas["AssistantMessage"]["properties"]["content"]["items"]
+    block = schemas["AssistantMessage-Input"]["properties"]["content"]["items"]
     assert set(block["discriminator"]["mapping"]) == {
         "text",
         "thinking",
@@ -293,4 +294,18 @@ def test_request_bodies_are_the_wire_models(document: dict[str, Any]) -> None:
         "tool_call",
     }
     body = operation(document, "put", "/conversations/{conversation_id}/context")["requestBody"]
-    assert body["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Context"}
+    assert body["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/Context-Input"
+    }
+
+
+def test_every_problem_type_is_documented() -> None:
+    """Each registered problem type (request problems and run errors) is named in the
+    document, on the schema of the problems that carry it."""
+    from app.api.problems import PROBLEM_TYPES
+
+    schemas = openapi_document()["components"]["schemas"]
+    request = schemas["ProblemDetails"]["properties"]["type"]["description"]
+    run = schemas["RunProblem"]["properties"]["type"]["description"]
+    for problem in PROBLEM_TYPES.values():
+        assert problem.uri in (run if problem.run_error else request), problem.slug
