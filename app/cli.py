@@ -1,5 +1,5 @@
 """The ``carryover`` command: ``serve``, ``migrate``, ``keys`` and ``openapi`` (docs/contract.md
-"Running it").
+"Running it"), and ``chat`` (app/chat.py, docs/chat.md).
 
 - ``carryover serve [--host H] [--port P] [--workers N]`` migrates the database to head, then
   serves the app factory ``app.api.app:create_app`` with uvicorn. It refuses a non-loopback
@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import ValidationError
 
+from . import chat
 from .config import (
     TENANT_NAME,
     Settings,
@@ -128,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not write: exit 1 if the file differs from what the app serves",
     )
+    chat.add_parser(commands)
     return parser
 
 
@@ -465,6 +467,7 @@ COMMANDS = {
     "migrate": migrate_command,
     "keys": keys_command,
     "openapi": openapi_command,
+    "chat": chat.command,
 }
 
 

@@ -17,6 +17,7 @@ from app import __version__
 from app.clock import SYSTEM_CLOCK, Clock
 from app.config import Settings, default_settings, get_settings
 from app.observability import MetricsMiddleware
+from app.service import heap
 from app.service.agents import AgentPool
 from app.service.conversations import ConversationService
 from app.service.runs import RunManager
@@ -141,6 +142,7 @@ def create_app(
         )
         await announce_access(auth)
         await manager.start_keeper()
+        heap.tune(settings.gc_gen0_threshold)
         try:
             yield
         finally:

@@ -94,6 +94,7 @@ PRECONDITION_REQUIRED = _register("precondition-required", "Precondition require
 INTERNAL = _register("internal", "Internal server error", 500)
 PROVIDER_ERROR = _register("provider-error", "The model provider failed", 502)
 NOT_READY = _register("not-ready", "Service not ready", 503)
+DATABASE_UNAVAILABLE = _register("database-unavailable", "The database is not available", 503)
 
 # Why a run did not complete: a run record's ``error`` (docs/api.md). Its status is the one the
 # failure would have as an answer; the run itself is answered 201.
@@ -106,6 +107,8 @@ _RUN_PROBLEMS = {
     "conflicted": ("run-conflicted", "The stored context changed during the run", 409),
     "interrupted": ("run-interrupted", "The process running the run went away", 503),
     "max_turns": ("run-max-turns", "The model kept calling tools", 422),
+    "answer_too_large": ("run-answer-too-large", "The model's answer passed the size limit", 502),
+    "run_deadline": ("run-deadline-exceeded", "The run passed its deadline", 504),
 }
 #: run error kinds (and the statuses conflicted / interrupted) → their problem type
 RUN_PROBLEMS: dict[str, ProblemType] = {
@@ -202,6 +205,16 @@ def run_in_progress(active_run_id: str, retry_after: int = 1) -> Problem:
     )
 
 
+def database_unavailable(detail: str, retry_after: int = 1, **extras: Any) -> Problem:
+    """503: the database failed (docs/faults.md); ``Retry-After`` says when to try again."""
+    return Problem(
+        DATABASE_UNAVAILABLE,
+        detail,
+        headers={"Retry-After": str(max(1, int(retry_after)))},
+        **extras,
+    )
+
+
 def conversation_not_found(conversation_id: str) -> Problem:
     """404 for a conversation that does not exist — or belongs to another tenant."""
     return Problem(NOT_FOUND, f"conversation {conversation_id!r} not found")
@@ -292,6 +305,13 @@ class ProblemDetails(BaseModel):
     )
     limit: str | None = Field(
         default=None, description="limit-exceeded / payload-too-large: the setting exceeded"
+    )
+    run_id: str | None = Field(
+        default=None, description="database-unavailable after a run: the run it concerns"
+    )
+    stored: bool | None = Field(
+        default=None,
+        description="database-unavailable after a run: false, the run's outcome was not stored",
     )
     maximum: int | None = None
     pending_tool_calls: list[dict[str, Any]] | None = Field(

@@ -102,9 +102,10 @@ def split_prompts(
         raise AnswerNotPending(exc) from None
 
 
-def agent_input(context: Context, request: RunRequest) -> Input:
+def agent_input(loaded: Loaded, request: RunRequest) -> Input:
     return Input(
-        context=context,
+        context=loaded.context,
+        tokens=loaded.tokens,
         prompts=request.prompts,
         client_tools=request.client_tools,
         require_approval=request.require_approval,
@@ -113,12 +114,22 @@ def agent_input(context: Context, request: RunRequest) -> Input:
     )
 
 
-def checker(agent: Agent, request: RunRequest) -> Callable[[Loaded], None]:
-    """The pre-check of a run, on the context loaded under its lease (pure, O(last batch))."""
+def checker(agent: Agent, request: RunRequest) -> Callable[[Context], None]:
+    """The pre-check of a run, on a context that ends like the stored one (the store gives its
+    last batch alone; pure, O(last batch))."""
 
-    def check(loaded: Loaded) -> None:
+    def check(context: Context) -> None:
         try:
-            plan = agent.check(agent_input(loaded.context, request))
+            plan = agent.check(
+                Input(
+                    context=context,
+                    prompts=request.prompts,
+                    client_tools=request.client_tools,
+                    require_approval=request.require_approval,
+                    tool_results=request.tool_results,
+                    approvals=request.approvals,
+                )
+            )
         except (InvalidTools, UnexpectedAnswer, ToolResultsRequired) as exc:
             found = refusal(exc)
             assert found is not None

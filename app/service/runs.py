@@ -15,8 +15,6 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from sqlalchemy.exc import InterfaceError, OperationalError
-
 from app.agent.events import RunEvent
 from app.agent.messages import AttemptError, Context
 from app.agent.records import Result
@@ -26,6 +24,7 @@ from app.config import Settings
 from app.etag import IfMatch
 from app.observability import RUNS
 from app.store.errors import run_not_found
+from app.store.faults import classify
 from app.store.repository import (
     IdempotencyClaim,
     Loaded,
@@ -37,6 +36,9 @@ from app.store.repository import (
 
 from . import pending
 from .agents import AgentPool
+from .bounds import RunDeadline
+from .cache import ContextCache
+from .dbfaults import OutcomeNotStored, mark_unstored, outage_reason, retry_after_busy, retry_write
 from .errors import Busy, ShuttingDown
 from .leases import LeaseKeeping
 from .metrics import observe_result
@@ -47,9 +49,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Disconnected = Callable[[], Awaitable[bool]]
-
-#: tries to record a run's outcome when the database fails transiently (0.2 s, 0.4 s, … apart)
-FINISH_ATTEMPTS = 5
 
 
 class RunManager(LeaseKeeping):
@@ -70,6 +69,7 @@ class RunManager(LeaseKeeping):
         self.lease_repo = repo  # renewals, sweeps, purges: its own connection once keeping
         self._keeper: asyncio.Task[None] | None = None
         self._hooked: dict[int, tuple[Any, Any]] = {}
+        self.contexts = ContextCache(settings.context_cache_messages)
 
     # --- runs --------------------------------------------------------------------------------
 
@@ -110,6 +110,7 @@ class RunManager(LeaseKeeping):
                 owner=self.owner,
                 lease_seconds=self.settings.lease_seconds,
                 idempotency=claim,
+                cached=self.contexts.lookup,
                 check=pending.checker(agent, request),
             )
             if started.replay is not None:
@@ -143,7 +144,9 @@ class RunManager(LeaseKeeping):
         while True:
             remaining = deadline - self.clock.monotonic()
             if remaining <= 0:
-                raise Busy(holder, retry_after=self.settings.lease_seconds)
+                raise Busy(
+                    holder, retry_after=await self._busy_retry_after(tenant, conversation_id)
+                )
             await asyncio.sleep(min(self.tick / 4, remaining))
             if self.closing:
                 raise ShuttingDown
@@ -152,8 +155,14 @@ class RunManager(LeaseKeeping):
                 return  # free (or its holder's lease expired): try to take it
             holder = found
 
-    @staticmethod
-    def _took_over(started: StartedRun) -> None:
+    async def _busy_retry_after(self, tenant: str, conversation_id: str) -> int:
+        return await retry_after_busy(
+            self.repo, tenant, conversation_id, lease_seconds=self.settings.lease_seconds
+        )
+
+    def _took_over(self, started: StartedRun) -> None:
+        if started.loaded is not None and started.run is not None:
+            self.contexts.keep(started.run.tenant, started.run.conversation_id, started.loaded)
         if started.interrupted is not None:
             log.warning("run %s of a dead process was marked interrupted", started.interrupted)
             RUNS.labels(status="interrupted").inc()
@@ -173,7 +182,7 @@ class RunManager(LeaseKeeping):
             try:
                 if active.stop_requested:
                     raise asyncio.CancelledError
-                result = await self._run_agent(active, agent, loaded.context, request)
+                result = await self._run_agent(active, agent, loaded, request)
             except asyncio.CancelledError:  # cancelled before the agent took over
                 result = _cancelled(loaded.context)
             except Exception as exc:  # a bug: the run still ends, recorded, lease released
@@ -187,6 +196,13 @@ class RunManager(LeaseKeeping):
             )
             try:
                 finished = await asyncio.shield(finish)
+            except OutcomeNotStored as lost:
+                # The client learns now; the record ends truthfully once the database is back.
+                active.done.set_exception(lost)
+                if active.events is not None:
+                    active.events.put_nowait(None)  # a stream ends now, with the problem
+                await self._record_unstored(active, lost)
+                return
             except asyncio.CancelledError:
                 # Cancelled while the outcome is being written (the event loop is closing):
                 # the write goes on, and its answer is still the run's answer.
@@ -207,13 +223,15 @@ class RunManager(LeaseKeeping):
                 active.events.put_nowait(None)
 
     async def _run_agent(
-        self, active: ActiveRun, agent: Agent, context: Context, request: RunRequest
+        self, active: ActiveRun, agent: Agent, loaded: Loaded, request: RunRequest
     ) -> Result:
         async def on_event(event: RunEvent) -> None:
             if active.events is not None:
                 active.events.put_nowait(event)
 
-        return await agent.run(pending.agent_input(context, request), on_event=on_event)
+        with RunDeadline(self.settings.run_deadline_seconds, lambda: self.stop(active)) as deadline:
+            result = await agent.run(pending.agent_input(loaded, request), on_event=on_event)
+        return deadline.settle(result)
 
     async def _finish(
         self,
@@ -236,18 +254,34 @@ class RunManager(LeaseKeeping):
         store = changed and (ended_well or on_failure == "keep")
         run = active.started.run
         assert run is not None
-        outcome = await self._retrying(
-            active.run_id,
-            lambda: self.repo.finish_run(
-                active.tenant,
-                active.conversation_id,
+        started_at = self.clock.monotonic()
+        try:
+            outcome = await self._retrying(
                 active.run_id,
-                base=loaded,
-                result=result,
-                store=store,
-                answered=pending.answered(request) if request is not None else None,
-            ),
-        )
+                lambda: self.repo.finish_run(
+                    active.tenant,
+                    active.conversation_id,
+                    active.run_id,
+                    base=loaded,
+                    result=result,
+                    store=store,
+                    answered=pending.answered(request) if request is not None else None,
+                ),
+            )
+        except Exception as exc:
+            fault = classify(exc)
+            if fault is None:
+                raise
+            log.error(
+                "run %s ended %s but its outcome could not be stored (database %s: %s)",
+                active.run_id,
+                result.status,
+                fault.kind,
+                fault.detail,
+            )
+            waited = self.clock.monotonic() - started_at
+            raise OutcomeNotStored(active.run_id, result.status, fault, waited) from exc
+        self.contexts.saved(active.tenant, active.conversation_id, outcome)
         finished = FinishedRun(run, result, outcome)
         if outcome.status == "interrupted":
             # It lost its lease: another process marked it interrupted (and counted it).
@@ -258,34 +292,64 @@ class RunManager(LeaseKeeping):
             observe_result(outcome.status, result, run.created_at, outcome.finished_at)
             if idempotency is not None:
                 status_code, body = idempotency.answer(finished)
-                await self._retrying(
-                    active.run_id,
-                    lambda: self.repo.keep_answer(
-                        active.tenant,
-                        active.conversation_id,
+                try:
+                    await self._retrying(
                         active.run_id,
-                        status_code=status_code,
-                        response=body,
-                    ),
-                )
+                        lambda: self.repo.keep_answer(
+                            active.tenant,
+                            active.conversation_id,
+                            active.run_id,
+                            status_code=status_code,
+                            response=body,
+                        ),
+                    )
+                except Exception as exc:
+                    if classify(exc) is None:
+                        raise
+                    # The outcome is stored: the answer says so; only a replay of this key
+                    # cannot be answered from the database (docs/faults.md).
+                    log.error("run %s: its idempotent answer could not be kept", active.run_id)
         return finished
 
     async def _retrying(self, run_id: str, write: Callable[[], Awaitable[T]]) -> T:
-        """A write of a run's outcome, tried again when the database fails transiently: the
-        database was away or (SQLite) locked past its busy timeout. Each is one transaction,
-        so trying again loses nothing (had a first attempt committed after all, the next one
-        reads what it recorded)."""
-        for attempt in range(FINISH_ATTEMPTS):
+        """A write of a run's outcome, tried again while the database fails transiently (it
+        restarts, a connection is lost, SQLite is locked past its busy timeout), for at most
+        ``outcome_retry_seconds``; the lease is renewed meanwhile (the run is still this
+        process's). Each is one transaction fenced by the lease, so trying again loses
+        nothing (had a first attempt committed after all, the next one reads what it
+        recorded)."""
+        return await retry_write(
+            run_id, write, seconds=self.settings.outcome_retry_seconds, clock=self.clock
+        )
+
+    async def _record_unstored(self, active: ActiveRun, lost: OutcomeNotStored) -> None:
+        """End the record of a run whose outcome could not be stored: ``interrupted``, its
+        reason naming the outage, as soon as the database answers (the lease is renewed until
+        then, so no other process marks it with a vaguer reason). Given up when the process
+        stops: then its lease expires and any process marks it interrupted."""
+        error = outage_reason(lost)
+        delay = 0.05  # tried often: a client sending its prompts again races this mark
+        while not self.closing:
             try:
-                return await write()
-            except (OperationalError, InterfaceError) as exc:
-                if attempt + 1 == FINISH_ATTEMPTS:
-                    raise
-                log.warning(
-                    "recording run %s failed (%s); trying again", run_id, type(exc).__name__
+                marked = await mark_unstored(
+                    self.repo,
+                    active.tenant,
+                    active.conversation_id,
+                    active.run_id,
+                    self.owner,
+                    error,
                 )
-                await asyncio.sleep(0.2 * 2**attempt)
-        raise AssertionError("unreachable")
+            except Exception as exc:
+                if classify(exc) is None:
+                    log.exception("run %s could not be marked interrupted", active.run_id)
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.5)
+                continue
+            if marked:
+                log.warning("run %s was marked interrupted: %s", active.run_id, error["message"])
+                RUNS.labels(status="interrupted").inc()
+            return
 
     async def wait(
         self, active: ActiveRun, *, on_disconnect: str, disconnected: Disconnected | None
@@ -345,16 +409,18 @@ class RunManager(LeaseKeeping):
             on_failure="keep",
             owner=self.owner,
             lease_seconds=self.settings.lease_seconds,
+            cached=self.contexts.lookup,
         )
         if started.active_run_id is not None:
-            raise Busy(started.active_run_id, retry_after=self.settings.lease_seconds)
+            retry_after = await self._busy_retry_after(tenant, conversation_id)
+            raise Busy(started.active_run_id, retry_after=retry_after)
         self._took_over(started)
         assert started.loaded is not None
         active = ActiveRun(tenant, conversation_id, run_id, started, None)
         self._register(active)
         try:
             try:
-                result = await agent.compact(started.loaded.context)
+                result = await agent.compact(started.loaded.context, tokens=started.loaded.tokens)
             except Exception as exc:
                 log.exception("compaction %s failed unexpectedly", run_id)
                 result = _internal(started.loaded.context, exc)

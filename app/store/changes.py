@@ -10,11 +10,11 @@ inserts of the appended messages, and :func:`run_transcript` lists what the tran
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from app.agent.codec import dump_message
+from app.agent.codec import dump_message, loads_message
 from app.agent.messages import (
     AnyMessage,
     AssistantMessage,
@@ -64,6 +64,7 @@ class ContextWrite:
     inserts: tuple[tuple[int, AnyMessage], ...]  # (position, message) to insert
     next_position: int
     fold_ranges: tuple[tuple[int, int], ...]  # per compaction: positions [start, end) it folded
+    rewritten: bool = False  # the result did not extend its base: every message is rewritten
 
 
 def plan_context_write(
@@ -105,7 +106,21 @@ def plan_context_write(
         inserts=tuple((next_position + i, m) for i, m in enumerate(new)),
         next_position=next_position + len(new),
         fold_ranges=tuple(fold_ranges),
+        rewritten=True,
     )
+
+
+def last_batch_of(texts: Sequence[str]) -> Context:
+    """A context holding only the last batch of stored messages (their JSON texts): the last
+    one that is not a ``tool_result`` and the results after it. Its pending calls are those of
+    the whole context; decoding it costs O(last batch), never the history."""
+    tail: list[AnyMessage] = []
+    for text in reversed(texts):
+        message = loads_message(text)
+        tail.append(message)
+        if not isinstance(message, ToolResultMessage):
+            break
+    return Context(messages=tuple(reversed(tail)))
 
 
 @dataclass(frozen=True)

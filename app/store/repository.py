@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from app.etag import IfMatch
 
-from ._sql import Loaded
+from ._sql import Loaded, StoredRows
 from .conversations import ConversationStore
 from .idempotency import IdempotencyClaim, IdempotencyStore, IdempotentReplay
 from .leases import LeaseStore, Renewal
@@ -38,4 +38,5 @@ __all__ = [
     "RunRecord",
     "RunStatus",
     "StartedRun",
+    "StoredRows",
 ]

@@ -20,24 +20,28 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.agent.codec import dump_messages
-from app.agent.messages import UserMessage
+from app.agent.messages import Context, UserMessage
 from app.agent.records import Result
+from app.agent.tokens import TokenTally, advance, tally_of
 from app.etag import IfMatch, if_match_holds, version_etag
 
 from ._sql import (
     Loaded,
     StoreBase,
+    StoredRows,
     child_key,
     conversation_key,
+    decode,
     insert_messages,
     insert_transcript,
-    read_context,
     read_conversation,
+    read_rows,
 )
 from .changes import (
     Answered,
     ContextWrite,
     TranscriptItem,
+    last_batch_of,
     plan_context_write,
     run_transcript,
 )
@@ -68,6 +72,10 @@ OnFailure = Literal["keep", "discard"]
 #: the detail of a run refused by its If-Match
 STALE_RUN = "If-Match does not match the stored context; nothing ran"
 
+CachedContext = Callable[[str, str, str, int], Loaded | None]
+"""A cache of stored contexts: ``(tenant, conversation_id, incarnation, version)`` → the
+:class:`Loaded` stored at exactly that version, or ``None``."""
+
 
 @dataclass(frozen=True)
 class RunOutcome:
@@ -78,6 +86,8 @@ class RunOutcome:
     etag: str  # the stored state's ETag after the write (stored or not)
     result_etag: str | None  # the ETag of the run's context, when stored
     finished_at: datetime | None = None
+    #: what is stored now, when this run stored it (exactly the run's context): for a cache
+    saved: Loaded | None = None
 
 
 @dataclass(frozen=True)
@@ -140,20 +150,27 @@ class RunStore(StoreBase):
         owner: str,
         lease_seconds: float,
         idempotency: IdempotencyClaim | None = None,
-        check: Callable[[Loaded], None] | None = None,
+        cached: CachedContext | None = None,
+        check: Callable[[Context], None] | None = None,
     ) -> StartedRun:
         """Take the conversation's run lease and load its context, in one write transaction.
 
-        ``check`` is called on the loaded context before the transaction commits: what it
-        raises rolls everything back (no run row, no lease, no idempotency key) and propagates.
+        ``check`` is called before the transaction commits on a context that ends like the
+        stored one — the cached context, or the stored context's last batch alone (decoded
+        from its rows: O(last batch)); what it raises rolls everything back (no run row, no
+        lease, no idempotency key) and propagates (client tools, docs/tools.md).
 
         In order: :class:`NotFound`; an idempotency key seen before (the stored answer, or
         :class:`IdempotencyMismatch` / :class:`IdempotencyInFlight`); :class:`PreconditionFailed`
         when ``if_match`` does not hold; busy when another run holds a live lease (a lease that
         expired marks its run ``interrupted`` and is taken over). Then the run row, the lease and
-        the idempotency key are written and the context is read under them.
+        the idempotency key are written and the context is read under them — unless ``cached``
+        holds it at the version read under the lock (then no message row is read). The rows
+        read are decoded after the transaction, in a worker thread for long contexts.
         """
         interrupted: str | None = None
+        hit: Loaded | None = None
+        rows: StoredRows | None = None
         async with write_transaction(self.engine) as conn:
             stmt = select(conversations).where(*conversation_key(tenant, conv_id))
             if conn.dialect.name == "postgresql":
@@ -213,9 +230,16 @@ class RunStore(StoreBase):
             await conn.execute(insert(runs).values(values))
             if idempotency is not None:
                 await insert_claim(conn, tenant, conv_id, run_id, idempotency, now)
-            loaded = await read_context(conn, conv)
+            if cached is not None:
+                hit = cached(tenant, conv_id, conv.incarnation, conv.version)
+            if hit is None:
+                rows = await read_rows(conn, conv)
             if check is not None:
-                check(loaded)
+                if hit is not None:
+                    check(hit.context)
+                elif rows is not None:
+                    check(last_batch_of(rows.texts))
+        loaded = hit if hit is not None else await decode(rows)
         return StartedRun(run=Run(**values), loaded=loaded, interrupted=interrupted)
 
     async def request_cancel(self, tenant: str, conv_id: str, run_id: str) -> Run:
@@ -264,6 +288,11 @@ class RunStore(StoreBase):
         """
         plan = plan_context_write(base.context, base.first_position, base.next_position, result)
         entries = run_transcript(result, len(base.context.messages), plan, answered)
+        tokens = (
+            tally_of(result.context.messages)
+            if plan.rewritten or base.tokens is None
+            else advance(base.tokens, len(base.context.messages), result)
+        )
         try:
             return await self._finish_run(
                 tenant,
@@ -274,6 +303,7 @@ class RunStore(StoreBase):
                 store=store,
                 plan=plan,
                 entries=entries,
+                tokens=tokens,
             )
         except _NotRunning:
             # The lease fences the write: only a run still ``running`` finishes. A run whose
@@ -294,6 +324,7 @@ class RunStore(StoreBase):
         store: bool,
         plan: ContextWrite,
         entries: Sequence[TranscriptItem],
+        tokens: TokenTally,
     ) -> RunOutcome:
         now = self.clock.now()
         key = conversation_key(tenant, conv_id)
@@ -320,6 +351,7 @@ class RunStore(StoreBase):
                             transcript_seq=conversations.c.transcript_seq + len(entries),
                             updated_at=now,
                             active_run_id=release,
+                            token_tally=tokens.model_dump(mode="json"),
                         )
                         .returning(*returning)
                     )
@@ -382,8 +414,24 @@ class RunStore(StoreBase):
             await insert_audit(conn, tenant, conv_id, run_id, result)
             first_seq = row.transcript_seq - len(entries) + 1
             await insert_transcript(conn, tenant, conv_id, run_id, first_seq, entries, now)
+        saved = None
+        if stored:
+            saved = Loaded(
+                context=result.context,
+                etag=etag,
+                version=row.version,
+                incarnation=base.incarnation,
+                first_position=plan.next_position - len(result.context.messages),
+                next_position=plan.next_position,
+                tokens=tokens,
+            )
         return RunOutcome(
-            status=status, stored=stored, etag=etag, result_etag=result_etag, finished_at=now
+            status=status,
+            stored=stored,
+            etag=etag,
+            result_etag=result_etag,
+            finished_at=now,
+            saved=saved,
         )
 
 
@@ -444,4 +492,12 @@ async def _no_longer_running(
     )
 
 
-__all__ = ["STALE_RUN", "OnFailure", "RunOutcome", "RunStatus", "RunStore", "StartedRun"]
+__all__ = [
+    "STALE_RUN",
+    "CachedContext",
+    "OnFailure",
+    "RunOutcome",
+    "RunStatus",
+    "RunStore",
+    "StartedRun",
+]

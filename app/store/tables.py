@@ -130,6 +130,8 @@ class Conversation(SQLModel, table=True):
     created_at: datetime = Field(sa_type=UTCDateTime)
     updated_at: datetime = Field(sa_type=UTCDateTime)
     active_run_id: str | None = Field(default=None, max_length=RUN_ID_LEN)
+    # ``app.agent.tokens.TokenTally`` of the context's messages (null: not yet counted)
+    token_tally: dict[str, Any] | None = Field(default=None, sa_type=JSONText)
 
     @property
     def etag(self) -> str:
@@ -227,6 +229,7 @@ class RunCompaction(SQLModel, table=True):
     tokens_before: int
     tokens_after: int
     usage: dict[str, Any] = Field(sa_type=JSONText)
+    at: int | None = None  # Compaction.at (null in rows older than migration 0002)
 
 
 # --- transcript ---------------------------------------------------------------------------------

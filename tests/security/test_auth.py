@@ -282,8 +282,8 @@ async def test_a_database_that_cannot_be_asked_is_503_never_a_pass(
     monkeypatch.setattr(KeyStore, "active_count", broken)
     async with start_app(api_key_cache_seconds=0) as app:
         answer = await http_client(app).get("/conversations")
-        assert_problem(answer, 503, "not-ready")
-        assert answer.headers["retry-after"] == "1"
+        assert_problem(answer, 503, "database-unavailable")
+        assert answer.headers["retry-after"] == "2"  # an unreachable database (docs/faults.md)
         assert (await http_client(app).get("/healthz")).status_code == 200
     assert "could not count the API keys" in caplog.text
 

@@ -44,6 +44,7 @@ from ..deps import (
     page_limit,
     prefers_minimal,
 )
+from ..handlers import stream_problem
 from ..headers import ETAG_HEADER, LOCATION_HEADER, RETRY_AFTER_HEADER
 from ..limits import check_prompts
 from ..problems import (
@@ -65,7 +66,8 @@ SSE_DESCRIPTION = (
     "`delta` (text, thinking and tool-call parts), `message` (each completed message), "
     "`tool.started`, `tool.finished`, `compaction`, `run.requires_action` (a run that paused: "
     "its `required_action`, right before `run.finished`), and last `run.finished` carrying "
-    "the same body as the JSON answer."
+    "the same body as the JSON answer — or, when the outcome could not be stored, `error` "
+    "carrying the problem (e.g. `database-unavailable` with `stored: false`)."
 )
 
 
@@ -84,13 +86,15 @@ SSE_EVENT: dict[str, Any] = {
                 "compaction",
                 "run.requires_action",
                 "run.finished",
+                "error",
             ],
         },
         "data": {
             "type": "string",
             "contentMediaType": "application/json",
             "description": "The event's JSON payload; for run.finished, the Run; for "
-            "run.requires_action, the RequiredAction",
+            "run.requires_action, the RequiredAction; for error (instead of run.finished, when "
+            "the run's outcome could not be stored), a problem",
         },
     },
     "required": ["event", "data"],
@@ -267,11 +271,19 @@ async def _events(
             payload = _event_payload(event)
             if payload is not None:
                 yield _sse(*payload)
-        finished = await asyncio.shield(active.done)
-        view = run_view(finished)
+        try:
+            finished = await asyncio.shield(active.done)
+            view = run_view(finished)
+            body = view.body(minimal=minimal)
+        except Exception as exc:  # the outcome could not be stored (or a bug): say so, end
+            yield _sse(
+                "error",
+                stream_problem(exc, instance=_location(active.conversation_id, active.run_id)),
+            )
+            return
         if view.model.required_action is not None:
             yield _sse("run.requires_action", view.model.required_action.model_dump(mode="json"))
-        yield _sse("run.finished", view.body(minimal=minimal))
+        yield _sse("run.finished", body)
     except asyncio.CancelledError:
         if on_disconnect == "cancel":
             manager.stop(active)
