@@ -13,6 +13,8 @@
   (once: only its SHA-256 and a short prefix are stored); ``carryover keys list [--tenant NAME]``
   shows id, tenant, prefix, created and revoked; ``carryover keys revoke ID`` revokes one (a
   running server refuses it within ``CARRYOVER_API_KEY_CACHE_SECONDS``). Each migrates first.
+- ``carryover webhooks add|list|remove|deliveries``: webhook endpoints per tenant
+  (``app/cli_webhooks.py``).
 - ``carryover openapi [--output PATH] [--check]`` writes the app's OpenAPI document as stable
   JSON (sorted keys, two-space indent, trailing newline), or checks the committed one.
 
@@ -115,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--tenant", type=_tenant, help="only this tenant's keys")
     revoke = actions.add_parser("revoke", help="revoke a key by its id")
     revoke.add_argument("id", help="the key's id, as 'keys list' shows it")
+
+    from .cli_webhooks import add_webhooks_parser
+
+    add_webhooks_parser(commands, _tenant)
 
     openapi = commands.add_parser("openapi", help="write the OpenAPI document")
     openapi.add_argument(
@@ -462,8 +468,15 @@ def openapi_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def webhooks_command(args: argparse.Namespace) -> int:
+    from .cli_webhooks import webhooks_command as run
+
+    return run(args)
+
+
 COMMANDS = {
     "serve": serve,
+    "webhooks": webhooks_command,
     "migrate": migrate_command,
     "keys": keys_command,
     "openapi": openapi_command,

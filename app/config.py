@@ -420,6 +420,20 @@ class Settings(_ProfileFields, BaseSettings):
     #: how long a run's outcome write is retried while the database fails (docs/faults.md)
     outcome_retry_seconds: float = Field(default=30.0, ge=0, le=600)
 
+    # --- run events and webhooks (docs/runs.md) ------------------------------------------------
+    #: how long a run's events stay readable at GET …/runs/{id}/events after they were written
+    event_retention_seconds: int = Field(default=86_400, ge=1)
+    #: how often a reader of a run in flight looks for new events (short polling)
+    event_poll_seconds: float = Field(default=0.25, gt=0, le=10)
+    #: this process delivers webhooks (false: it only writes the outbox; other replicas send)
+    webhook_worker: bool = True
+    webhook_max_attempts: int = Field(default=8, ge=1, le=100)
+    #: the wait after the first failed attempt; it doubles after each (at most an hour)
+    webhook_backoff_seconds: float = Field(default=5.0, ge=0)
+    webhook_timeout_seconds: float = Field(default=10.0, gt=0)
+    #: how often the worker looks for due deliveries
+    webhook_poll_seconds: float = Field(default=1.0, gt=0)
+
     # --- limits --------------------------------------------------------------------------------
     max_body_bytes: int = Field(default=8 * MiB, ge=1024)
     max_image_bytes: int = Field(default=5 * MiB, ge=1)

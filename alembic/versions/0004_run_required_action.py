@@ -1,7 +1,7 @@
 """A run that paused for client tools or approvals records what it asked for.
 
 Revision ID: 0004
-Revises: 0002
+Revises: 0006
 Create Date: 2026-12-01
 
 ``runs.required_action``: the ``required_action`` of a run that ended ``requires_action``
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0004"
-down_revision: str | Sequence[str] | None = "0002"
+down_revision: str | Sequence[str] | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -21,6 +21,7 @@ from app.service import heap
 from app.service.agents import AgentPool
 from app.service.conversations import ConversationService
 from app.service.runs import RunManager
+from app.service.webhooks import WebhookWorker
 from app.store.db import make_engine
 from app.store.keys import KeyStore
 from app.store.repository import Repository
@@ -31,7 +32,8 @@ from .handlers import install_problem_handlers
 from .limits import BodyLimitMiddleware
 from .links import install_links
 from .problems import METHOD_NOT_ALLOWED, document_problem_types, problem_response
-from .routes import conversations, health, runs, transcript
+from .routes import conversations, events, health, runs, transcript
+from .views import record_view
 
 DESCRIPTION = """\
 Carryover stores each conversation's state and continues it run after run: it loads the
@@ -143,9 +145,13 @@ def create_app(
         await announce_access(auth)
         await manager.start_keeper()
         heap.tune(settings.gc_gen0_threshold)
+        webhooks = WebhookWorker(repo, settings, clock, lambda r: record_view(r).body())
+        if settings.webhook_worker:
+            await webhooks.start()
         try:
             yield
         finally:
+            await webhooks.aclose()
             await manager.aclose()
             await pool.aclose()
             await engine.dispose()
@@ -162,7 +168,7 @@ def create_app(
     install_links(app)
     install_parameter_schemas(app, settings.max_page_size)
 
-    for module in (conversations, runs, transcript, health):
+    for module in (conversations, runs, events, transcript, health):
         app.include_router(module.router)
 
     # Outermost last: metrics → CORS → authentication → body limit → routes. CORS answers

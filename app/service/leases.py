@@ -13,7 +13,8 @@ One loop, every :attr:`LeaseKeeping.tick`:
   read on the ``(status, lease_expires_at)`` index, and a short write per run found, so a dead
   process's runs end within about ``lease_seconds + tick`` of its last renewal;
 - every ``min(60 s, idempotency_ttl_seconds)`` (at most as often as that, by the injected
-  clock's monotonic time), deletes the idempotency keys past their retention.
+  clock's monotonic time), deletes the idempotency keys past their retention, and run events
+  past theirs (``event_retention_seconds``, in bounded batches).
 
 Shutdown: when the process is asked to stop (SIGTERM or SIGINT to a server that handles them,
 such as uvicorn), the runs in flight are cancelled at once and recorded ``cancelled`` — their
@@ -182,6 +183,7 @@ class LeaseKeeping:
                 if now - purged >= purge_every:
                     purged = now
                     await self.lease_repo.purge_idempotency_keys()
+                    await self.lease_repo.purge_events(self.settings.event_retention_seconds)
             except Exception as exc:  # the database may be away for a while: next tick
                 sweep_after = self.clock.monotonic() + SWEEP_GRACE_TICKS * self.tick
                 fault = classify(exc)

@@ -27,7 +27,7 @@ from app.agent.pending import (
     UnexpectedAnswer,
 )
 from app.agent.pending import split_prompts as _split
-from app.agent.records import Input
+from app.agent.records import Input, Result
 from app.agent.run import Agent
 from app.errors import CarryoverError
 from app.store.changes import Answered
@@ -35,6 +35,7 @@ from app.store.repository import Loaded, Repository
 from app.store.tables import Conversation
 
 from .agents import AgentPool, UnknownAgent
+from .events import EventRecorder
 from .types import RunRequest
 
 
@@ -158,6 +159,12 @@ async def stored_pending_calls(
     return agent.pending_calls(Context(messages=tail))
 
 
+def announce(recorder: EventRecorder, result: Result) -> None:
+    """A run that paused says so in its event stream, right before ``run.finished``."""
+    if result.status == "requires_action" and result.required_action is not None:
+        recorder.emit("run.requires_action", result.required_action.model_dump(mode="json"))
+
+
 def answered(request: RunRequest) -> dict[str, Answered]:
     """What the transcript records of a resuming run's answers, by tool call id."""
     out = {r.tool_call_id: Answered(kind="client") for r in request.tool_results}
@@ -173,6 +180,7 @@ __all__ = [
     "BadClientTools",
     "PendingCallsUnanswered",
     "agent_input",
+    "announce",
     "answered",
     "checker",
     "dump_call",

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from app.agent.events import RunEvent
+from app.agent.events import CompactionCompleted, RunEvent
 from app.agent.messages import AttemptError, Context
 from app.agent.records import Result
 from app.agent.run import Agent
@@ -40,6 +40,7 @@ from .bounds import RunDeadline
 from .cache import ContextCache
 from .dbfaults import OutcomeNotStored, mark_unstored, outage_reason, retry_after_busy, retry_write
 from .errors import Busy, ShuttingDown
+from .events import start_recorder
 from .leases import LeaseKeeping
 from .metrics import observe_result
 from .pages import Page
@@ -128,6 +129,7 @@ class RunManager(LeaseKeeping):
             events=asyncio.Queue() if stream else None,
         )
         self._register(active)
+        active.recorder = start_recorder(self.repo, self.clock, active)
         active.task = asyncio.create_task(
             self._execute(active, agent, request, idempotency),
             name=f"carryover-run-{run_id}",
@@ -219,6 +221,8 @@ class RunManager(LeaseKeeping):
                 raise
         finally:
             self._unregister(active.run_id)
+            if active.recorder is not None:
+                active.recorder.abandon()
             if active.events is not None:
                 active.events.put_nowait(None)
 
@@ -226,8 +230,8 @@ class RunManager(LeaseKeeping):
         self, active: ActiveRun, agent: Agent, loaded: Loaded, request: RunRequest
     ) -> Result:
         async def on_event(event: RunEvent) -> None:
-            if active.events is not None:
-                active.events.put_nowait(event)
+            if active.recorder is not None:
+                active.recorder.add(event)  # numbered, stored, and streamed live
 
         with RunDeadline(self.settings.run_deadline_seconds, lambda: self.stop(active)) as deadline:
             result = await agent.run(pending.agent_input(loaded, request), on_event=on_event)
@@ -254,6 +258,9 @@ class RunManager(LeaseKeeping):
         store = changed and (ended_well or on_failure == "keep")
         run = active.started.run
         assert run is not None
+        if active.recorder is not None:
+            pending.announce(active.recorder, result)
+        events = await active.recorder.close() if active.recorder is not None else ()
         started_at = self.clock.monotonic()
         try:
             outcome = await self._retrying(
@@ -265,6 +272,7 @@ class RunManager(LeaseKeeping):
                     base=loaded,
                     result=result,
                     store=store,
+                    events=events,
                     answered=pending.answered(request) if request is not None else None,
                 ),
             )
@@ -418,18 +426,22 @@ class RunManager(LeaseKeeping):
         assert started.loaded is not None
         active = ActiveRun(tenant, conversation_id, run_id, started, None)
         self._register(active)
+        active.recorder = start_recorder(self.repo, self.clock, active)
         try:
             try:
                 result = await agent.compact(started.loaded.context, tokens=started.loaded.tokens)
             except Exception as exc:
                 log.exception("compaction %s failed unexpectedly", run_id)
                 result = _internal(started.loaded.context, exc)
+            for compaction in result.compactions:
+                active.recorder.add(CompactionCompleted(compaction))
             active.finishing = True
             return await asyncio.shield(
                 self._finish(active, started.loaded, result, "keep", idempotency=None)
             )
         finally:
             self._unregister(run_id)
+            active.recorder.abandon()
 
 
 def _settle(target: asyncio.Future[FinishedRun], source: asyncio.Future[FinishedRun]) -> None:

@@ -8,12 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from app.agent.events import RunEvent
 from app.agent.messages import ToolResultMessage, UserMessage
 from app.agent.pending import Approval, ClientTool
 from app.agent.records import Result
 from app.store.repository import OnFailure, RunOutcome, StartedRun
 from app.store.tables import Run
+
+from .events import EventRecorder, StreamedEvent
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class ActiveRun:
     conversation_id: str
     run_id: str
     started: StartedRun
-    events: asyncio.Queue[RunEvent | None] | None
+    events: asyncio.Queue[StreamedEvent | None] | None  # numbered: the POST's SSE stream
     done: asyncio.Future[FinishedRun] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -72,6 +73,7 @@ class ActiveRun:
     running: bool = False  # the task has begun (a task cancelled before it begins never does)
     stop_requested: bool = False  # asked to stop before the task began
     finishing: bool = False  # the outcome is being written: cancelling now changes nothing
+    recorder: EventRecorder | None = None  # its events, stored (app/service/events.py)
 
 
 @dataclass(frozen=True)

@@ -16,17 +16,28 @@ from app.etag import IfMatch
 
 from ._sql import Loaded, StoredRows
 from .conversations import ConversationStore
+from .events import EventRow, EventStore
 from .idempotency import IdempotencyClaim, IdempotencyStore, IdempotentReplay
 from .leases import LeaseStore, Renewal
 from .records import RecordStore, RunRecord
 from .runs import OnFailure, RunOutcome, RunStatus, RunStore, StartedRun
+from .webhooks import WebhookStore
 
 
-class Repository(ConversationStore, RunStore, LeaseStore, IdempotencyStore, RecordStore):
+class Repository(
+    ConversationStore,
+    RunStore,
+    LeaseStore,
+    IdempotencyStore,
+    RecordStore,
+    EventStore,
+    WebhookStore,
+):
     """Every query of the store, each in its own transaction (``Repository(engine, clock)``)."""
 
 
 __all__ = [
+    "EventRow",
     "IdempotencyClaim",
     "IdempotentReplay",
     "IfMatch",

@@ -53,6 +53,7 @@ from .errors import (
     conversation_not_found,
     run_not_found,
 )
+from .events import EventRow, insert_events
 from .idempotency import IdempotencyClaim, IdempotentReplay, claimed, insert_claim
 from .leases import interrupt
 from .records import insert_audit
@@ -63,6 +64,7 @@ from .tables import (
     conversations,
     runs,
 )
+from .webhooks import enqueue_deliveries
 
 RunStatus = Literal[
     "running", "completed", "failed", "cancelled", "conflicted", "interrupted", "requires_action"
@@ -269,6 +271,7 @@ class RunStore(StoreBase):
         base: Loaded,
         result: Result,
         store: bool,
+        events: Sequence[EventRow] = (),
         answered: Mapping[str, Answered] | None = None,
     ) -> RunOutcome:
         """Record a run's outcome in ONE write transaction, and return it.
@@ -285,6 +288,9 @@ class RunStore(StoreBase):
 
         Only a run still ``running`` finishes: one that lost its lease and was marked
         ``interrupted`` meanwhile writes nothing at all, and learns how it was recorded.
+
+        The same transaction stores the run's last ``events`` (not yet written, with the
+        ``run.finished`` marker) and the webhook deliveries its outcome calls for (issue 13).
         """
         plan = plan_context_write(base.context, base.first_position, base.next_position, result)
         entries = run_transcript(result, len(base.context.messages), plan, answered)
@@ -304,6 +310,7 @@ class RunStore(StoreBase):
                 plan=plan,
                 entries=entries,
                 tokens=tokens,
+                events=events,
             )
         except _NotRunning:
             # The lease fences the write: only a run still ``running`` finishes. A run whose
@@ -325,6 +332,7 @@ class RunStore(StoreBase):
         plan: ContextWrite,
         entries: Sequence[TranscriptItem],
         tokens: TokenTally,
+        events: Sequence[EventRow] = (),
     ) -> RunOutcome:
         now = self.clock.now()
         key = conversation_key(tenant, conv_id)
@@ -414,6 +422,8 @@ class RunStore(StoreBase):
             await insert_audit(conn, tenant, conv_id, run_id, result)
             first_seq = row.transcript_seq - len(entries) + 1
             await insert_transcript(conn, tenant, conv_id, run_id, first_seq, entries, now)
+            await insert_events(conn, events)
+            await enqueue_deliveries(conn, tenant, conv_id, run_id, status, now)
         saved = None
         if stored:
             saved = Loaded(

@@ -18,7 +18,7 @@ import pytest
 from fastapi.routing import APIRoute
 
 from app.api.app import create_app, openapi_document
-from app.api.routes import conversations, health, runs, transcript
+from app.api.routes import conversations, events, health, runs, transcript
 from app.cli import default_settings, openapi_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +36,7 @@ OPERATIONS = {
     ("get", "/conversations/{conversation_id}/runs"): "list_runs",
     ("get", "/conversations/{conversation_id}/runs/{run_id}"): "get_run",
     ("post", "/conversations/{conversation_id}/runs/{run_id}/cancel"): "cancel_run",
+    ("get", "/conversations/{conversation_id}/runs/{run_id}/events"): "run_events",
     ("post", "/conversations/{conversation_id}/compact"): "compact_conversation",
     ("get", "/conversations/{conversation_id}/transcript"): "get_transcript",
     ("get", "/healthz"): "healthz",
@@ -167,7 +168,7 @@ def test_every_route_is_documented_with_a_readable_operation_id(
 ) -> None:
     routes = {
         (method.lower(), route.path)
-        for module in (conversations, runs, transcript, health)
+        for module in (conversations, runs, events, transcript, health)
         for route in module.router.routes
         if isinstance(route, APIRoute) and route.include_in_schema
         for method in route.methods

@@ -39,6 +39,7 @@ LAYERS = {
     "app.api": "api",
     "app.cli": "top",
     "app.chat": "top",
+    "app.cli_webhooks": "top",
     "app.__main__": "top",
 }
 #: the package itself (``__version__``) is below everything

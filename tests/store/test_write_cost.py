@@ -108,6 +108,7 @@ RUN_WRITE = [
     "INSERT INTO run_new_messages",
     "INSERT INTO run_finals",
     "INSERT INTO transcript",
+    "INSERT INTO webhook_deliveries",  # the outbox, as INSERT … SELECT (issue 13)
 ]
 WITH_COMPACTION = [
     *RUN_WRITE[:1],

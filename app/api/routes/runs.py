@@ -15,16 +15,6 @@ from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.agent.codec import dump_message
-from app.agent.events import (
-    CompactionCompleted,
-    Delta,
-    MessageCompleted,
-    RunEvent,
-    ToolFinished,
-    ToolStarted,
-)
-from app.agent.providers import base as provider_events
 from app.service.runs import ActiveRun, FinishedRun, Idempotency, Replayed, RunManager
 
 from ..deps import (
@@ -88,6 +78,13 @@ SSE_EVENT: dict[str, Any] = {
                 "run.finished",
                 "error",
             ],
+        },
+        "id": {
+            "type": "integer",
+            "minimum": 1,
+            "description": "The event's sequence number in its run (1 for run.started): "
+            "resume after it at GET …/runs/{run_id}/events with Last-Event-ID (an error "
+            "event has none)",
         },
         "data": {
             "type": "string",
@@ -220,31 +217,11 @@ async def create_run(
     return JSONResponse(view.body(minimal=minimal), status_code=201, headers=headers)
 
 
-def _sse(event: str, data: Any) -> bytes:
-    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
-
-
-def _event_payload(event: RunEvent) -> tuple[str, Any] | None:
-    match event:
-        case Delta(event=provider_events.TextDelta(index=i, text=text)):
-            return "delta", {"kind": "text", "index": i, "text": text}
-        case Delta(event=provider_events.ThinkingDelta(index=i, thinking=text)):
-            return "delta", {"kind": "thinking", "index": i, "text": text}
-        case Delta(event=provider_events.ToolCallStart(index=i, id=call_id, name=name)):
-            return "delta", {"kind": "tool_call", "index": i, "id": call_id, "name": name}
-        case Delta(event=provider_events.ToolCallDelta(index=i, arguments=args)):
-            return "delta", {"kind": "tool_call_arguments", "index": i, "text": args}
-        case Delta():
-            return None
-        case MessageCompleted(message=message):
-            return "message", dump_message(message)
-        case ToolStarted(call=call):
-            return "tool.started", call.model_dump(mode="json")
-        case ToolFinished(result=result):
-            return "tool.finished", dump_message(result)
-        case CompactionCompleted(compaction=compaction):
-            return "compaction", compaction.model_dump(mode="json")
-    return None
+def _sse(event: str, data: Any, seq: int | None = None) -> bytes:
+    """One server-sent event; ``id`` is the run's event seq (issue 13: resume after it at
+    ``GET …/runs/{id}/events`` with ``Last-Event-ID``)."""
+    tail = f"id: {seq}\n" if seq is not None else ""
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n{tail}\n".encode()
 
 
 async def _events(
@@ -252,38 +229,24 @@ async def _events(
 ) -> AsyncIterator[bytes]:
     """The run as server-sent events. A client that goes away cancels the run only with
     ``on_disconnect: cancel``; the run's task is separate from this response."""
-    assert active.events is not None
+    assert active.events is not None and active.recorder is not None
     try:
-        run = active.started.run
-        assert run is not None
-        yield _sse(
-            "run.started",
-            {
-                "run_id": active.run_id,
-                "conversation_id": active.conversation_id,
-                "base_etag": run.base_etag,
-            },
-        )
+        # run.started (seq 1) and every event after it come numbered from the run's recorder
         while True:
             event = await active.events.get()
             if event is None:
                 break
-            payload = _event_payload(event)
-            if payload is not None:
-                yield _sse(*payload)
+            yield _sse(event.event, event.data, event.seq)
         try:
             finished = await asyncio.shield(active.done)
-            view = run_view(finished)
-            body = view.body(minimal=minimal)
+            body = run_view(finished).body(minimal=minimal)
         except Exception as exc:  # the outcome could not be stored (or a bug): say so, end
             yield _sse(
                 "error",
                 stream_problem(exc, instance=_location(active.conversation_id, active.run_id)),
             )
             return
-        if view.model.required_action is not None:
-            yield _sse("run.requires_action", view.model.required_action.model_dump(mode="json"))
-        yield _sse("run.finished", body)
+        yield _sse("run.finished", body, active.recorder.finished_seq)
     except asyncio.CancelledError:
         if on_disconnect == "cancel":
             manager.stop(active)
