@@ -199,6 +199,8 @@ class _ProfileFields(BaseModel):
     thinking_budget: int | None = Field(default=None, ge=1)
     max_output_tokens: int | None = Field(default=None, ge=1)
     api_key_env: str | None = None
+    #: server tools (by name) whose calls wait for the application's decision (docs/tools.md)
+    approval_required: Annotated[tuple[str, ...], NoDecode] = ()
 
     @model_validator(mode="before")
     @classmethod
@@ -239,10 +241,18 @@ class _ProfileFields(BaseModel):
             )
         return value
 
-    @field_validator("tools", mode="before")
+    @field_validator("tools", "approval_required", mode="before")
     @classmethod
     def _split_tools(cls, value: Any) -> Any:
         return _split_list(value)
+
+    @field_validator("approval_required")
+    @classmethod
+    def _tool_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+                raise ValueError(f"approval_required: {name!r} is not a tool name")
+        return tuple(dict.fromkeys(value))
 
     @field_validator("tools")
     @classmethod

@@ -25,11 +25,11 @@ JSON text, where a NUL is an escape, so they may hold one.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.agent.messages import AnyMessage, Base64Source, ImageBlock, TextBlock, UserMessage
+from app.agent.messages import AnyMessage, Base64Source, ImageBlock, TextBlock
 from app.config import Settings
 
 from .problems import MALFORMED_JSON, Problem, limit_exceeded, payload_too_large, validation_error
@@ -68,7 +68,7 @@ def check_text(settings: Settings, value: str, path: str) -> None:
         )
 
 
-def check_prompts(settings: Settings, prompts: tuple[UserMessage, ...]) -> None:
+def check_prompts(settings: Settings, prompts: Sequence[AnyMessage]) -> None:
     if len(prompts) > settings.max_prompts_per_run:
         raise limit_exceeded("max_prompts_per_run", settings.max_prompts_per_run, len(prompts))
     _check_messages(settings, prompts, "body.prompts")

@@ -69,6 +69,9 @@ NOT_ACCEPTABLE = _register("not-acceptable", "Not acceptable", 406)
 CONVERSATION_EXISTS = _register("conversation-exists", "Conversation already exists", 409)
 RUN_IN_PROGRESS = _register("run-in-progress", "Another run is in progress", 409)
 RUN_NOT_ACTIVE = _register("run-not-active", "The run is not in progress", 409)
+TOOL_RESULTS_REQUIRED = _register(
+    "tool-results-required", "Pending tool calls must be answered first", 409
+)
 IDEMPOTENCY_KEY_IN_FLIGHT = _register(
     "idempotency-key-in-flight", "A request with this Idempotency-Key is still running", 409
 )
@@ -80,6 +83,9 @@ VALIDATION_ERROR = _register("validation-error", "Request is not valid", 422)
 INVALID_CONTEXT = _register("invalid-context", "Context is not valid", 422)
 UNREPLAYABLE_CONTEXT = _register(
     "unreplayable-context", "Context could not be replayed to a provider", 422
+)
+UNEXPECTED_TOOL_ANSWER = _register(
+    "unexpected-tool-answer", "A tool result or approval answers no pending tool call", 422
 )
 LIMIT_EXCEEDED = _register("limit-exceeded", "A configured limit was exceeded", 422)
 IDEMPOTENCY_KEY_MISMATCH = _register(
@@ -309,6 +315,17 @@ class ProblemDetails(BaseModel):
         description="database-unavailable after a run: false, the run's outcome was not stored",
     )
     maximum: int | None = None
+    pending_tool_calls: list[dict[str, Any]] | None = Field(
+        default=None,
+        description="tool-results-required: every pending call of the conversation "
+        "(id, name, arguments, kind)",
+    )
+    unanswered: list[str] | None = Field(
+        default=None, description="tool-results-required: ids of the calls left unanswered"
+    )
+    tool_call_id: str | None = Field(
+        default=None, description="unexpected-tool-answer: the call the answer names"
+    )
 
 
 _PROBLEM_REF = "#/components/schemas/ProblemDetails"

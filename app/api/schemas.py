@@ -12,7 +12,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.agent.messages import AssistantMessage, Context, Message, Usage, UserMessage
+from app.agent.messages import (
+    AssistantMessage,
+    Context,
+    Message,
+    ToolResultMessage,
+    Usage,
+    UserMessage,
+)
+from app.agent.pending import Approval, ClientTool, PendingCall, RequiredAction
 from app.agent.records import Compaction
 
 CONVERSATION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
@@ -45,6 +53,11 @@ class Conversation(BaseModel):
     run_count: int
     transcript_count: int
     active_run_id: str | None
+    pending_tool_calls: list[PendingCall] = Field(
+        default_factory=list,
+        description="The tool calls the stored context awaits results or approvals for "
+        "(docs/tools.md): the next run must answer every one first",
+    )
     created_at: datetime
     updated_at: datetime
 
@@ -64,10 +77,41 @@ Prompt = Annotated[
 ]
 
 
-class RunCreate(_Body):
-    """Run the agent on new prompts (SPEC §4)."""
+RunInput = Annotated[
+    str | Annotated[UserMessage | ToolResultMessage, Field(discriminator="type")],
+    Field(
+        description="A user message (a bare string is one with one text block), or, before "
+        "any user message, a tool_result answering a pending client tool call"
+    ),
+]
 
-    prompts: list[Prompt] = Field(min_length=1)
+
+class RunCreate(_Body):
+    """Run the agent on new prompts (SPEC §4), answering any pending tool calls first
+    (SPEC §7, docs/tools.md)."""
+
+    prompts: list[RunInput] = Field(
+        default_factory=list,
+        description="The tool_result messages for the pending client calls, then the user "
+        "messages. Empty only when the run answers pending calls",
+    )
+    tools: list[ClientTool] = Field(
+        default_factory=list,
+        max_length=128,
+        description="Client tools: offered to the model with the profile's server tools for "
+        "this run, executed by the application (a call pauses the run: requires_action)",
+    )
+    require_approval: list[str] = Field(
+        default_factory=list,
+        max_length=128,
+        description="Server tools whose calls wait for the application's decision in this "
+        "run, besides the profile's approval_required",
+    )
+    approvals: list[Approval] = Field(
+        default_factory=list,
+        description="Decisions on the pending approval calls: approved calls run in this "
+        "run, a denial becomes an is_error result carrying the reason",
+    )
     agent: str = Field(
         default="default",
         min_length=1,
@@ -88,12 +132,19 @@ class RunCreate(_Body):
     on_disconnect: Literal["continue", "cancel"] = "continue"
     stream: bool = False
 
-    def user_messages(self) -> tuple[UserMessage, ...]:
+    def messages(self) -> tuple[UserMessage | ToolResultMessage, ...]:
         return tuple(UserMessage.text(p) if isinstance(p, str) else p for p in self.prompts)
 
 
 RunStatus = Literal[
-    "queued", "running", "completed", "failed", "cancelled", "conflicted", "interrupted"
+    "queued",
+    "running",
+    "completed",
+    "failed",
+    "cancelled",
+    "conflicted",
+    "interrupted",
+    "requires_action",
 ]
 
 
@@ -136,6 +187,11 @@ class Run(BaseModel):
     compactions: list[Compaction]
     usage: Usage
     error: RunProblem | None
+    required_action: RequiredAction | None = Field(
+        default=None,
+        description="A run that ended requires_action: the client calls and approval calls "
+        "the next run must answer",
+    )
     created_at: datetime
     finished_at: datetime | None
     duration_ms: int | None
@@ -149,11 +205,21 @@ class RunPage(BaseModel):
 class TranscriptEntry(BaseModel):
     seq: int
     run_id: str | None
-    kind: Literal["prompt", "attempt", "tool_result", "compaction", "context_replaced"]
+    kind: Literal[
+        "prompt",
+        "attempt",
+        "tool_result",
+        "compaction",
+        "context_replaced",
+        "pause",
+        "client_result",
+        "approval",
+    ]
     failed: bool = Field(description="A failed or aborted assistant attempt")
     body: dict[str, Any] = Field(
-        description="The message (prompt, attempt, tool_result), the compaction record, or "
-        "the replacing context"
+        description="The message (prompt, attempt, tool_result, client_result), the "
+        "compaction record, the replacing context, the required_action of a pause, or an "
+        "approval decision (tool_call_id, tool_name, approve, reason)"
     )
     created_at: datetime
 

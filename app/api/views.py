@@ -11,6 +11,7 @@ from typing import Any
 
 from app.agent.messages import AttemptError, Usage, UserMessage
 from app.service.conversations import ConversationInfo
+from app.service.pending import split_prompts
 from app.service.runs import FinishedRun, RunRequest
 from app.store.repository import RunRecord
 
@@ -94,6 +95,9 @@ def run_view(finished: FinishedRun) -> RunView:
             compactions=list(result.compactions),
             usage=result.usage,
             error=run_problem(result.error, outcome.status),
+            required_action=(
+                result.required_action if outcome.status == "requires_action" else None
+            ),
             created_at=run.created_at,
             finished_at=outcome.finished_at,
             duration_ms=_duration(run.created_at, outcome.finished_at),
@@ -123,6 +127,7 @@ def record_view(record: RunRecord) -> RunView:
                 "compactions": list(record.compactions),
                 "usage": Usage.model_validate(run.usage) if run.usage else Usage(),
                 "error": run_problem(error, run.status),
+                "required_action": run.required_action,
                 "created_at": run.created_at,
                 "finished_at": run.finished_at,
                 "duration_ms": _duration(run.created_at, run.finished_at),
@@ -142,18 +147,25 @@ def conversation_body(info: ConversationInfo) -> Conversation:
         run_count=info.run_count,
         transcript_count=conv.transcript_seq,
         active_run_id=conv.active_run_id,
+        pending_tool_calls=list(info.pending_tool_calls),
         created_at=conv.created_at,
         updated_at=conv.updated_at,
     )
 
 
 def run_request(body: RunCreate) -> RunRequest:
-    """The service's request from the HTTP body."""
+    """The service's request from the HTTP body: ``prompts`` splits into the leading tool
+    results and the user messages (422 ``unexpected-tool-answer`` for a result after them)."""
+    tool_results, prompts = split_prompts(body.messages())
     return RunRequest(
-        prompts=body.user_messages(),
+        prompts=prompts,
         agent=body.agent,
         on_failure=body.on_failure,
         if_busy=body.if_busy,
+        client_tools=tuple(body.tools),
+        require_approval=tuple(body.require_approval),
+        tool_results=tool_results,
+        approvals=tuple(body.approvals),
     )
 
 

@@ -45,6 +45,14 @@ class MissingProviderKey(CarryoverError, RuntimeError):
     status = 503
 
 
+class MisconfiguredProfile(CarryoverError, ValueError):
+    """A profile that cannot be built as configured (e.g. ``approval_required`` naming a tool
+    it does not have): 503 until the configuration is fixed."""
+
+    slug = "not-ready"
+    status = 503
+
+
 def with_key(profile: AgentProfile, settings: Settings) -> AgentProfile:
     """``profile`` with its API key, when it has none yet: from the variable it names in
     ``api_key_env``, else from ``OPENAI_API_KEY`` / ``ANTHROPIC_API_KEY`` as the settings read
@@ -99,6 +107,13 @@ def build_agent(
     """The agent of a profile; ``max_answer_chars`` bounds its provider's answers
     (:class:`~app.service.bounds.BoundedProvider`)."""
     tools = ToolRegistry.from_paths(profile.tools, default_timeout=profile.tool_timeout)
+    unknown = sorted(set(profile.approval_required) - set(tools.tools))
+    if unknown:
+        # a typo must not silently gate nothing (docs/tools.md)
+        raise MisconfiguredProfile(
+            f"approval_required names {', '.join(unknown)}, which are not server tools of the "
+            f"profile (its tools: {', '.join(sorted(tools.tools)) or 'none'})"
+        )
     provider = provider or build_provider(profile)
     if max_answer_chars is not None:
         provider = BoundedProvider(provider, max_answer_chars)
@@ -112,6 +127,7 @@ def build_agent(
             max_turns=profile.max_turns,
             max_output_tokens=profile.max_output_tokens,
             retry=RetryPolicy(max_retries=profile.max_retries),
+            approval_required=frozenset(profile.approval_required),
         )
     )
 

@@ -7,7 +7,8 @@ import uuid
 from dataclasses import dataclass
 
 from app.agent.messages import Context
-from app.agent.replay import ReplayError, validate_context
+from app.agent.pending import PendingCall
+from app.agent.replay import ReplayError, validate_storable
 from app.etag import ETagCondition, IfMatch, evaluate_conditions
 from app.store.errors import PreconditionFailed, conversation_not_found
 from app.store.repository import Loaded, Repository, StoredRows
@@ -15,6 +16,7 @@ from app.store.tables import Conversation, TranscriptEntry
 
 from .errors import UnreplayableContext
 from .pages import Page
+from .pending import stored_pending_calls
 from .runs import FinishedRun, RunManager
 
 #: the detail of a refused PUT of the context
@@ -27,6 +29,8 @@ class ConversationInfo:
 
     conversation: Conversation
     run_count: int
+    #: the calls the stored context awaits (docs/tools.md)
+    pending_tool_calls: tuple[PendingCall, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,7 @@ class ConversationService:
         """An empty conversation, with a generated id unless one is given."""
         conv_id = conv_id or f"conv_{uuid.uuid4().hex}"
         conv = await self.repo.create_conversation(tenant, conv_id, system_prompt)
-        return ConversationInfo(conv, 0)
+        return ConversationInfo(conv, 0, ())
 
     async def list(
         self, tenant: str, *, after: str | None = None, limit: int = 50
@@ -62,14 +66,24 @@ class ConversationService:
         fetched = await self.repo.list_conversations(tenant, after_id=after, limit=limit + 1)
         page = Page.of(fetched, limit)
         counts = await self.repo.run_counts(tenant, [c.id for c in page.items])
-        return Page([ConversationInfo(c, counts.get(c.id, 0)) for c in page.items], page.more)
+        # each item's pending calls: one read of its last batch (listings show GET's metadata)
+        items = [
+            ConversationInfo(
+                c,
+                counts.get(c.id, 0),
+                await stored_pending_calls(self.repo, self.runs.agents, tenant, c),
+            )
+            for c in page.items
+        ]
+        return Page(items, page.more)
 
     async def get(self, tenant: str, conv_id: str) -> ConversationInfo:
         conv = await self.repo.get_conversation(tenant, conv_id)
         if conv is None:
             raise conversation_not_found(conv_id)
         counts = await self.repo.run_counts(tenant, [conv.id])
-        return ConversationInfo(conv, counts.get(conv.id, 0))
+        pending = await stored_pending_calls(self.repo, self.runs.agents, tenant, conv)
+        return ConversationInfo(conv, counts.get(conv.id, 0), pending)
 
     async def delete(self, tenant: str, conv_id: str, if_match: IfMatch | None = None) -> None:
         """Delete it and all its records; 404 before 412."""
@@ -114,11 +128,12 @@ class ConversationService:
         if_none_match: ETagCondition | None,
     ) -> ContextWritten:
         """Replace the context (``if_match``) or create the conversation with it
-        (``if_none_match`` ``*``, without ``if_match``). The context must be replayable."""
+        (``if_none_match`` ``*``, without ``if_match``). The context must be storable: replayable,
+        or ending with pending calls (docs/tools.md)."""
         if if_match is None and (if_none_match is None or not if_none_match.any):
             raise ValueError("give if_match, or if_none_match '*' to create")
         try:
-            validate_context(context)
+            validate_storable(context)  # it may end with pending calls (docs/tools.md)
         except ReplayError as exc:
             raise UnreplayableContext(exc.index, str(exc)) from None
         if if_match is not None and if_none_match is not None:

@@ -167,6 +167,11 @@ class EventRecorder:
         self._seal()
         self._emit(name, data)
 
+    def emit(self, name: str, data: Any) -> None:
+        """An event the service adds itself (``run.requires_action``, docs/tools.md)."""
+        self._seal()
+        self._emit(name, data)
+
     def seal_if_due(self) -> None:
         """Emit a coalesced delta whose window has passed (the writer calls it)."""
         pending = self._pending

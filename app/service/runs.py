@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from app.agent.events import CompactionCompleted, RunEvent
-from app.agent.messages import AttemptError, Context, UserMessage
-from app.agent.records import Input, Result
+from app.agent.messages import AttemptError, Context
+from app.agent.records import Result
 from app.agent.run import Agent
 from app.clock import SYSTEM_CLOCK, Clock
 from app.config import Settings
@@ -34,6 +34,7 @@ from app.store.repository import (
     StartedRun,
 )
 
+from . import pending
 from .agents import AgentPool
 from .bounds import RunDeadline
 from .cache import ContextCache
@@ -131,6 +132,7 @@ class RunManager(LeaseKeeping, Queueing):
                 lease_seconds=self.settings.lease_seconds,
                 idempotency=claim,
                 cached=self.contexts.lookup,
+                check=pending.checker(agent, request),
             )
             if started.replay is not None:
                 return Replayed(started.replay.status_code, started.replay.response)
@@ -204,7 +206,7 @@ class RunManager(LeaseKeeping, Queueing):
                     raise asyncio.CancelledError
                 if agent is None:
                     raise LookupError(f"no agent profile {request.agent!r} on this server")
-                result = await self._run_agent(active, agent, loaded, request.prompts)
+                result = await self._run_agent(active, agent, loaded, request)
             except asyncio.CancelledError:  # cancelled before the agent took over
                 result = _cancelled(loaded.context)
             except Exception as exc:  # a bug: the run still ends, recorded, lease released
@@ -212,7 +214,9 @@ class RunManager(LeaseKeeping, Queueing):
                 result = _internal(loaded.context, exc)
             active.finishing = True
             finish = asyncio.ensure_future(
-                self._finish(active, loaded, result, request.on_failure, idempotency)
+                self._finish(
+                    active, loaded, result, request.on_failure, idempotency, request=request
+                )
             )
             try:
                 finished = await asyncio.shield(finish)
@@ -246,17 +250,14 @@ class RunManager(LeaseKeeping, Queueing):
             self._conversation_freed(active.tenant, active.conversation_id)
 
     async def _run_agent(
-        self, active: ActiveRun, agent: Agent, loaded: Loaded, prompts: tuple[UserMessage, ...]
+        self, active: ActiveRun, agent: Agent, loaded: Loaded, request: RunRequest
     ) -> Result:
         async def on_event(event: RunEvent) -> None:
             if active.recorder is not None:
                 active.recorder.add(event)  # numbered, stored, and streamed live
 
         with RunDeadline(self.settings.run_deadline_seconds, lambda: self.stop(active)) as deadline:
-            result = await agent.run(
-                Input(context=loaded.context, prompts=prompts, tokens=loaded.tokens),
-                on_event=on_event,
-            )
+            result = await agent.run(pending.agent_input(loaded, request), on_event=on_event)
         return deadline.settle(result)
 
     async def _finish(
@@ -266,6 +267,8 @@ class RunManager(LeaseKeeping, Queueing):
         result: Result,
         on_failure: OnFailure,
         idempotency: Idempotency | None,
+        *,
+        request: RunRequest | None = None,
     ) -> FinishedRun:
         """Record the outcome (one transaction); then, for an idempotent request, render its
         answer from the committed outcome and keep it (a second one)."""
@@ -274,9 +277,12 @@ class RunManager(LeaseKeeping, Queueing):
         changed = bool(result.compactions) or (
             len(result.context.messages) != len(loaded.context.messages)
         )
-        store = changed and (result.status == "completed" or on_failure == "keep")
+        ended_well = result.status in ("completed", "requires_action")
+        store = changed and (ended_well or on_failure == "keep")
         run = active.started.run
         assert run is not None
+        if active.recorder is not None:
+            pending.announce(active.recorder, result)
         events = await active.recorder.close() if active.recorder is not None else ()
         started_at = self.clock.monotonic()
         try:
@@ -290,6 +296,7 @@ class RunManager(LeaseKeeping, Queueing):
                     result=result,
                     store=store,
                     events=events,
+                    answered=pending.answered(request) if request is not None else None,
                 ),
             )
         except Exception as exc:

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from app.agent.messages import UserMessage
+from app.agent.messages import ToolResultMessage, UserMessage
+from app.agent.pending import Approval, ClientTool
 from app.agent.records import Result
 from app.store.repository import OnFailure, RunOutcome, StartedRun
 from app.store.tables import Run
@@ -18,12 +19,18 @@ from .events import EventRecorder, StreamedEvent
 
 @dataclass(frozen=True)
 class RunRequest:
-    """What a run is asked to do: the prompts, the agent profile, and the policies."""
+    """What a run is asked to do: the prompts, the agent profile, and the policies; with
+    client tools and approvals (docs/tools.md), the run's client tools, the server tools it
+    gates, and the answers to the conversation's pending calls."""
 
     prompts: tuple[UserMessage, ...]
     agent: str = "default"
     on_failure: OnFailure = "keep"
     if_busy: Literal["reject", "wait", "enqueue"] = "reject"
+    client_tools: tuple[ClientTool, ...] = ()
+    require_approval: tuple[str, ...] = ()
+    tool_results: tuple[ToolResultMessage, ...] = ()
+    approvals: tuple[Approval, ...] = ()
 
 
 @dataclass(frozen=True)

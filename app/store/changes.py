@@ -10,16 +10,44 @@ inserts of the appended messages, and :func:`run_transcript` lists what the tran
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from app.agent.codec import dump_message
-from app.agent.messages import AnyMessage, AssistantMessage, Context, UserMessage
+from app.agent.codec import dump_message, loads_message
+from app.agent.messages import (
+    AnyMessage,
+    AssistantMessage,
+    Context,
+    ToolResultMessage,
+    UserMessage,
+)
 from app.agent.records import Compaction, Result
 
 log = logging.getLogger(__name__)
 
-TranscriptKind = Literal["prompt", "attempt", "tool_result", "compaction", "context_replaced"]
+TranscriptKind = Literal[
+    "prompt",
+    "attempt",
+    "tool_result",
+    "compaction",
+    "context_replaced",
+    # client tools and approvals (docs/tools.md): a run that paused, the application's result
+    # for a client call, its decision on an approval call
+    "pause",
+    "client_result",
+    "approval",
+]
+
+
+@dataclass(frozen=True)
+class Answered:
+    """How a run's input answered one pending call: a client result, or an approval
+    decision (its ``approve`` and ``reason``)."""
+
+    kind: Literal["client", "approval"]
+    approve: bool | None = None
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -82,6 +110,19 @@ def plan_context_write(
     )
 
 
+def last_batch_of(texts: Sequence[str]) -> Context:
+    """A context holding only the last batch of stored messages (their JSON texts): the last
+    one that is not a ``tool_result`` and the results after it. Its pending calls are those of
+    the whole context; decoding it costs O(last batch), never the history."""
+    tail: list[AnyMessage] = []
+    for text in reversed(texts):
+        message = loads_message(text)
+        tail.append(message)
+        if not isinstance(message, ToolResultMessage):
+            break
+    return Context(messages=tuple(reversed(tail)))
+
+
 @dataclass(frozen=True)
 class TranscriptItem:
     kind: TranscriptKind
@@ -133,8 +174,32 @@ def compaction_slots(result: Result) -> list[int]:
     return slots
 
 
-def run_transcript(result: Result, base_len: int, plan: ContextWrite) -> list[TranscriptItem]:
+def _answer_items(message: AnyMessage, answer: Answered) -> list[TranscriptItem]:
+    """A result answering a pending call: ``client_result``, or the ``approval`` decision
+    followed by the result it led to (the approved call's, or the denial)."""
+    assert isinstance(message, ToolResultMessage)
+    if answer.kind == "client":
+        return [TranscriptItem("client_result", False, dump_message(message))]
+    decision = {
+        "tool_call_id": message.tool_call_id,
+        "tool_name": message.tool_name,
+        "approve": bool(answer.approve),
+        "reason": answer.reason,
+    }
+    return [TranscriptItem("approval", False, decision), _message_item(message)]
+
+
+def run_transcript(
+    result: Result,
+    base_len: int,
+    plan: ContextWrite,
+    answered: Mapping[str, Answered] | None = None,
+) -> list[TranscriptItem]:
     """The transcript entries of a run, in the order things happened.
+
+    ``answered`` names the pending calls the run's input answered (by call id): their results
+    are recorded as ``client_result`` / ``approval`` entries. A run that paused ends with a
+    ``pause`` entry holding its ``required_action``.
 
     ``base_len`` is no longer needed (compactions say where they happened); it stays until the
     caller in :mod:`app.store.repository` drops it.
@@ -142,8 +207,17 @@ def run_transcript(result: Result, base_len: int, plan: ContextWrite) -> list[Tr
     slots = compaction_slots(result)
     # A compaction at slot i comes before new_messages[i]; compactions keep their own order.
     keyed = [
-        ((slot, 0, k), _compaction_item(result.compactions[k], plan.fold_ranges[k]))
+        ((slot, 0, k), [_compaction_item(result.compactions[k], plan.fold_ranges[k])])
         for k, slot in enumerate(slots)
     ]
-    keyed += [((i, 1, 0), _message_item(m)) for i, m in enumerate(result.new_messages)]
-    return [entry for _, entry in sorted(keyed, key=lambda pair: pair[0])]
+    todo = dict(answered or {})
+    for i, m in enumerate(result.new_messages):
+        answer = todo.pop(m.tool_call_id, None) if isinstance(m, ToolResultMessage) else None
+        items = [_message_item(m)] if answer is None else _answer_items(m, answer)
+        keyed.append(((i, 1, 0), items))
+    entries = [e for _, items in sorted(keyed, key=lambda pair: pair[0]) for e in items]
+    if result.status == "requires_action" and result.required_action is not None:
+        entries.append(
+            TranscriptItem("pause", False, result.required_action.model_dump(mode="json"))
+        )
+    return entries

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from app.agent.codec import dump_context
-from app.agent.messages import Context
+from app.agent.codec import dump_context, load_message
+from app.agent.messages import AnyMessage, Context, ToolResultMessage
 from app.agent.tokens import tally_of
 from app.etag import IfMatch, sql_if_match, version_etag
 
@@ -110,6 +110,45 @@ class ConversationStore(StoreBase):
             if current is None:
                 return False
             raise PreconditionFailed(STALE, current_etag=current.etag)
+
+    async def last_batch(
+        self, tenant: str, conv_id: str, *, chunk: int = 32
+    ) -> tuple[tuple[AnyMessage, ...], str | None]:
+        """The stored context's trailing tool batch — its last message that is not a
+        ``tool_result`` and the results after it — and the agent profile of the latest run.
+
+        What the pending calls are computed from (docs/tools.md): reads O(the last batch)
+        rows, newest first, never the history.
+        """
+        key = child_key(context_messages, tenant, conv_id)
+        tail: list[AnyMessage] = []
+        async with read_transaction(self.engine) as conn:
+            below: int | None = None
+            while True:
+                stmt = select(context_messages.c.position, context_messages.c.body).where(*key)
+                if below is not None:
+                    stmt = stmt.where(context_messages.c.position < below)
+                stmt = stmt.order_by(context_messages.c.position.desc()).limit(chunk)
+                rows = (await conn.execute(stmt)).all()
+                done = len(rows) < chunk
+                for row in rows:
+                    message = load_message(row.body)
+                    tail.append(message)
+                    if not isinstance(message, ToolResultMessage):
+                        done = True
+                        break
+                if done or not rows:
+                    break
+                below = rows[-1].position
+            agent = (
+                await conn.execute(
+                    select(runs.c.agent)
+                    .where(*child_key(runs, tenant, conv_id))
+                    .order_by(runs.c.created_at.desc())
+                    .limit(1)
+                )
+            ).scalar()
+        return tuple(reversed(tail)), agent
 
     async def load_context(self, tenant: str, conv_id: str) -> Loaded:
         """The stored context and its ETag, read in one transaction (decoded after it)."""

@@ -10,7 +10,7 @@ not depend on how long the conversation is.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -20,7 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.agent.codec import dump_messages
-from app.agent.messages import UserMessage
+from app.agent.messages import Context, UserMessage
 from app.agent.records import Result
 from app.agent.tokens import TokenTally, advance, tally_of
 from app.etag import IfMatch, if_match_holds, version_etag
@@ -38,7 +38,14 @@ from ._sql import (
     read_rows,
 )
 from ._turns import cancel_queued, queue_head, take_free
-from .changes import ContextWrite, TranscriptItem, plan_context_write, run_transcript
+from .changes import (
+    Answered,
+    ContextWrite,
+    TranscriptItem,
+    last_batch_of,
+    plan_context_write,
+    run_transcript,
+)
 from .db import read_transaction, write_transaction
 from .errors import (
     Conflict,
@@ -154,8 +161,14 @@ class RunStore(StoreBase):
         lease_seconds: float,
         idempotency: IdempotencyClaim | None = None,
         cached: CachedContext | None = None,
+        check: Callable[[Context], None] | None = None,
     ) -> StartedRun:
         """Take the conversation's run lease and load its context, in one write transaction.
+
+        ``check`` is called before the transaction commits on a context that ends like the
+        stored one — the cached context, or the stored context's last batch alone (decoded
+        from its rows: O(last batch)); what it raises rolls everything back (no run row, no
+        lease, no idempotency key) and propagates (client tools, docs/tools.md).
 
         In order: :class:`NotFound`; an idempotency key seen before (the stored answer, or
         :class:`IdempotencyMismatch` / :class:`IdempotencyInFlight`); :class:`PreconditionFailed`
@@ -226,6 +239,11 @@ class RunStore(StoreBase):
                 hit = cached(tenant, conv_id, conv.incarnation, conv.version)
             if hit is None:
                 rows = await read_rows(conn, conv)
+            if check is not None:
+                if hit is not None:
+                    check(hit.context)
+                elif rows is not None:
+                    check(last_batch_of(rows.texts))
         loaded = hit if hit is not None else await decode(rows)
         return StartedRun(run=Run(**values), loaded=loaded, interrupted=interrupted)
 
@@ -259,8 +277,11 @@ class RunStore(StoreBase):
         result: Result,
         store: bool,
         events: Sequence[EventRow] = (),
+        answered: Mapping[str, Answered] | None = None,
     ) -> RunOutcome:
         """Record a run's outcome in ONE write transaction, and return it.
+
+        ``answered``: the pending calls the run's input answered, for the transcript.
 
         When ``store`` is true the result's context replaces ``base`` if, and only if, the stored
         state is still ``base`` (same incarnation and version); otherwise nothing of the context
@@ -277,7 +298,7 @@ class RunStore(StoreBase):
         ``run.finished`` marker) and the webhook deliveries its outcome calls for (issue 13).
         """
         plan = plan_context_write(base.context, base.first_position, base.next_position, result)
-        entries = run_transcript(result, len(base.context.messages), plan)
+        entries = run_transcript(result, len(base.context.messages), plan, answered)
         tokens = (
             tally_of(result.context.messages)
             if plan.rewritten or base.tokens is None
@@ -391,6 +412,11 @@ class RunStore(StoreBase):
                     result_etag=result_etag,
                     usage=result.usage.model_dump(mode="json"),
                     error=result.error.model_dump(mode="json") if result.error else None,
+                    required_action=(
+                        result.required_action.model_dump(mode="json")
+                        if status == "requires_action" and result.required_action
+                        else None
+                    ),
                     finished_at=now,
                     lease_expires_at=None,
                 )
@@ -448,6 +474,7 @@ def _run_values(
         "prompts": dump_messages(prompts),
         "usage": {},
         "error": None,
+        "required_action": None,
         "created_at": now,
         "finished_at": None,
         "lease_owner": None,

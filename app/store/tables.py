@@ -170,7 +170,8 @@ class Run(SQLModel, table=True):
     tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
     conversation_id: str = Field(primary_key=True, max_length=CONVERSATION_ID_LEN)
     run_id: str = Field(primary_key=True, max_length=RUN_ID_LEN)
-    # queued | running | completed | failed | cancelled | conflicted | interrupted
+    # queued | running | completed | failed | cancelled | conflicted | interrupted |
+    # requires_action
     status: str = Field(max_length=16)
     stored: bool
     on_failure: str = Field(max_length=16)
@@ -180,6 +181,8 @@ class Run(SQLModel, table=True):
     prompts: list[Any] = Field(sa_type=JSONText)
     usage: dict[str, Any] = Field(sa_type=JSONText)
     error: dict[str, Any] | None = Field(default=None, sa_type=JSONText)
+    # a run that ended requires_action: what it asked for (docs/tools.md)
+    required_action: dict[str, Any] | None = Field(default=None, sa_type=JSONText)
     created_at: datetime = Field(sa_type=UTCDateTime)
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     lease_owner: str | None = Field(default=None, max_length=128)
@@ -245,7 +248,8 @@ class TranscriptEntry(SQLModel, table=True):
     """Append-only history of a conversation; compaction never removes entries.
 
     ``seq`` is allocated from ``conversations.transcript_seq`` in the write that appends.
-    ``kind`` is one of prompt | attempt | tool_result | compaction | context_replaced.
+    ``kind`` is one of prompt | attempt | tool_result | compaction | context_replaced | pause |
+    client_result | approval.
     """
 
     __tablename__ = "transcript"

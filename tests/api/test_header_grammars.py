@@ -21,6 +21,7 @@ from app.api.app import openapi_document
 from app.api.deps import decode_cursor, encode_cursor, parse_prefer
 from app.api.etags import parse_condition
 from app.api.problems import Problem
+from app.api.routes.events import _after
 from app.api.routes.runs import _idempotency_key
 from app.errors import CarryoverError
 
@@ -72,7 +73,7 @@ def check(pattern: str, parse: Callable[[str], Any], value: str) -> None:
 
 LATIN1 = st.characters(max_codepoint=0xFF)
 #: the characters the header grammars turn on, drawn often
-SPECIAL = st.sampled_from(list(' \t,;="\\*W/w!#~\x21\x7e\x7f\x80\xff\x00\x1f\n\r\x85\xa0ab0'))
+SPECIAL = st.sampled_from(list(' \t,;="\\*W/w!#~\x21\x7e\x7f\x80\xff\x00\x1f\n\r\x85\xa0\xb2ab0'))
 NEAR = st.text(st.one_of(SPECIAL, LATIN1), max_size=30)
 
 
@@ -85,6 +86,7 @@ CASES = {
     "If-None-Match": lambda v: parse_condition(v, "If-None-Match"),
     "Prefer": parse_prefer,
     "Idempotency-Key": _idempotency_key,
+    "Last-Event-ID": lambda v: _after(v, None),
 }
 
 

@@ -272,7 +272,18 @@ def test_request_bodies_are_the_wire_models(document: dict[str, Any]) -> None:
     run_create = schemas["RunCreate"]
     prompt = run_create["properties"]["prompts"]["items"]
     assert {"type": "string"} in prompt["anyOf"]
-    assert {"$ref": "#/components/schemas/UserMessage-Input"} in prompt["anyOf"]
+    # a user message, or (SPEC §7) a tool_result answering a pending client call
+    [union] = [p for p in prompt["anyOf"] if "oneOf" in p]
+    assert union["discriminator"]["mapping"] == {
+        "user": "#/components/schemas/UserMessage-Input",
+        "tool_result": "#/components/schemas/ToolResultMessage-Input",
+    }
+    for name in ("tools", "require_approval", "approvals"):
+        assert name in run_create["properties"], name
+    run = schemas["Run"]["properties"]
+    assert "requires_action" in run["status"]["enum"]
+    assert run["required_action"]["anyOf"][0] == {"$ref": "#/components/schemas/RequiredAction"}
+    assert "pending_tool_calls" in schemas["Conversation"]["properties"]
     message = schemas["Context-Input"]["properties"]["messages"]["items"]
     assert message["discriminator"]["propertyName"] == "type"
     assert set(message["discriminator"]["mapping"]) == {"user", "assistant", "tool_result"}

@@ -35,6 +35,7 @@ RUN_FIELDS = {
     "compactions",
     "usage",
     "error",
+    "required_action",  # null unless the run ended requires_action (docs/tools.md)
     "created_at",
     "finished_at",
     "duration_ms",

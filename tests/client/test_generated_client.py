@@ -262,3 +262,100 @@ def test_the_generated_client_walks_the_seed_conversation(
         meta = get_conversation.sync(conversation.id, client=client)
         assert isinstance(meta, Conversation)
         assert (meta.message_count, meta.run_count, meta.etag) == (4, 2, run.etag)
+
+
+def test_the_generated_client_drives_a_pause_and_resume(
+    client_package: ModuleType, server: str
+) -> None:
+    """Client tools and approvals (docs/tools.md) with the typed models only: a client call
+    pauses the run, its result resumes it; an approval-gated call pauses, is approved; a run
+    that leaves a call unanswered is a typed 409."""
+    from carryover_client import AuthenticatedClient  # type: ignore[import-not-found]
+    from carryover_client.api.conversations import (  # type: ignore[import-not-found]
+        create_conversation,
+        get_conversation,
+    )
+    from carryover_client.api.runs import create_run, get_run  # type: ignore[import-not-found]
+    from carryover_client.models import (  # type: ignore[import-not-found]
+        Approval,
+        ClientTool,
+        ClientToolParameters,
+        Conversation,
+        ConversationCreate,
+        PendingCallKind,
+        ProblemDetails,
+        RequiredAction,
+        Run,
+        RunCreate,
+        RunStatus,
+        TextBlockInput,
+        TextBlockOutput,
+        ToolResultMessageInput,
+    )
+
+    lookup = ClientTool(
+        name="lookup",
+        description="Look a word up",
+        parameters=ClientToolParameters.from_dict(
+            {"type": "object", "properties": {"word": {"type": "string"}}}
+        ),
+    )
+    with AuthenticatedClient(
+        base_url=server, token=API_KEY, raise_on_unexpected_status=True
+    ) as client:
+        conversation = create_conversation.sync(client=client, body=ConversationCreate())
+        assert isinstance(conversation, Conversation)
+        cid = conversation.id
+
+        paused = create_run.sync(
+            cid,
+            client=client,
+            body=RunCreate(prompts=['/tool lookup {"word": "nvim"}'], tools=[lookup]),
+        )
+        assert isinstance(paused, Run)
+        assert paused.status == RunStatus.REQUIRES_ACTION and paused.stored is True
+        assert isinstance(paused.required_action, RequiredAction)
+        [call] = paused.required_action.tool_calls
+        assert (call.name, call.kind, call.arguments) == (
+            "lookup",
+            PendingCallKind.CLIENT,
+            '{"word": "nvim"}',
+        )
+        record = get_run.sync(cid, paused.run_id, client=client)
+        assert isinstance(record, Run) and record.required_action == paused.required_action
+        meta = get_conversation.sync(cid, client=client)
+        assert isinstance(meta, Conversation)
+        assert meta.pending_tool_calls == paused.required_action.tool_calls
+
+        unanswered = create_run.sync_detailed(cid, client=client, body=RunCreate(prompts=["go on"]))
+        assert unanswered.status_code == 409
+        assert isinstance(unanswered.parsed, ProblemDetails)
+        assert unanswered.parsed.type_ == "https://carryover.dev/problems/tool-results-required"
+
+        result = ToolResultMessageInput(
+            tool_call_id=call.id,
+            tool_name="lookup",
+            content=[TextBlockInput(text="a text editor")],
+        )
+        resumed = create_run.sync(cid, client=client, body=RunCreate(prompts=[result]))
+        assert isinstance(resumed, Run) and resumed.status == RunStatus.COMPLETED
+        assert resumed.required_action is None
+        [answer] = resumed.final.content
+        assert isinstance(answer, TextBlockOutput) and "a text editor" in answer.text
+
+        gated = create_run.sync(
+            cid,
+            client=client,
+            body=RunCreate(prompts=["/tool time_now {}"], require_approval=["time_now"]),
+        )
+        assert isinstance(gated, Run) and gated.status == RunStatus.REQUIRES_ACTION
+        [approval_call] = gated.required_action.tool_calls
+        assert approval_call.kind == PendingCallKind.APPROVAL
+        approved = create_run.sync(
+            cid,
+            client=client,
+            body=RunCreate(approvals=[Approval(tool_call_id=approval_call.id, approve=True)]),
+        )
+        assert isinstance(approved, Run) and approved.status == RunStatus.COMPLETED
+        meta = get_conversation.sync(cid, client=client)
+        assert isinstance(meta, Conversation) and meta.pending_tool_calls == []

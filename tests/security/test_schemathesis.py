@@ -132,6 +132,8 @@ def map_case(context: Any, case: Any) -> Any:
     if case.meta is not None and case.meta.generation.mode.is_positive:
         if isinstance(case.body, dict) and isinstance(case.body.get("agent"), str):
             case.body["agent"] = "default"
+        if case.operation.label == "POST /conversations/{conversation_id}/runs":
+            fit_run_to_the_conversation(case.body)
         case.body = json_integers(case.body)
         if case.headers and "Idempotency-Key" in case.headers:
             # one key per body: a key reused with another body is 422 idempotency-key-mismatch
@@ -142,6 +144,46 @@ def map_case(context: Any, case: Any) -> Any:
             if pattern is not None and isinstance(value, str) and not pattern.match(value):
                 del case.headers[name]
     return case
+
+
+#: what a valid client tool is beyond its schema (docs/tools.md)
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_SERVER_TOOLS = {"time_now", "wait", "fail"}
+
+
+def fit_run_to_the_conversation(body: Any) -> None:
+    """A run's answers to pending tool calls (``tool_result`` prompts, ``approvals``) and its
+    ``require_approval`` names are checked against the stored context and the agent's tools,
+    which a schema cannot state (422 ``unexpected-tool-answer`` / ``validation-error``, as the
+    operation documents): data meant to be valid keeps none of them, only client tools that
+    fit the rules, and at least one prompt (a run without answers needs one)."""
+    if not isinstance(body, dict):
+        return
+    body.pop("approvals", None)
+    body.pop("require_approval", None)
+    prompts = [
+        p
+        for p in body.get("prompts") or []
+        if not (isinstance(p, dict) and p.get("type") == "tool_result")
+    ]
+    body["prompts"] = prompts or ["hello"]
+    seen: set[str] = set()
+    tools = []
+    for tool in body.get("tools") or []:
+        name = tool.get("name") if isinstance(tool, dict) else None
+        parameters = tool.get("parameters", {"type": "object"}) if isinstance(tool, dict) else None
+        if (
+            isinstance(name, str)
+            and _TOOL_NAME.match(name)
+            and name not in _SERVER_TOOLS | seen
+            and isinstance(parameters, dict)
+            and parameters.get("type") == "object"
+            and isinstance(parameters.get("properties", {}), dict)
+        ):
+            seen.add(name)
+            tools.append(tool)
+    if "tools" in body:
+        body["tools"] = tools
 
 
 #: operations whose body may be JSON ``null`` (or left out), as the document says

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -25,12 +26,17 @@ log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["runs"])
 
+#: what ``Last-Event-ID`` may hold: an event id (ASCII digits), optional blanks around it
+LAST_EVENT_ID_PATTERN = r"^[ \t]*[0-9]{1,10}[ \t]*$"
+_LAST_EVENT_ID = re.compile(LAST_EVENT_ID_PATTERN[:-1] + r"\Z")
+
 LastEventIdHeader = Annotated[
     str | None,
     Header(
         alias="Last-Event-ID",
         description="Resume after this event (the `id` of the last event received); it wins "
         "over `after`",
+        json_schema_extra={"pattern": LAST_EVENT_ID_PATTERN},
     ),
 ]
 AfterQuery = Annotated[
@@ -41,7 +47,8 @@ AfterQuery = Annotated[
 EVENTS_DESCRIPTION = (
     "The run's events as server-sent events (`text/event-stream`), the same ones and the same "
     "`id`s as the POST's stream: `run.started` (id 1), `delta` (text, thinking and tool-call "
-    "parts, coalesced), `message`, `tool.started`, `tool.finished`, `compaction`, and last "
+    "parts, coalesced), `message`, `tool.started`, `tool.finished`, `compaction`, "
+    "`run.requires_action` (a run that paused, docs/tools.md), and last "
     "`run.finished` with the run record (without `context`). Live while the run is in flight; "
     "the stream ends after `run.finished`. Kept `CARRYOVER_EVENT_RETENTION_SECONDS` after "
     "they were written."
@@ -51,14 +58,13 @@ EVENTS_DESCRIPTION = (
 def _after(last_event_id: str | None, after: int | None) -> int:
     if last_event_id is None:
         return after or 0
-    text = last_event_id.strip()
-    if not text.isdigit() or len(text) > 10:
+    if _LAST_EVENT_ID.match(last_event_id) is None:  # ASCII digits only (not str.isdigit)
         raise Problem(
             BAD_HEADER,
             "Last-Event-ID must be the id of an event of this run (a non-negative integer)",
             header="Last-Event-ID",
         )
-    return int(text)
+    return int(last_event_id.strip(" \t"))
 
 
 def _sse(event: StreamedEvent, data: Any) -> bytes:

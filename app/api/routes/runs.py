@@ -65,9 +65,10 @@ router = APIRouter(tags=["runs"])
 SSE_DESCRIPTION = (
     'With `Accept: text/event-stream` or `"stream": true`: server-sent events `run.started`, '
     "`delta` (text, thinking and tool-call parts), `message` (each completed message), "
-    "`tool.started`, `tool.finished`, `compaction`, and last `run.finished` carrying the same "
-    "body as the JSON answer — or, when the outcome could not be stored, `error` carrying the "
-    "problem (e.g. `database-unavailable` with `stored: false`)."
+    "`tool.started`, `tool.finished`, `compaction`, `run.requires_action` (a run that paused: "
+    "its `required_action`, right before `run.finished`), and last `run.finished` carrying "
+    "the same body as the JSON answer — or, when the outcome could not be stored, `error` "
+    "carrying the problem (e.g. `database-unavailable` with `stored: false`)."
 )
 
 
@@ -84,6 +85,7 @@ SSE_EVENT: dict[str, Any] = {
                 "tool.started",
                 "tool.finished",
                 "compaction",
+                "run.requires_action",
                 "run.finished",
                 "error",
             ],
@@ -98,8 +100,9 @@ SSE_EVENT: dict[str, Any] = {
         "data": {
             "type": "string",
             "contentMediaType": "application/json",
-            "description": "The event's JSON payload; for run.finished, the Run; for error "
-            "(instead of run.finished, when the run's outcome could not be stored), a problem",
+            "description": "The event's JSON payload; for run.finished, the Run; for "
+            "run.requires_action, the RequiredAction; for error (instead of run.finished, when "
+            "the run's outcome could not be stored), a problem",
         },
     },
     "required": ["event", "data"],
@@ -159,8 +162,10 @@ def _idempotency_key(value: str | None) -> str | None:
             "model": Run,
         },
         409: {
-            "description": "Another run is in progress (`run-in-progress`), or the first "
-            "request with this Idempotency-Key still runs",
+            "description": "Another run is in progress (`run-in-progress`), the first "
+            "request with this Idempotency-Key still runs, or the conversation awaits "
+            "results or approvals for its pending tool calls (`tool-results-required`, "
+            "listing them in `pending_tool_calls`)",
             "headers": {"Retry-After": RETRY_AFTER_HEADER},
             "content": {
                 "application/problem+json": {
@@ -185,7 +190,7 @@ async def create_run(
 ) -> Response:
     """Run the agent on new prompts and store the returned context conditionally."""
     request_ = run_request(body)
-    check_prompts(svc.settings, request_.prompts)
+    check_prompts(svc.settings, (*request_.tool_results, *request_.prompts))
     stream = body.stream or "text/event-stream" in (accept or "")
     minimal = _minimal(prefer)
     respond_async = "respond-async" in parse_prefer(prefer)

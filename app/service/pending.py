@@ -1,0 +1,190 @@
+"""Client tools and approvals in the run service (docs/tools.md, SPEC §7).
+
+The agent decides (:mod:`app.agent.pending`); this module maps its decisions onto a run of the
+service:
+
+- :func:`agent_input` builds the agent's Input from a :class:`RunRequest` and the loaded
+  context;
+- :func:`checker` is the pre-check a run's start calls under the conversation's lease, inside
+  the transaction that would record the run: a refusal raises a :class:`CarryoverError` there,
+  which rolls the transaction back — no run record, no lease, no idempotency key is left;
+- :func:`answered` says, for the transcript, which of a run's results answer pending calls
+  (client results, approval decisions);
+- :func:`split_prompts` splits a request's ``prompts`` into the leading ``tool_result``
+  messages and the user messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from app.agent.messages import Context, ToolResultMessage, UserMessage
+from app.agent.pending import (
+    InvalidTools,
+    PendingCall,
+    ToolResultsRequired,
+    UnexpectedAnswer,
+)
+from app.agent.pending import split_prompts as _split
+from app.agent.records import Input, Result
+from app.agent.run import Agent
+from app.errors import CarryoverError
+from app.store.changes import Answered
+from app.store.repository import Loaded, Repository
+from app.store.tables import Conversation
+
+from .agents import AgentPool, UnknownAgent
+from .events import EventRecorder
+from .types import RunRequest
+
+
+class PendingCallsUnanswered(CarryoverError):
+    """409 ``tool-results-required``: the run leaves pending calls unanswered."""
+
+    slug = "tool-results-required"
+    status = 409
+
+    def __init__(self, refusal: ToolResultsRequired) -> None:
+        ids = ", ".join(c.id for c in refusal.unanswered)
+        super().__init__(
+            f"the conversation awaits results or approvals for tool call(s) {ids}: answer "
+            "every pending call (tool_result messages at the start of prompts, approvals) "
+            "before anything else",
+            pending_tool_calls=[dump_call(c) for c in refusal.pending],
+            unanswered=[c.id for c in refusal.unanswered],
+        )
+
+
+class AnswerNotPending(CarryoverError):
+    """422 ``unexpected-tool-answer``: a result or decision that answers no pending call."""
+
+    slug = "unexpected-tool-answer"
+    status = 422
+
+    def __init__(self, refusal: UnexpectedAnswer) -> None:
+        super().__init__(str(refusal), tool_call_id=refusal.tool_call_id)
+
+
+class BadClientTools(CarryoverError):
+    """422 ``validation-error`` on ``body.tools[i]…`` or ``body.require_approval[i]``."""
+
+    slug = "validation-error"
+    status = 422
+
+    def __init__(self, field: str, reason: str) -> None:
+        path = f"body.{field}"
+        super().__init__(f"{path}: {reason}", errors=[{"path": path, "message": reason}])
+
+
+def dump_call(call: PendingCall) -> dict[str, Any]:
+    return call.model_dump(mode="json")
+
+
+def refusal(exc: Exception) -> CarryoverError | None:
+    """The service's refusal for one of the agent's, or None for any other exception."""
+    if isinstance(exc, ToolResultsRequired):
+        return PendingCallsUnanswered(exc)
+    if isinstance(exc, UnexpectedAnswer):
+        return AnswerNotPending(exc)
+    if isinstance(exc, InvalidTools):
+        return BadClientTools(exc.field, exc.reason)
+    return None
+
+
+def split_prompts(
+    messages: Sequence[UserMessage | ToolResultMessage],
+) -> tuple[tuple[ToolResultMessage, ...], tuple[UserMessage, ...]]:
+    """``prompts`` of a request: the leading tool results, then the user messages (422 for a
+    tool result after a user message)."""
+    try:
+        return _split(messages)
+    except UnexpectedAnswer as exc:
+        raise AnswerNotPending(exc) from None
+
+
+def agent_input(loaded: Loaded, request: RunRequest) -> Input:
+    return Input(
+        context=loaded.context,
+        tokens=loaded.tokens,
+        prompts=request.prompts,
+        client_tools=request.client_tools,
+        require_approval=request.require_approval,
+        tool_results=request.tool_results,
+        approvals=request.approvals,
+    )
+
+
+def checker(agent: Agent, request: RunRequest) -> Callable[[Context], None]:
+    """The pre-check of a run, on a context that ends like the stored one (the store gives its
+    last batch alone; pure, O(last batch))."""
+
+    def check(context: Context) -> None:
+        try:
+            plan = agent.check(
+                Input(
+                    context=context,
+                    prompts=request.prompts,
+                    client_tools=request.client_tools,
+                    require_approval=request.require_approval,
+                    tool_results=request.tool_results,
+                    approvals=request.approvals,
+                )
+            )
+        except (InvalidTools, UnexpectedAnswer, ToolResultsRequired) as exc:
+            found = refusal(exc)
+            assert found is not None
+            raise found from None
+        if plan.resume is None and not request.prompts:
+            raise BadClientTools(
+                "prompts", "must not be empty unless it answers pending tool calls"
+            )
+
+    return check
+
+
+async def stored_pending_calls(
+    repo: Repository, agents: AgentPool, tenant: str, conv: Conversation
+) -> tuple[PendingCall, ...]:
+    """The pending calls of a stored context, from its last batch alone. Their kind follows the
+    agent profile of the conversation's latest run (``default`` without one, or when that
+    profile is gone)."""
+    if not conv.message_count:
+        return ()
+    tail, agent_name = await repo.last_batch(tenant, conv.id)
+    try:
+        agent = agents.get(agent_name or "default")
+    except UnknownAgent:
+        agent = agents.get("default")
+    return agent.pending_calls(Context(messages=tail))
+
+
+def announce(recorder: EventRecorder, result: Result) -> None:
+    """A run that paused says so in its event stream, right before ``run.finished``."""
+    if result.status == "requires_action" and result.required_action is not None:
+        recorder.emit("run.requires_action", result.required_action.model_dump(mode="json"))
+
+
+def answered(request: RunRequest) -> dict[str, Answered]:
+    """What the transcript records of a resuming run's answers, by tool call id."""
+    out = {r.tool_call_id: Answered(kind="client") for r in request.tool_results}
+    for decision in request.approvals:
+        out[decision.tool_call_id] = Answered(
+            kind="approval", approve=decision.approve, reason=decision.reason
+        )
+    return out
+
+
+__all__ = [
+    "AnswerNotPending",
+    "BadClientTools",
+    "PendingCallsUnanswered",
+    "agent_input",
+    "announce",
+    "answered",
+    "checker",
+    "dump_call",
+    "refusal",
+    "split_prompts",
+    "stored_pending_calls",
+]
