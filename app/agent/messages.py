@@ -13,6 +13,7 @@ import binascii
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+from pydantic.config import JsonDict
 
 
 class _Value(BaseModel):
@@ -195,11 +196,16 @@ Message = Annotated[UserMessage | AssistantMessage | ToolResultMessage, Field(di
 AnyMessage = UserMessage | AssistantMessage | ToolResultMessage
 
 
+#: The stored system prompt and summary never hold NUL (a PostgreSQL text column cannot): the
+#: API refuses one (422) and a run's summary drops it. Said in the schema, not checked here.
+_NO_NUL: JsonDict = {"pattern": "^[^\\u0000]*$"}
+
+
 class Context(_Value):
     """The whole continuation state: nothing else is needed to continue a conversation."""
 
-    system_prompt: str = ""
-    summary: str = ""
+    system_prompt: str = Field(default="", json_schema_extra=_NO_NUL)
+    summary: str = Field(default="", json_schema_extra=_NO_NUL)
     messages: tuple[Message, ...] = ()
 
 

@@ -39,7 +39,7 @@ class ConversationCreate(_Body):
     """Create a conversation. Without ``id`` the server generates one."""
 
     id: ConversationId | None = None
-    system_prompt: str = ""
+    system_prompt: str = Field(default="", json_schema_extra={"pattern": "^[^\\u0000]*$"})
 
 
 class Conversation(BaseModel):

@@ -91,9 +91,10 @@ SSE_EVENT: dict[str, Any] = {
             ],
         },
         "id": {
-            "type": "integer",
-            "minimum": 1,
-            "description": "The event's sequence number in its run (1 for run.started): "
+            "type": "string",
+            "pattern": "^[1-9][0-9]*$",
+            "description": "The event's sequence number in its run (1 for run.started), as SSE "
+            "sends every field: as text. "
             "resume after it at GET …/runs/{run_id}/events with Last-Event-ID (an error "
             "event has none)",
         },
