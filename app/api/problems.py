@@ -80,6 +80,7 @@ INVALID_CONTEXT = _register("invalid-context", "Context is not valid", 422)
 UNREPLAYABLE_CONTEXT = _register(
     "unreplayable-context", "Context could not be replayed to a provider", 422
 )
+UNSAFE_CUT = _register("unsafe-cut", "The cut separates a tool call from its result", 422)
 LIMIT_EXCEEDED = _register("limit-exceeded", "A configured limit was exceeded", 422)
 IDEMPOTENCY_KEY_MISMATCH = _register(
     "idempotency-key-mismatch", "Idempotency-Key reused with a different request", 422

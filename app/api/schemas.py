@@ -7,10 +7,11 @@ for every message and block.
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 from app.agent.messages import AssistantMessage, Context, Message, Usage, UserMessage
 from app.agent.records import Compaction
@@ -27,11 +28,69 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ConversationCreate(_Body):
+METADATA_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+MetadataKey = Annotated[str, Field(pattern=METADATA_KEY_PATTERN, max_length=128)]
+MetadataValue = Annotated[str, Field(max_length=1024)]
+Metadata = Annotated[
+    dict[MetadataKey, MetadataValue],
+    Field(
+        description="Flat string keys and string values, not part of the Context (changing it "
+        "leaves the ETag alone). Limits: `max_metadata_keys`, `max_metadata_key_chars`, "
+        "`max_metadata_value_chars` (422 `limit-exceeded`)",
+        examples=[{"user": "u-17", "topic": "billing"}],
+    ),
+]
+TTL_SECONDS = Annotated[
+    int | None,
+    Field(ge=1, le=10 * 365 * 86400, description="Expire this many seconds from now"),
+]
+
+
+class _Expiry(_Body):
+    expires_at: AwareDatetime | None = Field(
+        default=None,
+        description="When the retention sweeper deletes the conversation with every record",
+    )
+    ttl_seconds: TTL_SECONDS = None
+
+    @model_validator(mode="after")
+    def _one_expiry(self) -> _Expiry:
+        if self.expires_at is not None and self.ttl_seconds is not None:
+            raise ValueError("give expires_at or ttl_seconds, not both")
+        return self
+
+
+class ConversationCreate(_Expiry):
     """Create a conversation. Without ``id`` the server generates one."""
 
     id: ConversationId | None = None
     system_prompt: str = ""
+    metadata: Metadata = Field(default_factory=dict)
+
+
+class ConversationPatch(_Expiry):
+    """An RFC 7396 merge patch of a conversation (`application/merge-patch+json`).
+
+    `metadata`: each key set to a string is set, each key set to `null` is removed, keys left
+    out stay. `expires_at: null` clears the expiry (the deployment default applies again);
+    `ttl_seconds` sets it from now. Members left out stay as they are."""
+
+    metadata: dict[MetadataKey, MetadataValue | None] | None = None
+
+
+class ConversationFork(_Body):
+    """Fork a conversation: a new one with the source's context (or its first `messages`)."""
+
+    id: ConversationId | None = None
+    messages: int | None = Field(
+        default=None,
+        ge=0,
+        description="Copy only the first N messages; N must not cut between a tool call and "
+        "its result (422 `unsafe-cut`)",
+    )
+    metadata: Metadata | None = Field(
+        default=None, description="The fork's metadata; left out, the source's is copied"
+    )
 
 
 class Conversation(BaseModel):
@@ -47,6 +106,11 @@ class Conversation(BaseModel):
     active_run_id: str | None
     created_at: datetime
     updated_at: datetime
+    metadata: dict[str, str]
+    expires_at: datetime | None = Field(
+        description="When it will be deleted (its own expiry; the deployment default "
+        "retention, when configured, applies from `updated_at` to those without one)"
+    )
 
 
 class ConversationPage(BaseModel):
@@ -142,7 +206,7 @@ class RunPage(BaseModel):
 class TranscriptEntry(BaseModel):
     seq: int
     run_id: str | None
-    kind: Literal["prompt", "attempt", "tool_result", "compaction", "context_replaced"]
+    kind: Literal["prompt", "attempt", "tool_result", "compaction", "context_replaced", "forked"]
     failed: bool = Field(description="A failed or aborted assistant attempt")
     body: dict[str, Any] = Field(
         description="The message (prompt, attempt, tool_result), the compaction record, or "
@@ -165,3 +229,82 @@ class Readiness(BaseModel):
     database: bool
     schema_revision: str | None
     expected_revision: str
+
+
+# --- export / import (docs/conversations.md) ------------------------------------------------
+
+EXPORT_FORMAT = "carryover.conversation"
+
+
+class ExportedConversation(_Body):
+    id: ConversationId
+    metadata: Metadata = Field(default_factory=dict)
+    expires_at: AwareDatetime | None = None
+    created_at: AwareDatetime
+    updated_at: AwareDatetime = Field(description="On import: replaced by the time of import")
+    version: int = Field(ge=1, le=2**62, description="The version part of the ETag")
+    etag: str = Field(max_length=80, description="On import: a new one (new incarnation)")
+
+
+class ExportedTranscriptEntry(_Body):
+    seq: int = Field(ge=1, le=2**62)
+    run_id: str | None = Field(max_length=36)
+    kind: str = Field(pattern=r"^[a-z_]{1,24}$")
+    failed: bool
+    body: dict[str, Any]
+    created_at: AwareDatetime
+
+
+class ExportedCompaction(_Body):
+    reason: str = Field(max_length=16)
+    previous_summary: str
+    summary: str
+    folded: list[Any]
+    tokens_before: int
+    tokens_after: int
+    usage: dict[str, Any]
+
+
+class ExportedRun(_Body):
+    run_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,35}$")
+    status: str = Field(
+        pattern=r"^(?!running$)[a-z_]{1,16}$", description="Any finished status (not running)"
+    )
+    stored: bool
+    on_failure: str = Field(max_length=16)
+    agent: str = Field(max_length=128)
+    base_etag: str = Field(max_length=80)
+    result_etag: str | None = Field(max_length=80)
+    prompts: list[UserMessage]
+    usage: dict[str, Any]
+    error: dict[str, Any] | None
+    created_at: AwareDatetime
+    finished_at: AwareDatetime | None
+    cancel_requested: bool
+    new_messages: list[Message]
+    final: AssistantMessage | None
+    compactions: list[ExportedCompaction]
+
+
+class ConversationExport(_Body):
+    """One conversation whole: what `GET …/export` streams and `POST /conversations/import`
+    restores. An export of the import equals the original except `conversation.id` (when
+    imported under another id), `conversation.etag` (a new incarnation; the version is kept)
+    and `conversation.updated_at` (the time of import)."""
+
+    format: Literal["carryover.conversation"]
+    format_version: Literal[1]
+    conversation: ExportedConversation
+    context: Context
+    transcript: list[ExportedTranscriptEntry]
+    runs: list[ExportedRun]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ConversationExport:
+        seqs = [e.seq for e in self.transcript]
+        if any(b <= a for a, b in itertools.pairwise(seqs)):
+            raise ValueError("transcript: seq must increase strictly")
+        ids = [r.run_id for r in self.runs]
+        if len(set(ids)) != len(ids):
+            raise ValueError("runs: run_id must be unique")
+        return self

@@ -140,6 +140,8 @@ def conversation_body(info: ConversationInfo) -> Conversation:
         active_run_id=conv.active_run_id,
         created_at=conv.created_at,
         updated_at=conv.updated_at,
+        metadata=info.metadata,
+        expires_at=conv.expires_at,
     )
 
 

@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 SHUTDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 #: idempotency keys past their retention are deleted at most this often (seconds)
 PURGE_EVERY = 60.0
+#: the most batches of expired conversations one sweep deletes (the rest wait a tick)
+SWEEP_BATCHES = 10
 
 
 class LeaseKeeping:
@@ -150,8 +152,24 @@ class LeaseKeeping:
         """How often leases are renewed and cancel requests looked for."""
         return min(1.0, self.settings.lease_seconds / 3)
 
+    async def sweep_retention(self) -> int:
+        """Delete expired conversations (docs/conversations.md, "Retention") in batches of
+        ``retention_sweep_batch``, at most :data:`SWEEP_BATCHES` batches per call; how many."""
+        total = 0
+        for _ in range(SWEEP_BATCHES):
+            deleted = await self.lease_repo.sweep_expired(
+                default_seconds=self.settings.retention_seconds,
+                batch=self.settings.retention_sweep_batch,
+            )
+            total += deleted
+            if deleted < self.settings.retention_sweep_batch:
+                break
+        if total:
+            log.info("retention: deleted %d expired conversation(s)", total)
+        return total
+
     async def _keep_leases(self) -> None:
-        purged = self.clock.monotonic()
+        purged = swept = self.clock.monotonic()
         purge_every = min(PURGE_EVERY, float(self.settings.idempotency_ttl_seconds))
         while True:
             await asyncio.sleep(self.tick)
@@ -165,6 +183,9 @@ class LeaseKeeping:
                 if now - purged >= purge_every:
                     purged = now
                     await self.lease_repo.purge_idempotency_keys()
+                if now - swept >= self.settings.retention_sweep_seconds:
+                    swept = now
+                    await self.sweep_retention()
             except Exception:  # the database may be away for a moment; try again next tick
                 log.exception("lease keeping failed")
 

@@ -19,7 +19,9 @@ from app.agent.records import Compaction, Result
 
 log = logging.getLogger(__name__)
 
-TranscriptKind = Literal["prompt", "attempt", "tool_result", "compaction", "context_replaced"]
+TranscriptKind = Literal[
+    "prompt", "attempt", "tool_result", "compaction", "context_replaced", "forked"
+]
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,21 @@ from ._sql import Loaded
 from .conversations import ConversationStore
 from .idempotency import IdempotencyClaim, IdempotencyStore, IdempotentReplay
 from .leases import LeaseStore, Renewal
+from .metadata import MetadataStore
+from .portability import PortabilityStore
 from .records import RecordStore, RunRecord
 from .runs import OnFailure, RunOutcome, RunStatus, RunStore, StartedRun
 
 
-class Repository(ConversationStore, RunStore, LeaseStore, IdempotencyStore, RecordStore):
+class Repository(
+    ConversationStore,
+    RunStore,
+    LeaseStore,
+    IdempotencyStore,
+    RecordStore,
+    MetadataStore,
+    PortabilityStore,
+):
     """Every query of the store, each in its own transaction (``Repository(engine, clock)``)."""
 
 
