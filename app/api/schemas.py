@@ -11,7 +11,14 @@ import itertools
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from app.agent.messages import AssistantMessage, Context, Message, Usage, UserMessage
 from app.agent.records import Compaction
@@ -267,9 +274,7 @@ class ExportedCompaction(_Body):
 
 class ExportedRun(_Body):
     run_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,35}$")
-    status: str = Field(
-        pattern=r"^(?!running$)[a-z_]{1,16}$", description="Any finished status (not running)"
-    )
+    status: str = Field(pattern=r"^[a-z_]{1,16}$", description="Any finished status (not running)")
     stored: bool
     on_failure: str = Field(max_length=16)
     agent: str = Field(max_length=128)
@@ -284,6 +289,13 @@ class ExportedRun(_Body):
     new_messages: list[Message]
     final: AssistantMessage | None
     compactions: list[ExportedCompaction]
+
+    @field_validator("status")
+    @classmethod
+    def _finished(cls, value: str) -> str:
+        if value == "running":
+            raise ValueError("a run in flight cannot be imported")
+        return value
 
 
 class ConversationExport(_Body):
