@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import ValidationError
 
+from . import cli_conversations
 from .config import (
     TENANT_NAME,
     Settings,
@@ -128,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not write: exit 1 if the file differs from what the app serves",
     )
+    cli_conversations.add_parser(commands)
     return parser
 
 
@@ -465,6 +467,7 @@ COMMANDS = {
     "migrate": migrate_command,
     "keys": keys_command,
     "openapi": openapi_command,
+    "conversations": cli_conversations.command,
 }
 
 

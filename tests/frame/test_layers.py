@@ -35,6 +35,7 @@ LAYERS = {
     "app.service": "service",
     "app.api": "api",
     "app.cli": "top",
+    "app.cli_conversations": "top",
     "app.__main__": "top",
 }
 #: the package itself (``__version__``) is below everything
