@@ -11,7 +11,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import String, and_, delete, exists, func, insert, literal, or_, select, update
+from sqlalchemy import (
+    String,
+    and_,
+    delete,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    tuple_,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 
 from app.agent.codec import dump_context
@@ -36,6 +47,7 @@ from .errors import AlreadyExists, PreconditionFailed, UnsafeCut, conversation_n
 from .metadata import write_metadata
 from .tables import (
     Conversation,
+    UTCDateTime,
     context_messages,
     conversation_metadata,
     conversations,
@@ -120,12 +132,13 @@ class ConversationStore(StoreBase):
         stmt = select(conversations).where(c.tenant == tenant)
         for key, value in search.metadata:
             m = conversation_metadata.c
+            # IN (…) rather than EXISTS: the planner may drive from the (tenant, key, value)
+            # index when the value is rare, or from the (tenant, updated_at, id) one when not
             stmt = stmt.where(
-                exists().where(
-                    m.tenant == c.tenant,
-                    m.key == key,
-                    m.value == value,
-                    m.conversation_id == c.id,
+                c.id.in_(
+                    select(m.conversation_id).where(
+                        m.tenant == tenant, m.key == key, m.value == value
+                    )
                 )
             )
         if search.updated_after is not None:
@@ -138,10 +151,10 @@ class ConversationStore(StoreBase):
             )
         if after is not None:
             at, conv_id = after
-            if search.descending:
-                stmt = stmt.where(or_(c.updated_at < at, and_(c.updated_at == at, c.id < conv_id)))
-            else:
-                stmt = stmt.where(or_(c.updated_at > at, and_(c.updated_at == at, c.id > conv_id)))
+            # a row-value comparison: one index range on both engines (an OR is not)
+            keyset = tuple_(c.updated_at, c.id)
+            bound = tuple_(literal(at, UTCDateTime()), literal(conv_id, String(128)))
+            stmt = stmt.where(keyset < bound if search.descending else keyset > bound)
         order = (
             (c.updated_at.desc(), c.id.desc())
             if search.descending
