@@ -458,7 +458,7 @@ def openapi_command(args: argparse.Namespace) -> int:
         return 0
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text, encoding="utf-8")
-    print(f"wrote {output}")
+    print(f"wrote {output}", file=sys.stderr)  # stdout stays clean for a redirect
     return 0
 
 

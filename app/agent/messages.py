@@ -22,7 +22,11 @@ class _Value(BaseModel):
     next provider request sees, which is exactly the loss SPEC §1 forbids.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Always dumped whole (``model_dump`` with nothing excluded), so the schema of an answer
+    # marks every field required; the schema of a request keeps the defaults optional.
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", json_schema_serialization_defaults_required=True
+    )
 
 
 # --- blocks -------------------------------------------------------------------------------

@@ -6,9 +6,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import Response
 from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from app import __version__
 from app.clock import SYSTEM_CLOCK, Clock
@@ -26,6 +29,7 @@ from .deps import Services
 from .handlers import install_problem_handlers
 from .limits import BodyLimitMiddleware
 from .links import install_links
+from .problems import METHOD_NOT_ALLOWED, document_problem_types, problem_response
 from .routes import conversations, health, runs, transcript
 
 DESCRIPTION = """\
@@ -40,6 +44,73 @@ Every error is an RFC 9457 `application/problem+json` with a stable `type`.
 def _operation_id(route: APIRoute) -> str:
     """Readable operation ids for generated clients (``create_run``, not ``create_run_post``)."""
     return route.name
+
+
+#: the methods a 405's ``Allow`` may name (RFC 9110 §9), in the order it names them
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(app: FastAPI, scope: Any) -> list[str]:
+    """Every method some route answers at the request's path (what a 405's ``Allow`` lists,
+    RFC 9110 §15.5.6); Starlette's own 405 names only the first route whose path matched.
+    Asked of the router itself, so included routers and path converters count as they route."""
+    found = []
+    for method in _METHODS:
+        probe = {**scope, "method": method}
+        if any(route.matches(probe)[0] is Match.FULL for route in app.router.routes):
+            found.append(method)
+    return found
+
+
+def install_method_not_allowed(app: FastAPI) -> None:
+    """Answer 405 as a problem whose ``Allow`` lists all the resource's methods."""
+
+    async def method_not_allowed(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        headers = dict(exc.headers or {})
+        headers["Allow"] = ", ".join(allowed_methods(app, request.scope))
+        default = exc.detail in (None, "", "Method Not Allowed")
+        detail = f"{request.method} is not allowed on {request.url.path}" if default else exc.detail
+        return problem_response(
+            METHOD_NOT_ALLOWED, detail, instance=request.url.path, headers=headers
+        )
+
+    app.add_exception_handler(405, method_not_allowed)
+
+
+def _parameter_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A parameter's schema without the ``null`` branch FastAPI gives an optional one (``str |
+    None``): a header or query value is absent or a string, never ``null`` — a generator taking
+    the document at its word would send the text ``null``."""
+    branches = schema.get("anyOf")
+    if not isinstance(branches, list):
+        return schema
+    others = [b for b in branches if b != {"type": "null"}]
+    if len(others) != 1 or len(others) == len(branches):
+        return schema
+    rest = {k: v for k, v in schema.items() if k != "anyOf"}
+    return {**others[0], **rest}
+
+
+def install_parameter_schemas(app: FastAPI, max_page_size: int) -> None:
+    """Make the parameters of the document as exact as the server: no ``null`` for an optional
+    one, and ``limit`` bounded by this app's ``max_page_size`` (the committed document is built
+    from the default settings). Beyond it the server answers 422 ``limit-exceeded``, so the
+    bound is written here rather than enforced by FastAPI."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        schema = generate()
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                for parameter in operation.get("parameters", []):
+                    parameter["schema"] = _parameter_schema(parameter["schema"])
+                    if parameter["in"] == "query" and parameter["name"] == "limit":
+                        parameter["schema"]["maximum"] = max_page_size
+        document_problem_types(schema)
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def create_app(
@@ -85,7 +156,9 @@ def create_app(
         generate_unique_id_function=_operation_id,
     )
     install_problem_handlers(app)
+    install_method_not_allowed(app)
     install_links(app)
+    install_parameter_schemas(app, settings.max_page_size)
 
     for module in (conversations, runs, transcript, health):
         app.include_router(module.router)

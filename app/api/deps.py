@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -22,6 +19,7 @@ from app.service.runs import RunManager
 from .auth import DEFAULT_TENANT as DEFAULT_TENANT  # re-exported
 from .auth import TENANT_SCOPE_KEY, Authenticator
 from .etags import parse_condition
+from .headers import ENTITY_TAGS_PATTERN, IDEMPOTENCY_KEY_PATTERN, PREFER_PATTERN
 from .problems import BAD_CURSOR, BAD_HEADER, Problem, limit_exceeded
 from .schemas import CONVERSATION_ID_PATTERN
 
@@ -87,13 +85,17 @@ IfMatchHeader = Annotated[
         alias="If-Match",
         description="Proceed only if the stored context has one of these "
         "strong ETags (RFC 9110); `*` matches any",
+        json_schema_extra={"pattern": ENTITY_TAGS_PATTERN},
     ),
 ]
+"""Its grammar is the document's ``pattern``, checked by :mod:`app.api.etags` (400
+``bad-header`` naming the position), not by FastAPI (which would answer 422)."""
 IfNoneMatchHeader = Annotated[
     str | None,
     Header(
         alias="If-None-Match",
         description="GET: answer 304 if the ETag still matches. PUT: `*` creates only if absent",
+        json_schema_extra={"pattern": ENTITY_TAGS_PATTERN},
     ),
 ]
 
@@ -108,7 +110,31 @@ def if_none_match_value(header: str | None) -> ETagCondition | None:
     return parse_condition(header, "If-None-Match")
 
 
-# --- Prefer (RFC 7240) --------------------------------------------------------------------
+# --- Prefer (RFC 7240), Idempotency-Key, Accept -------------------------------------------
+
+PreferHeader = Annotated[
+    str | None,
+    Header(
+        alias="Prefer",
+        description="`return=minimal` (RFC 7240) leaves `context` out of the answer",
+        json_schema_extra={"pattern": PREFER_PATTERN},
+    ),
+]
+"""Checked by :func:`parse_prefer` (400 ``bad-header``), in the grammar of the document."""
+IdempotencyKeyHeader = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        max_length=255,
+        description="Repeat a request safely: the same key and body replay the first answer. "
+        'An sf-string (`"…"`) or the bare key: printable ASCII',
+        json_schema_extra={"pattern": IDEMPOTENCY_KEY_PATTERN},
+    ),
+]
+AcceptHeader = Annotated[
+    str | None,
+    Header(alias="Accept", description="`text/event-stream` streams the run as server-sent events"),
+]
 
 _TOKEN = r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
 _QUOTED = r'"(?:[^"\\\x00-\x08\x0a-\x1f\x7f]|\\[\t\x20-\x7e\x80-\xff])*"'
@@ -164,35 +190,37 @@ def prefers_minimal(header: str | None) -> bool:
 
 
 # --- cursors -----------------------------------------------------------------------------
+#
+# A cursor names the last position of the page before: ``id.<id>`` for pages ordered by id
+# (conversations, runs), ``seq.<n>`` for pages ordered by sequence number (the transcript).
+# Clients pass ``next_cursor`` back unchanged; the format is a grammar a regular expression
+# states exactly (the document's ``pattern``), so that any cursor the document allows is one the
+# server accepts — a position after which there is nothing is an empty page, not an error.
+
+#: positions are ids, which the database must be able to compare
+ID_CURSOR_PATTERN = r"^id\.([A-Za-z0-9][A-Za-z0-9._:-]{0,127})$"
+#: or sequence numbers, which fit a BIGINT (18 digits stay below 2**63)
+SEQ_CURSOR_PATTERN = r"^seq\.([0-9]{1,18})$"
+_ID_CURSOR = re.compile(ID_CURSOR_PATTERN.removesuffix("$") + r"\Z")
+_SEQ_CURSOR = re.compile(SEQ_CURSOR_PATTERN.removesuffix("$") + r"\Z")
 
 
-def encode_cursor(value: Any) -> str:
-    raw = json.dumps({"after": value}, separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+def encode_cursor(value: str | int) -> str:
+    """The cursor for the position ``value`` (an id, or a sequence number)."""
+    if isinstance(value, str):
+        return f"id.{value}"
+    return f"seq.{value}"
 
 
 def decode_cursor(cursor: str | None, kind: type) -> Any:
-    """The position a cursor stands for; 400 ``bad-cursor`` for anything we did not issue."""
+    """The position a cursor stands for (``kind`` ``str`` for an id, ``int`` for a sequence
+    number); 400 ``bad-cursor`` for anything outside its grammar."""
     if cursor is None:
         return None
-    try:
-        padded = cursor + "=" * (-len(cursor) % 4)
-        data = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")))
-        value = data["after"]
-    except (ValueError, KeyError, TypeError, binascii.Error, UnicodeError):
-        raise Problem(BAD_CURSOR, "the cursor is not one this API issued") from None
-    if not isinstance(value, kind) or isinstance(value, bool):
+    found = (_SEQ_CURSOR if kind is int else _ID_CURSOR).match(cursor)
+    if found is None:
         raise Problem(BAD_CURSOR, "the cursor is not one this API issued")
-    # Positions are ids (which the database must be able to compare) or sequence numbers
-    # (which fit a BIGINT): anything else was not issued here.
-    if isinstance(value, str) and not _CURSOR_ID.match(value):
-        raise Problem(BAD_CURSOR, "the cursor is not one this API issued")
-    if isinstance(value, int) and not 0 <= value < 2**63:
-        raise Problem(BAD_CURSOR, "the cursor is not one this API issued")
-    return value
-
-
-_CURSOR_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\Z")
+    return int(found.group(1)) if kind is int else found.group(1)
 
 
 def page_limit(settings: Settings, limit: int | None) -> int:
@@ -205,8 +233,24 @@ def page_limit(settings: Settings, limit: int | None) -> int:
 
 
 CursorQuery = Annotated[
-    str | None, Query(max_length=512, description="`next_cursor` of the previous page")
+    str | None,
+    Query(
+        max_length=512,
+        description="`next_cursor` of the previous page",
+        json_schema_extra={"pattern": ID_CURSOR_PATTERN},
+    ),
 ]
+"""A cursor over ids (conversations, runs). The grammar is the document's, checked by
+:func:`decode_cursor` (400 ``bad-cursor``), not by FastAPI (which would answer 422)."""
+SeqCursorQuery = Annotated[
+    str | None,
+    Query(
+        max_length=512,
+        description="`next_cursor` of the previous page",
+        json_schema_extra={"pattern": SEQ_CURSOR_PATTERN},
+    ),
+]
+"""A cursor over sequence numbers (the transcript)."""
 LimitQuery = Annotated[
     int | None,
     Query(
@@ -215,3 +259,5 @@ LimitQuery = Annotated[
         "is a 422 `limit-exceeded`), 50 when left out",
     ),
 ]
+"""Its ``maximum`` is the app's ``max_page_size``, which :func:`app.api.app.create_app` writes
+into the document (the setting is the app's, not the module's)."""

@@ -180,10 +180,17 @@ def document_extras(schema: dict[str, Any]) -> None:
     """Add the links, the middleware's answers and the exact body rules to ``schema``
     (in place)."""
     components = schema.get("components", {}).get("schemas", {})
+    for name, component in components.items():
+        if name.endswith(("-Input", "-Output")):
+            # a request's and an answer's schema of one model: titled apart, since generators
+            # (openapi-python-client) name models by title
+            component["title"] = name.replace("-", "")
     _require_discriminators(schema, components)
-    data = components.get("Base64Source", {}).get("properties", {}).get("data")
-    if isinstance(data, dict):
-        data.update({"pattern": BASE64_PATTERN, "contentEncoding": "base64"})
+    # one schema, or a request's and an answer's (FastAPI's ``-Input`` / ``-Output``)
+    for name in ("Base64Source", "Base64Source-Input", "Base64Source-Output"):
+        data = components.get(name, {}).get("properties", {}).get("data")
+        if isinstance(data, dict):
+            data.update({"pattern": BASE64_PATTERN, "contentEncoding": "base64"})
     for path, operations in schema.get("paths", {}).items():
         for method, operation in operations.items():
             if not isinstance(operation, dict) or "responses" not in operation:

@@ -318,6 +318,20 @@ def problem_responses(*problems: int | ProblemType) -> dict[int | str, dict[str,
     }
 
 
+def document_problem_types(document: dict[str, Any]) -> None:
+    """Name every registered problem type in the OpenAPI document: request problems on
+    ``ProblemDetails.type``, run errors on ``RunProblem.type`` (each with its status)."""
+    schemas = document.get("components", {}).get("schemas", {})
+    for name, run_error in (("ProblemDetails", False), ("RunProblem", True)):
+        prop = schemas.get(name, {}).get("properties", {}).get("type")
+        if prop is None:
+            continue
+        kinds = [p for p in PROBLEM_TYPES.values() if p.run_error is run_error]
+        listed = "; ".join(f"`{p.uri}` ({p.status}, {p.title})" for p in kinds)
+        what = "the error of a run record" if run_error else "a refused request"
+        prop["description"] = f"The problem type of {what}, one of: {listed}."
+
+
 def as_problem(exc: CarryoverError) -> Problem:
     """The problem a refusal of any layer is answered with: its slug's registered type."""
     if isinstance(exc, Problem):

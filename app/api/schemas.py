@@ -164,7 +164,7 @@ RunStatus = Literal["running", "completed", "failed", "cancelled", "conflicted",
 class RunProblem(BaseModel):
     """Why a run did not complete, as an RFC 9457 problem object."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_serialization_defaults_required=True)
 
     type: str
     title: str

@@ -213,7 +213,8 @@ def test_request_headers_are_declared(
     for name in headers:
         assert declared[name]["required"] is False
         assert declared[name]["description"]
-        assert declared[name]["schema"]["anyOf"][0]["type"] == "string"
+        # a string, never null (an absent header is left out, not sent as "null")
+        assert declared[name]["schema"]["type"] == "string"
 
 
 @pytest.mark.parametrize(
@@ -274,11 +275,11 @@ def test_request_bodies_are_the_wire_models(document: dict[str, Any]) -> None:
     run_create = schemas["RunCreate"]
     prompt = run_create["properties"]["prompts"]["items"]
     assert {"type": "string"} in prompt["anyOf"]
-    assert {"$ref": "#/components/schemas/UserMessage"} in prompt["anyOf"]
-    message = schemas["Context"]["properties"]["messages"]["items"]
+    assert {"$ref": "#/components/schemas/UserMessage-Input"} in prompt["anyOf"]
+    message = schemas["Context-Input"]["properties"]["messages"]["items"]
     assert message["discriminator"]["propertyName"] == "type"
     assert set(message["discriminator"]["mapping"]) == {"user", "assistant", "tool_result"}
-    block = schemas["AssistantMessage"]["properties"]["content"]["items"]
+    block = schemas["AssistantMessage-Input"]["properties"]["content"]["items"]
     assert set(block["discriminator"]["mapping"]) == {
         "text",
         "thinking",
@@ -286,4 +287,18 @@ def test_request_bodies_are_the_wire_models(document: dict[str, Any]) -> None:
         "tool_call",
     }
     body = operation(document, "put", "/conversations/{conversation_id}/context")["requestBody"]
-    assert body["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Context"}
+    assert body["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/Context-Input"
+    }
+
+
+def test_every_problem_type_is_documented() -> None:
+    """Each registered problem type (request problems and run errors) is named in the
+    document, on the schema of the problems that carry it."""
+    from app.api.problems import PROBLEM_TYPES
+
+    schemas = openapi_document()["components"]["schemas"]
+    request = schemas["ProblemDetails"]["properties"]["type"]["description"]
+    run = schemas["RunProblem"]["properties"]["type"]["description"]
+    for problem in PROBLEM_TYPES.values():
+        assert problem.uri in (run if problem.run_error else request), problem.slug

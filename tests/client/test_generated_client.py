@@ -147,9 +147,16 @@ def test_the_generated_client_walks_the_seed_conversation(
         get_conversation,
     )
     from carryover_client.api.runs import create_run, get_run  # type: ignore[import-not-found]
+
+    # an answer's schemas are FastAPI's "-Output" ones (every field present), a request's the
+    # "-Input" ones (defaults optional)
     from carryover_client.models import (  # type: ignore[import-not-found]
-        AssistantMessage,
-        Context,
+        AssistantMessageOutput as AssistantMessage,
+    )
+    from carryover_client.models import (  # type: ignore[import-not-found]
+        ContextOutput as Context,
+    )
+    from carryover_client.models import (  # type: ignore[import-not-found]
         Conversation,
         ConversationCreate,
         ProblemDetails,
@@ -157,8 +164,10 @@ def test_the_generated_client_walks_the_seed_conversation(
         RunCreate,
         RunCreateOnFailure,
         RunStatus,
-        TextBlock,
-        UserMessage,
+        TextBlockInput,
+        TextBlockOutput,
+        UserMessageInput,
+        UserMessageOutput,
     )
     from carryover_client.types import Unset  # type: ignore[import-not-found]
 
@@ -185,7 +194,7 @@ def test_the_generated_client_walks_the_seed_conversation(
         assert first.on_failure.value == "keep"
         assert isinstance(first.final, AssistantMessage)
         [answer] = first.final.content
-        assert isinstance(answer, TextBlock)
+        assert isinstance(answer, TextBlockOutput)
         assert answer.text == 'Echo: I saw 1 message. You said: "What is nvim?"'
         assert isinstance(first.context, Context) and len(first.context.messages) == 2
 
@@ -194,7 +203,9 @@ def test_the_generated_client_walks_the_seed_conversation(
             conversation.id,
             client=client,
             body=RunCreate(
-                prompts=[UserMessage(content=[TextBlock(text="How does it differ from vim?")])],
+                prompts=[
+                    UserMessageInput(content=[TextBlockInput(text="How does it differ from vim?")])
+                ],
                 on_failure=RunCreateOnFailure.KEEP,
             ),
             if_match=first.etag,
@@ -207,11 +218,11 @@ def test_the_generated_client_walks_the_seed_conversation(
         assert isinstance(run.context, Unset)  # left out by Prefer: return=minimal
         assert isinstance(run.final, AssistantMessage)
         reply = run.final.content[0]
-        assert isinstance(reply, TextBlock)
+        assert isinstance(reply, TextBlockOutput)
         assert reply.text == 'Echo: I saw 3 messages. You said: "How does it differ from vim?"'
         [prompt] = run.prompts
-        assert isinstance(prompt, UserMessage)
-        assert [m.__class__ for m in run.new_messages] == [UserMessage, AssistantMessage]
+        assert isinstance(prompt, UserMessageOutput)
+        assert [m.__class__ for m in run.new_messages] == [UserMessageOutput, AssistantMessage]
 
         # a stale If-Match is a typed problem
         stale = create_run.sync_detailed(
@@ -230,8 +241,10 @@ def test_the_generated_client_walks_the_seed_conversation(
         assert isinstance(context, Context)
         assert context.system_prompt == "You are concise." and context.summary == ""
         kinds = [m.__class__ for m in context.messages]
-        assert kinds == [UserMessage, AssistantMessage, UserMessage, AssistantMessage]
-        user_texts = [m.content[0].text for m in context.messages if isinstance(m, UserMessage)]
+        assert kinds == [UserMessageOutput, AssistantMessage, UserMessageOutput, AssistantMessage]
+        user_texts = [
+            m.content[0].text for m in context.messages if isinstance(m, UserMessageOutput)
+        ]
         assert user_texts == ["What is nvim?", "How does it differ from vim?"]
         last = context.messages[-1]
         assert isinstance(last, AssistantMessage) and last.content[0].text == reply.text

@@ -57,9 +57,15 @@ def database(database_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
 
 @pytest.fixture
 def served(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """uvicorn.run, recorded instead of run."""
+    """The server ``carryover serve`` would start, recorded instead of started."""
     calls: list[dict[str, Any]] = []
-    monkeypatch.setattr("uvicorn.run", lambda app, **kwargs: calls.append(kwargs))
+
+    def run_server(config: Any, on_listening: Any) -> bool:
+        calls.append({"host": config.host, "port": config.port})
+        on_listening()
+        return True
+
+    monkeypatch.setattr("app.cli.run_server", run_server)
     return calls
 
 

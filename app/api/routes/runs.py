@@ -11,7 +11,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header, Request
+from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -28,10 +28,13 @@ from app.agent.providers import base as provider_events
 from app.service.runs import ActiveRun, FinishedRun, Idempotency, Replayed, RunManager
 
 from ..deps import (
+    AcceptHeader,
     ConversationPath,
     CursorQuery,
+    IdempotencyKeyHeader,
     IfMatchHeader,
     LimitQuery,
+    PreferHeader,
     RunIdPath,
     ServicesDep,
     TenantDep,
@@ -56,25 +59,6 @@ from ..schemas import Run, RunCreate, RunPage
 from ..views import record_view, request_hash, run_request, run_view
 
 router = APIRouter(tags=["runs"])
-
-PreferHeader = Annotated[
-    str | None,
-    Header(
-        alias="Prefer", description="`return=minimal` (RFC 7240) leaves `context` out of the answer"
-    ),
-]
-IdempotencyKeyHeader = Annotated[
-    str | None,
-    Header(
-        alias="Idempotency-Key",
-        max_length=255,
-        description="Repeat a request safely: the same key and body replay the first answer",
-    ),
-]
-AcceptHeader = Annotated[
-    str | None,
-    Header(alias="Accept", description="`text/event-stream` streams the run as server-sent events"),
-]
 
 SSE_DESCRIPTION = (
     'With `Accept: text/event-stream` or `"stream": true`: server-sent events `run.started`, '

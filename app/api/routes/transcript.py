@@ -6,8 +6,8 @@ from fastapi import APIRouter
 
 from ..deps import (
     ConversationPath,
-    CursorQuery,
     LimitQuery,
+    SeqCursorQuery,
     ServicesDep,
     TenantDep,
     decode_cursor,
@@ -30,7 +30,7 @@ async def get_transcript(
     svc: ServicesDep,
     tenant: TenantDep,
     conversation_id: ConversationPath,
-    cursor: CursorQuery = None,
+    cursor: SeqCursorQuery = None,
     limit: LimitQuery = None,
 ) -> TranscriptPage:
     """Every admitted prompt, assistant attempt (failed ones flagged), tool result, compaction
