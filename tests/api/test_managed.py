@@ -250,12 +250,21 @@ async def test_cursor_paging_is_stable_on_equal_update_times(
     assert seen == ([*expected, "late"] if order == "asc" else expected)
 
 
-async def test_a_cursor_of_the_other_order_is_400(client: AppClient) -> None:
-    for conv_id in ("a", "b"):
+async def test_a_cursor_is_a_position_in_either_order(
+    client: AppClient, clock: ManualClock
+) -> None:
+    for conv_id in ("a", "b", "c"):
         await create(client, conv_id)
-    cursor = (await client.get("/conversations", params={"limit": 1})).json()["next_cursor"]
-    wrong = await client.get("/conversations", params={"cursor": cursor, "order": "asc"})
-    assert_problem(wrong, 400, "bad-cursor")
+        clock.advance(1)
+    cursor = (await client.get("/conversations", params={"limit": 2})).json()["next_cursor"]
+    assert await ids(client, cursor=cursor) == ["a"]  # after c, b (newest first)
+    assert await ids(client, cursor=cursor, order="asc") == ["c"]  # after b, oldest first
+    for bad in ("id.a", "at.x.a", "at.1.", "at.123456789012345678.a"):
+        assert_problem(
+            await client.get("/conversations", params={"cursor": bad}), 400, "bad-cursor"
+        )
+    # a position after which there is nothing is an empty page
+    assert await ids(client, cursor="at.0.a") == []
 
 
 async def test_active_filters_conversations_with_a_run_in_flight(

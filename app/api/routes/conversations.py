@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import AsyncIterator, Mapping
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Query, Request, Response
@@ -24,14 +24,11 @@ from app.store.metadata import KEEP
 
 from ..deps import (
     ConversationPath,
-    CursorQuery,
     IfMatchHeader,
     IfNoneMatchHeader,
     LimitQuery,
     ServicesDep,
     TenantDep,
-    decode_cursor,
-    encode_cursor,
     if_match_value,
     if_none_match_value,
     page_limit,
@@ -145,27 +142,35 @@ def metadata_filters(request: Request) -> list[tuple[str, str]]:
     return found
 
 
-def _list_cursor(updated_at: datetime, conv_id: str, order: str) -> str:
-    return encode_cursor([order, updated_at.isoformat(), conv_id])
+#: a listing's cursor: the keyset (updated_at in microseconds since the epoch, id) of the last
+#: item of the page before. Any cursor of this grammar is a position (of either order).
+LIST_CURSOR_PATTERN = r"^at\.([0-9]{1,17})\.([A-Za-z0-9][A-Za-z0-9._:-]{0,127})$"
+_LIST_CURSOR = re.compile(LIST_CURSOR_PATTERN.removesuffix("$") + r"\Z")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def _parse_list_cursor(cursor: str | None, order: str) -> tuple[datetime, str] | None:
-    value = decode_cursor(cursor, list)
-    if value is None:
+def _list_cursor(updated_at: datetime, conv_id: str) -> str:
+    micros = (updated_at - _EPOCH) // timedelta(microseconds=1)
+    return f"at.{micros}.{conv_id}"
+
+
+def _parse_list_cursor(cursor: str | None) -> tuple[datetime, str] | None:
+    if cursor is None:
         return None
-    try:
-        kind, at, conv_id = value
-        parsed = datetime.fromisoformat(at)
-    except (TypeError, ValueError):
-        raise Problem(BAD_CURSOR, "the cursor is not one this API issued") from None
-    if (
-        kind != order
-        or parsed.tzinfo is None
-        or not isinstance(conv_id, str)
-        or not re.match(CONVERSATION_ID_PATTERN, conv_id)
-    ):
-        raise Problem(BAD_CURSOR, "the cursor is not one this API issued (or another `order`)")
-    return parsed, conv_id
+    found = _LIST_CURSOR.match(cursor)
+    if found is None:
+        raise Problem(BAD_CURSOR, "the cursor is not one this API issued")
+    return _EPOCH + timedelta(microseconds=int(found.group(1))), found.group(2)
+
+
+ListCursorQuery = Annotated[
+    str | None,
+    Query(
+        max_length=512,
+        description="`next_cursor` of the previous page (a position in the order)",
+        json_schema_extra={"pattern": LIST_CURSOR_PATTERN},
+    ),
+]
 
 
 @router.get(
@@ -192,7 +197,7 @@ async def list_conversations(
     svc: ServicesDep,
     tenant: TenantDep,
     request: Request,
-    cursor: CursorQuery = None,
+    cursor: ListCursorQuery = None,
     limit: LimitQuery = None,
     order: Annotated[
         Literal["asc", "desc"],
@@ -222,14 +227,14 @@ async def list_conversations(
     )
     page = await svc.conversations.list(
         tenant,
-        after=_parse_list_cursor(cursor, order),
+        after=_parse_list_cursor(cursor),
         limit=page_limit(svc.settings, limit),
         search=search,
     )
     last = page.items[-1].conversation if page.items else None
     return ConversationPage(
         items=[conversation_body(info) for info in page.items],
-        next_cursor=_list_cursor(last.updated_at, last.id, order)
+        next_cursor=_list_cursor(last.updated_at, last.id)
         if page.more and last is not None
         else None,
     )
