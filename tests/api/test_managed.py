@@ -259,12 +259,14 @@ async def test_a_cursor_is_a_position_in_either_order(
     cursor = (await client.get("/conversations", params={"limit": 2})).json()["next_cursor"]
     assert await ids(client, cursor=cursor) == ["a"]  # after c, b (newest first)
     assert await ids(client, cursor=cursor, order="asc") == ["c"]  # after b, oldest first
-    for bad in ("id.a", "at.x.a", "at.1.", "at.123456789012345678.a"):
+    for bad in ("id.a", "at.x.a", "at.1.", "at.1234567890123456789.a"):
         assert_problem(
             await client.get("/conversations", params={"cursor": bad}), 400, "bad-cursor"
         )
     # a position after which there is nothing is an empty page
     assert await ids(client, cursor="at.0.a") == []
+    assert await ids(client, cursor="at.999999999999999999.a", order="asc") == []
+    assert await ids(client, cursor="at.999999999999999999.a") == ["c", "b", "a"]
 
 
 async def test_active_filters_conversations_with_a_run_in_flight(

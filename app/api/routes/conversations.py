@@ -144,9 +144,11 @@ def metadata_filters(request: Request) -> list[tuple[str, str]]:
 
 #: a listing's cursor: the keyset (updated_at in microseconds since the epoch, id) of the last
 #: item of the page before. Any cursor of this grammar is a position (of either order).
-LIST_CURSOR_PATTERN = r"^at\.([0-9]{1,17})\.([A-Za-z0-9][A-Za-z0-9._:-]{0,127})$"
+LIST_CURSOR_PATTERN = r"^at\.([0-9]{1,18})\.([A-Za-z0-9][A-Za-z0-9._:-]{0,127})$"
 _LIST_CURSOR = re.compile(LIST_CURSOR_PATTERN.removesuffix("$") + r"\Z")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: positions past the last representable time are that time (nothing is updated later)
+_LATEST = (datetime.max.replace(tzinfo=UTC) - _EPOCH) // timedelta(microseconds=1)
 
 
 def _list_cursor(updated_at: datetime, conv_id: str) -> str:
@@ -160,7 +162,8 @@ def _parse_list_cursor(cursor: str | None) -> tuple[datetime, str] | None:
     found = _LIST_CURSOR.match(cursor)
     if found is None:
         raise Problem(BAD_CURSOR, "the cursor is not one this API issued")
-    return _EPOCH + timedelta(microseconds=int(found.group(1))), found.group(2)
+    micros = min(int(found.group(1)), _LATEST)
+    return _EPOCH + timedelta(microseconds=micros), found.group(2)
 
 
 ListCursorQuery = Annotated[
