@@ -8,14 +8,17 @@ for every message and block.
 from __future__ import annotations
 
 import itertools
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
     field_validator,
     model_validator,
 )
@@ -35,6 +38,25 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+_RFC3339 = re.compile(
+    r"\A[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})\Z"
+)
+
+
+def _rfc3339(value: Any) -> Any:
+    """Only RFC 3339 text (with an offset) is a time: no Unix numbers, no other layouts."""
+    if isinstance(value, datetime):
+        return value
+    if not isinstance(value, str) or not _RFC3339.match(value):
+        raise ValueError(
+            "expected an RFC 3339 date-time with an offset (e.g. 2026-01-31T12:00:00Z)"
+        )
+    return value
+
+
+#: an RFC 3339 time with an offset, as the document's ``format: date-time`` says
+Timestamp = Annotated[AwareDatetime, BeforeValidator(_rfc3339)]
+
 METADATA_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 MetadataKey = Annotated[str, Field(pattern=METADATA_KEY_PATTERN, max_length=128)]
 MetadataValue = Annotated[str, Field(max_length=1024)]
@@ -49,12 +71,26 @@ Metadata = Annotated[
 ]
 TTL_SECONDS = Annotated[
     int | None,
-    Field(ge=1, le=10 * 365 * 86400, description="Expire this many seconds from now"),
+    Field(strict=True, ge=1, le=10 * 365 * 86400, description="Expire this many seconds from now"),
 ]
 
 
 class _Expiry(_Body):
-    expires_at: AwareDatetime | None = Field(
+    # not both: stated in the document as the server checks it
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "not": {
+                "required": ["expires_at", "ttl_seconds"],
+                "properties": {
+                    "expires_at": {"type": "string"},
+                    "ttl_seconds": {"type": "integer"},
+                },
+            }
+        },
+    )
+
+    expires_at: Timestamp | None = Field(
         default=None,
         description="When the retention sweeper deletes the conversation with every record",
     )
@@ -82,7 +118,13 @@ class ConversationPatch(_Expiry):
     out stay. `expires_at: null` clears the expiry (the deployment default applies again);
     `ttl_seconds` sets it from now. Members left out stay as they are."""
 
-    metadata: dict[MetadataKey, MetadataValue | None] | None = None
+    metadata: Annotated[
+        dict[MetadataKey, MetadataValue | None] | None,
+        Field(
+            description="Keys to set (a string) or remove (null); `null` for the whole member "
+            "removes every key",
+        ),
+    ] = None
 
 
 class ConversationFork(_Body):
@@ -91,6 +133,7 @@ class ConversationFork(_Body):
     id: ConversationId | None = None
     messages: int | None = Field(
         default=None,
+        strict=True,
         ge=0,
         description="Copy only the first N messages; N must not cut between a tool call and "
         "its result (422 `unsafe-cut`)",
@@ -243,51 +286,64 @@ class Readiness(BaseModel):
 EXPORT_FORMAT = "carryover.conversation"
 
 
+def _tag_of(value: Any) -> Any:
+    """The ``type`` tag is required, as the document says of every message."""
+    if isinstance(value, dict) and "type" not in value:
+        raise ValueError("a message needs its type")
+    return value
+
+
+TaggedUser = Annotated[UserMessage, BeforeValidator(_tag_of)]
+TaggedAssistant = Annotated[AssistantMessage, BeforeValidator(_tag_of)]
+
+
 class ExportedConversation(_Body):
     id: ConversationId
     metadata: Metadata = Field(default_factory=dict)
-    expires_at: AwareDatetime | None = None
-    created_at: AwareDatetime
-    updated_at: AwareDatetime = Field(description="On import: replaced by the time of import")
-    version: int = Field(ge=1, le=2**62, description="The version part of the ETag")
+    expires_at: Timestamp | None = None
+    created_at: Timestamp
+    updated_at: Timestamp = Field(description="On import: replaced by the time of import")
+    version: int = Field(
+        strict=True, ge=1, le=2**53 - 1, description="The version part of the ETag"
+    )
     etag: str = Field(max_length=80, description="On import: a new one (new incarnation)")
 
 
 class ExportedTranscriptEntry(_Body):
-    seq: int = Field(ge=1, le=2**62)
+    seq: int = Field(strict=True, ge=1, le=2**53 - 1)
     run_id: str | None = Field(max_length=36)
     kind: str = Field(pattern=r"^[a-z_]{1,24}$")
-    failed: bool
+    failed: StrictBool
     body: dict[str, Any]
-    created_at: AwareDatetime
+    created_at: Timestamp
 
 
 class ExportedCompaction(_Body):
-    reason: str = Field(max_length=16)
+    reason: Literal["threshold", "overflow", "manual"]
     previous_summary: str
     summary: str
-    folded: list[Any]
-    tokens_before: int
-    tokens_after: int
-    usage: dict[str, Any]
+    folded: list[Message]
+    tokens_before: int = Field(strict=True, ge=0, le=2**53 - 1)
+    tokens_after: int = Field(strict=True, ge=0, le=2**53 - 1)
+    usage: Usage
 
 
 class ExportedRun(_Body):
     run_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,35}$")
     status: str = Field(pattern=r"^[a-z_]{1,16}$", description="Any finished status (not running)")
-    stored: bool
+    stored: StrictBool
     on_failure: str = Field(max_length=16)
     agent: str = Field(max_length=128)
     base_etag: str = Field(max_length=80)
     result_etag: str | None = Field(max_length=80)
-    prompts: list[UserMessage]
+    prompts: list[TaggedUser]
     usage: dict[str, Any]
     error: dict[str, Any] | None
-    created_at: AwareDatetime
-    finished_at: AwareDatetime | None
-    cancel_requested: bool
+    created_at: Timestamp
+    finished_at: Timestamp | None
+    cancel_requested: StrictBool
     new_messages: list[Message]
-    final: AssistantMessage | None
+    final: TaggedAssistant | None
     compactions: list[ExportedCompaction]
 
     @field_validator("status")

@@ -110,12 +110,13 @@ class ConversationService:
         self,
         tenant: str,
         conv_id: str,
-        metadata: Mapping[str, str | None],
+        metadata: Mapping[str, str | None] | None,
         *,
         expires_at: datetime | None = KEEP,
         max_keys: int,
     ) -> ConversationInfo:
-        """Merge-patch the metadata (``None`` removes a key) and set or clear ``expires_at``;
+        """Merge-patch the metadata (``None`` removes a key; ``metadata`` ``None`` every key)
+        and set or clear ``expires_at``;
         the context and its ETag are untouched."""
         patched = await self.repo.patch_conversation(
             tenant, conv_id, metadata, expires_at=expires_at, max_keys=max_keys

@@ -78,12 +78,13 @@ class MetadataStore(StoreBase):
         self,
         tenant: str,
         conv_id: str,
-        metadata: Mapping[str, str | None],
+        metadata: Mapping[str, str | None] | None,
         *,
         expires_at: datetime | None = KEEP,
         max_keys: int,
     ) -> Patched:
-        """Apply an RFC 7396 merge patch of the metadata (``None`` removes a key) and set
+        """Apply an RFC 7396 merge patch of the metadata (a ``None`` value removes its key;
+        ``metadata`` ``None`` removes every key) and set
         ``expires_at`` (``None`` clears it; :data:`KEEP` leaves it), in one transaction.
 
         Bumps ``updated_at``, never the version. :class:`LimitExceeded` (nothing written) when
@@ -107,7 +108,13 @@ class MetadataStore(StoreBase):
             )
             if row is None:
                 raise conversation_not_found(conv_id)
-            if metadata:
+            if metadata is None:
+                await conn.execute(
+                    delete(conversation_metadata).where(
+                        *child_key(conversation_metadata, tenant, conv_id)
+                    )
+                )
+            elif metadata:
                 await conn.execute(
                     delete(conversation_metadata).where(
                         *child_key(conversation_metadata, tenant, conv_id),

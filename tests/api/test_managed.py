@@ -158,6 +158,10 @@ async def test_merge_patch_sets_removes_and_keeps_keys_without_touching_the_cont
     again = await patch(client, "p", {"metadata": {"zzz": None}})
     assert again.json()["metadata"] == {"a": "one", "c": "3", "d": "4"}
     assert (await patch(client, "p", {})).json()["metadata"] == {"a": "one", "c": "3", "d": "4"}
+    # null for the whole member removes it, i.e. every key
+    cleared = await patch(client, "p", {"metadata": None})
+    assert cleared.json()["metadata"] == {}
+    assert cleared.headers["etag"] == etag
 
 
 async def test_a_patch_over_the_key_limit_writes_nothing(managed: Callable[..., Any]) -> None:

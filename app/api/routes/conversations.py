@@ -13,7 +13,6 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import AwareDatetime
 
 from app.agent.codec import dump_message
 from app.agent.messages import Context
@@ -59,6 +58,7 @@ from ..schemas import (
     ConversationFork,
     ConversationPage,
     ConversationPatch,
+    Timestamp,
 )
 from ..views import conversation_body
 
@@ -116,6 +116,34 @@ def check_metadata(
 
 
 _METADATA_KEY = re.compile(METADATA_KEY_PATTERN)
+
+
+def document_metadata(document: dict[str, Any], settings: Settings) -> None:
+    """Write the configured metadata limits into every metadata object of the document (the
+    committed one is built from the default settings): the key pattern and length as
+    ``propertyNames``, no other keys, the value length, and the key count."""
+
+    def visit(node: Any) -> None:
+        if isinstance(node, dict):
+            pattern = node.get("patternProperties", {})
+            if METADATA_KEY_PATTERN in pattern:
+                node["additionalProperties"] = False
+                node["propertyNames"] = {
+                    "pattern": METADATA_KEY_PATTERN,
+                    "maxLength": settings.max_metadata_key_chars,
+                }
+                node["maxProperties"] = settings.max_metadata_keys
+                value = pattern[METADATA_KEY_PATTERN]
+                for option in value.get("anyOf", [value]):
+                    if option.get("type") == "string":
+                        option["maxLength"] = settings.max_metadata_value_chars
+            for child in node.values():
+                visit(child)
+        elif isinstance(node, list):
+            for child in node:
+                visit(child)
+
+    visit(document.get("components", {}))
 
 
 def metadata_filters(request: Request) -> list[tuple[str, str]]:
@@ -207,11 +235,11 @@ async def list_conversations(
         Query(description="By `updated_at` (then id): newest first (`desc`) or oldest first"),
     ] = "desc",
     updated_after: Annotated[
-        AwareDatetime | None,
+        Timestamp | None,
         Query(description="Only conversations updated after this time (RFC 3339 with offset)"),
     ] = None,
     updated_before: Annotated[
-        AwareDatetime | None,
+        Timestamp | None,
         Query(description="Only conversations updated before this time (RFC 3339 with offset)"),
     ] = None,
     active: Annotated[
@@ -386,8 +414,11 @@ async def patch_conversation(
     media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media != MERGE_PATCH:
         raise Problem(UNSUPPORTED_MEDIA_TYPE, f"PATCH takes {MERGE_PATCH}, not {media or 'none'}")
-    metadata = body.metadata or {}
-    check_metadata(svc.settings, metadata, "body.metadata", count=False)
+    metadata = body.metadata
+    if metadata is None and "metadata" not in body.model_fields_set:
+        metadata = {}  # left out: unchanged (null: every key removed)
+    if metadata:
+        check_metadata(svc.settings, metadata, "body.metadata", count=False)
     expires: Any = KEEP
     if body.ttl_seconds is not None or "expires_at" in body.model_fields_set:
         expires = svc.conversations.expiry(body.expires_at, body.ttl_seconds)
@@ -536,6 +567,9 @@ async def import_conversation(
         run["prompts"] = [dump_message(m) for m in model.prompts]
         run["new_messages"] = [dump_message(m) for m in model.new_messages]
         run["final"] = None if model.final is None else dump_message(model.final)
+        for stored, compaction in zip(run["compactions"], model.compactions, strict=True):
+            stored["folded"] = [dump_message(m) for m in compaction.folded]
+            stored["usage"] = compaction.usage.model_dump(mode="json")
     info = await svc.conversations.import_document(tenant, id, data)
     response.headers["Location"] = f"/conversations/{info.conversation.id}"
     response.headers["ETag"] = info.conversation.etag
