@@ -19,7 +19,6 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
-    field_validator,
     model_validator,
 )
 
@@ -330,9 +329,11 @@ class ExportedCompaction(_Body):
 
 class ExportedRun(_Body):
     run_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,35}$")
-    status: str = Field(pattern=r"^[a-z_]{1,16}$", description="Any finished status (not running)")
+    status: Literal["completed", "failed", "cancelled", "conflicted", "interrupted"] = Field(
+        description="A finished status (a run in flight is not exported)"
+    )
     stored: StrictBool
-    on_failure: str = Field(max_length=16)
+    on_failure: Literal["keep", "discard"]
     agent: str = Field(max_length=128)
     base_etag: str = Field(max_length=80)
     result_etag: str | None = Field(max_length=80)
@@ -345,13 +346,6 @@ class ExportedRun(_Body):
     new_messages: list[Message]
     final: TaggedAssistant | None
     compactions: list[ExportedCompaction]
-
-    @field_validator("status")
-    @classmethod
-    def _finished(cls, value: str) -> str:
-        if value == "running":
-            raise ValueError("a run in flight cannot be imported")
-        return value
 
 
 class ConversationExport(_Body):
