@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import ValidationError
 
-from . import chat
+from . import chat, cli_conversations
 from .config import (
     TENANT_NAME,
     Settings,
@@ -136,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not write: exit 1 if the file differs from what the app serves",
     )
     chat.add_parser(commands)
+    cli_conversations.add_parser(commands)
     return parser
 
 
@@ -481,6 +482,7 @@ COMMANDS = {
     "keys": keys_command,
     "openapi": openapi_command,
     "chat": chat.command,
+    "conversations": cli_conversations.command,
 }
 
 

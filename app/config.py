@@ -442,6 +442,17 @@ class Settings(_ProfileFields, BaseSettings):
     max_context_messages: int = Field(default=10_000, ge=1)
     max_page_size: int = Field(default=200, ge=1)
     default_page_size: int = Field(default=50, ge=1)
+    # conversation metadata (docs/conversations.md); the columns hold at most 128/1024
+    max_metadata_keys: int = Field(default=64, ge=0)
+    max_metadata_key_chars: int = Field(default=64, ge=1, le=128)
+    max_metadata_value_chars: int = Field(default=512, ge=1, le=1024)
+
+    # --- retention (docs/conversations.md) -----------------------------------------------------
+    #: delete a conversation this long after its last update unless it has its own expires_at
+    retention_seconds: int | None = Field(default=None, ge=1)
+    #: how often the sweeper runs, and how many conversations one batch deletes
+    retention_sweep_seconds: float = Field(default=60.0, gt=0)
+    retention_sweep_batch: int = Field(default=500, ge=1)
 
     # --- long conversations (docs/performance.md) ----------------------------------------------
     #: messages of parsed contexts kept in memory per process (LRU); 0: no cache

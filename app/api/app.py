@@ -57,6 +57,11 @@ def allowed_methods(app: FastAPI, scope: Any) -> list[str]:
     """Every method some route answers at the request's path (what a 405's ``Allow`` lists,
     RFC 9110 §15.5.6); Starlette's own 405 names only the first route whose path matched.
     Asked of the router itself, so included routers and path converters count as they route."""
+    # a concrete path is matched before a templated one (OpenAPI 3.1 §4.8.8): the resource at
+    # /conversations/import is the import, whatever /conversations/{id} would also match
+    concrete = app.openapi().get("paths", {}).get(scope.get("path"))
+    if concrete is not None:
+        return [m for m in _METHODS if m.lower() in concrete]
     found = []
     for method in _METHODS:
         probe = {**scope, "method": method}
@@ -95,7 +100,9 @@ def _parameter_schema(schema: dict[str, Any]) -> dict[str, Any]:
     return {**others[0], **rest}
 
 
-def install_parameter_schemas(app: FastAPI, max_page_size: int) -> None:
+def install_parameter_schemas(
+    app: FastAPI, max_page_size: int, settings: Settings | None = None
+) -> None:
     """Make the parameters of the document as exact as the server: no ``null`` for an optional
     one, and ``limit`` bounded by this app's ``max_page_size`` (the committed document is built
     from the default settings). Beyond it the server answers 422 ``limit-exceeded``, so the
@@ -111,6 +118,8 @@ def install_parameter_schemas(app: FastAPI, max_page_size: int) -> None:
                     if parameter["in"] == "query" and parameter["name"] == "limit":
                         parameter["schema"]["maximum"] = max_page_size
         document_problem_types(schema)
+        if settings is not None:
+            conversations.document_metadata(schema, settings)
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -166,7 +175,7 @@ def create_app(
     install_problem_handlers(app)
     install_method_not_allowed(app)
     install_links(app)
-    install_parameter_schemas(app, settings.max_page_size)
+    install_parameter_schemas(app, settings.max_page_size, settings)
 
     for module in (conversations, runs, events, transcript, health):
         app.include_router(module.router)

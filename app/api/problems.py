@@ -87,6 +87,7 @@ UNREPLAYABLE_CONTEXT = _register(
 UNEXPECTED_TOOL_ANSWER = _register(
     "unexpected-tool-answer", "A tool result or approval answers no pending tool call", 422
 )
+UNSAFE_CUT = _register("unsafe-cut", "The cut separates a tool call from its result", 422)
 LIMIT_EXCEEDED = _register("limit-exceeded", "A configured limit was exceeded", 422)
 IDEMPOTENCY_KEY_MISMATCH = _register(
     "idempotency-key-mismatch", "Idempotency-Key reused with a different request", 422

@@ -7,10 +7,20 @@ for every message and block.
 
 from __future__ import annotations
 
+import itertools
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    model_validator,
+)
 
 from app.agent.messages import (
     AssistantMessage,
@@ -35,11 +45,109 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ConversationCreate(_Body):
+_RFC3339 = re.compile(
+    r"\A[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})\Z"
+)
+
+
+def _rfc3339(value: Any) -> Any:
+    """Only RFC 3339 text (with an offset) is a time: no Unix numbers, no other layouts."""
+    if isinstance(value, datetime):
+        return value
+    if not isinstance(value, str) or not _RFC3339.match(value):
+        raise ValueError(
+            "expected an RFC 3339 date-time with an offset (e.g. 2026-01-31T12:00:00Z)"
+        )
+    return value
+
+
+#: an RFC 3339 time with an offset, as the document's ``format: date-time`` says
+Timestamp = Annotated[AwareDatetime, BeforeValidator(_rfc3339)]
+
+METADATA_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+MetadataKey = Annotated[str, Field(pattern=METADATA_KEY_PATTERN, max_length=128)]
+MetadataValue = Annotated[str, Field(max_length=1024)]
+Metadata = Annotated[
+    dict[MetadataKey, MetadataValue],
+    Field(
+        description="Flat string keys and string values, not part of the Context (changing it "
+        "leaves the ETag alone). Limits: `max_metadata_keys`, `max_metadata_key_chars`, "
+        "`max_metadata_value_chars` (422 `limit-exceeded`)",
+        examples=[{"user": "u-17", "topic": "billing"}],
+    ),
+]
+TTL_SECONDS = Annotated[
+    int | None,
+    Field(strict=True, ge=1, le=10 * 365 * 86400, description="Expire this many seconds from now"),
+]
+
+
+class _Expiry(_Body):
+    # not both: stated in the document as the server checks it
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "not": {
+                "required": ["expires_at", "ttl_seconds"],
+                "properties": {
+                    "expires_at": {"type": "string"},
+                    "ttl_seconds": {"type": "integer"},
+                },
+            }
+        },
+    )
+
+    expires_at: Timestamp | None = Field(
+        default=None,
+        description="When the retention sweeper deletes the conversation with every record",
+    )
+    ttl_seconds: TTL_SECONDS = None
+
+    @model_validator(mode="after")
+    def _one_expiry(self) -> _Expiry:
+        if self.expires_at is not None and self.ttl_seconds is not None:
+            raise ValueError("give expires_at or ttl_seconds, not both")
+        return self
+
+
+class ConversationCreate(_Expiry):
     """Create a conversation. Without ``id`` the server generates one."""
 
     id: ConversationId | None = None
     system_prompt: str = Field(default="", json_schema_extra={"pattern": "^[^\\u0000]*$"})
+    metadata: Metadata = Field(default_factory=dict)
+
+
+class ConversationPatch(_Expiry):
+    """An RFC 7396 merge patch of a conversation (`application/merge-patch+json`).
+
+    `metadata`: each key set to a string is set, each key set to `null` is removed, keys left
+    out stay. `expires_at: null` clears the expiry (the deployment default applies again);
+    `ttl_seconds` sets it from now. Members left out stay as they are."""
+
+    metadata: Annotated[
+        dict[MetadataKey, MetadataValue | None] | None,
+        Field(
+            description="Keys to set (a string) or remove (null); `null` for the whole member "
+            "removes every key",
+        ),
+    ] = None
+
+
+class ConversationFork(_Body):
+    """Fork a conversation: a new one with the source's context (or its first `messages`)."""
+
+    id: ConversationId | None = None
+    messages: int | None = Field(
+        default=None,
+        strict=True,
+        ge=0,
+        description="Copy only the first N messages; N must not cut between a tool call and "
+        "its result (422 `unsafe-cut`)",
+    )
+    metadata: Metadata | None = Field(
+        default=None, description="The fork's metadata; left out, the source's is copied"
+    )
 
 
 class Conversation(BaseModel):
@@ -60,6 +168,11 @@ class Conversation(BaseModel):
     )
     created_at: datetime
     updated_at: datetime
+    metadata: dict[str, str]
+    expires_at: datetime | None = Field(
+        description="When it will be deleted (its own expiry; the deployment default "
+        "retention, when configured, applies from `updated_at` to those without one)"
+    )
 
 
 class ConversationPage(BaseModel):
@@ -214,6 +327,7 @@ class TranscriptEntry(BaseModel):
         "pause",
         "client_result",
         "approval",
+        "forked",
     ]
     failed: bool = Field(description="A failed or aborted assistant attempt")
     body: dict[str, Any] = Field(
@@ -238,3 +352,95 @@ class Readiness(BaseModel):
     database: bool
     schema_revision: str | None
     expected_revision: str
+
+
+# --- export / import (docs/conversations.md) ------------------------------------------------
+
+EXPORT_FORMAT = "carryover.conversation"
+
+
+def _tag_of(value: Any) -> Any:
+    """The ``type`` tag is required, as the document says of every message."""
+    if isinstance(value, dict) and "type" not in value:
+        raise ValueError("a message needs its type")
+    return value
+
+
+TaggedUser = Annotated[UserMessage, BeforeValidator(_tag_of)]
+TaggedAssistant = Annotated[AssistantMessage, BeforeValidator(_tag_of)]
+
+
+class ExportedConversation(_Body):
+    id: ConversationId
+    metadata: Metadata = Field(default_factory=dict)
+    expires_at: Timestamp | None = None
+    created_at: Timestamp
+    updated_at: Timestamp = Field(description="On import: replaced by the time of import")
+    version: int = Field(
+        strict=True, ge=1, le=2**53 - 1, description="The version part of the ETag"
+    )
+    etag: str = Field(max_length=80, description="On import: a new one (new incarnation)")
+
+
+class ExportedTranscriptEntry(_Body):
+    seq: int = Field(strict=True, ge=1, le=2**53 - 1)
+    run_id: str | None = Field(max_length=36)
+    kind: str = Field(pattern=r"^[a-z_]{1,24}$")
+    failed: StrictBool
+    body: dict[str, Any]
+    created_at: Timestamp
+
+
+class ExportedCompaction(_Body):
+    reason: Literal["threshold", "overflow", "manual"]
+    previous_summary: str
+    summary: str
+    folded: list[Message]
+    tokens_before: int = Field(strict=True, ge=0, le=2**53 - 1)
+    tokens_after: int = Field(strict=True, ge=0, le=2**53 - 1)
+    usage: Usage
+
+
+class ExportedRun(_Body):
+    run_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,35}$")
+    status: Literal[
+        "completed", "failed", "cancelled", "conflicted", "interrupted", "requires_action"
+    ] = Field(description="A finished status (a run in flight is not exported)")
+    stored: StrictBool
+    on_failure: Literal["keep", "discard"]
+    agent: str = Field(max_length=128)
+    base_etag: str = Field(max_length=80)
+    result_etag: str | None = Field(max_length=80)
+    prompts: list[TaggedUser]
+    usage: dict[str, Any]
+    error: dict[str, Any] | None
+    created_at: Timestamp
+    finished_at: Timestamp | None
+    cancel_requested: StrictBool
+    new_messages: list[Message]
+    final: TaggedAssistant | None
+    compactions: list[ExportedCompaction]
+
+
+class ConversationExport(_Body):
+    """One conversation whole: what `GET …/export` streams and `POST /conversations/import`
+    restores. An export of the import equals the original except `conversation.id` (when
+    imported under another id), `conversation.etag` (a new incarnation; the version is kept)
+    and `conversation.updated_at` (the time of import)."""
+
+    format: Literal["carryover.conversation"]
+    format_version: Literal[1]
+    conversation: ExportedConversation
+    context: Context
+    transcript: list[ExportedTranscriptEntry]
+    runs: list[ExportedRun]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ConversationExport:
+        seqs = [e.seq for e in self.transcript]
+        if any(b <= a for a, b in itertools.pairwise(seqs)):
+            raise ValueError("transcript: seq must increase strictly")
+        ids = [r.run_id for r in self.runs]
+        if len(set(ids)) != len(ids):
+            raise ValueError("runs: run_id must be unique")
+        return self

@@ -150,6 +150,8 @@ def conversation_body(info: ConversationInfo) -> Conversation:
         pending_tool_calls=list(info.pending_tool_calls),
         created_at=conv.created_at,
         updated_at=conv.updated_at,
+        metadata=info.metadata,
+        expires_at=conv.expires_at,
     )
 
 

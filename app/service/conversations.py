@@ -4,13 +4,18 @@ context; the transcript; compact now. Each takes parsed values and returns plain
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
 
 from app.agent.messages import Context
 from app.agent.pending import PendingCall
 from app.agent.replay import ReplayError, validate_storable
 from app.etag import ETagCondition, IfMatch, evaluate_conditions
+from app.store.conversations import Search
 from app.store.errors import PreconditionFailed, conversation_not_found
+from app.store.metadata import KEEP
 from app.store.repository import Loaded, Repository, StoredRows
 from app.store.tables import Conversation, TranscriptEntry
 
@@ -29,6 +34,7 @@ class ConversationInfo:
 
     conversation: Conversation
     run_count: int
+    metadata: dict[str, str] = field(default_factory=dict)
     #: the calls the stored context awaits (docs/tools.md)
     pending_tool_calls: tuple[PendingCall, ...] = ()
 
@@ -51,39 +57,120 @@ class ConversationService:
         self.repo = repo
         self.runs = runs
 
+    def expiry(self, expires_at: datetime | None, ttl_seconds: int | None) -> datetime | None:
+        """``expires_at`` as given, or ``ttl_seconds`` from now (the store's clock)."""
+        if ttl_seconds is not None:
+            return self.repo.clock.now() + timedelta(seconds=ttl_seconds)
+        return expires_at
+
     async def create(
-        self, tenant: str, conv_id: str | None = None, system_prompt: str = ""
+        self,
+        tenant: str,
+        conv_id: str | None = None,
+        system_prompt: str = "",
+        *,
+        metadata: Mapping[str, str] | None = None,
+        expires_at: datetime | None = None,
     ) -> ConversationInfo:
         """An empty conversation, with a generated id unless one is given."""
         conv_id = conv_id or f"conv_{uuid.uuid4().hex}"
-        conv = await self.repo.create_conversation(tenant, conv_id, system_prompt)
-        return ConversationInfo(conv, 0, ())
+        conv = await self.repo.create_conversation(
+            tenant, conv_id, system_prompt, metadata=metadata, expires_at=expires_at
+        )
+        return ConversationInfo(conv, 0, dict(metadata or {}))
 
     async def list(
-        self, tenant: str, *, after: str | None = None, limit: int = 50
+        self,
+        tenant: str,
+        *,
+        after: tuple[datetime, str] | None = None,
+        limit: int = 50,
+        search: Search | None = None,
     ) -> Page[ConversationInfo]:
-        """The tenant's conversations ordered by id, after the id ``after``."""
-        fetched = await self.repo.list_conversations(tenant, after_id=after, limit=limit + 1)
+        """The tenant's conversations matching ``search``, by ``(updated_at, id)`` (newest
+        first unless ``search`` says otherwise), after the keyset ``after``."""
+        fetched = await self.repo.search_conversations(
+            tenant, search or Search(), after=after, limit=limit + 1
+        )
         page = Page.of(fetched, limit)
-        counts = await self.repo.run_counts(tenant, [c.id for c in page.items])
+        return Page([*await self._infos(tenant, page.items)], page.more)
+
+    async def _infos(
+        self, tenant: str, convs: Sequence[Conversation]
+    ) -> Sequence[ConversationInfo]:
+        ids = [c.id for c in convs]
+        counts = await self.repo.run_counts(tenant, ids)
+        metadata = await self.repo.get_metadata(tenant, ids)
         # each item's pending calls: one read of its last batch (listings show GET's metadata)
-        items = [
+        return [
             ConversationInfo(
                 c,
                 counts.get(c.id, 0),
+                metadata.get(c.id, {}),
                 await stored_pending_calls(self.repo, self.runs.agents, tenant, c),
             )
-            for c in page.items
+            for c in convs
         ]
-        return Page(items, page.more)
 
     async def get(self, tenant: str, conv_id: str) -> ConversationInfo:
         conv = await self.repo.get_conversation(tenant, conv_id)
         if conv is None:
             raise conversation_not_found(conv_id)
-        counts = await self.repo.run_counts(tenant, [conv.id])
-        pending = await stored_pending_calls(self.repo, self.runs.agents, tenant, conv)
-        return ConversationInfo(conv, counts.get(conv.id, 0), pending)
+        [info] = await self._infos(tenant, [conv])
+        return info
+
+    async def patch(
+        self,
+        tenant: str,
+        conv_id: str,
+        metadata: Mapping[str, str | None] | None,
+        *,
+        expires_at: datetime | None = KEEP,
+        max_keys: int,
+    ) -> ConversationInfo:
+        """Merge-patch the metadata (``None`` removes a key; ``metadata`` ``None`` every key)
+        and set or clear ``expires_at``;
+        the context and its ETag are untouched."""
+        patched = await self.repo.patch_conversation(
+            tenant, conv_id, metadata, expires_at=expires_at, max_keys=max_keys
+        )
+        [info] = await self._infos(tenant, [patched.conversation])
+        return info
+
+    async def fork(
+        self,
+        tenant: str,
+        source_id: str,
+        new_id: str | None = None,
+        *,
+        messages: int | None = None,
+        metadata: Mapping[str, str] | None = None,
+        if_match: IfMatch | None = None,
+    ) -> ConversationInfo:
+        """A new conversation from the source's context (or its first ``messages``)."""
+        new_id = new_id or f"conv_{uuid.uuid4().hex}"
+        conv = await self.repo.fork_conversation(
+            tenant, source_id, new_id, messages=messages, metadata=metadata, if_match=if_match
+        )
+        [info] = await self._infos(tenant, [conv])
+        return info
+
+    async def export(self, tenant: str, conv_id: str) -> AsyncIterator[tuple[str, Any]]:
+        """The export document's parts (404 and 409 are raised before the first)."""
+        return await self.repo.export_parts(tenant, conv_id)
+
+    async def import_document(
+        self, tenant: str, conv_id: str | None, document: Mapping[str, Any]
+    ) -> ConversationInfo:
+        """Restore an export (validated by the caller) under ``conv_id`` (default: the
+        document's id); 409 when it is taken, and then nothing is written."""
+        conv_id = conv_id or document["conversation"]["id"]
+        await self.repo.import_conversation(tenant, conv_id, document)
+        return await self.get(tenant, conv_id)
+
+    async def sweep(self) -> int:
+        """Delete expired conversations now (what the periodic sweep does)."""
+        return await self.runs.sweep_retention()
 
     async def delete(self, tenant: str, conv_id: str, if_match: IfMatch | None = None) -> None:
         """Delete it and all its records; 404 before 412."""
@@ -178,4 +265,5 @@ __all__ = [
     "ConversationService",
     "NotModified",
     "Page",
+    "Search",
 ]

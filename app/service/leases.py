@@ -54,6 +54,8 @@ SHUTDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 PURGE_EVERY = 60.0
 #: ticks without sweeping after a failed keeping pass: the live processes renew first
 SWEEP_GRACE_TICKS = 2
+#: the most batches of expired conversations one sweep deletes (the rest wait a tick)
+SWEEP_BATCHES = 10
 
 
 class LeaseKeeping:
@@ -170,8 +172,24 @@ class LeaseKeeping:
         """How often leases are renewed and cancel requests looked for."""
         return min(1.0, self.settings.lease_seconds / 3)
 
+    async def sweep_retention(self) -> int:
+        """Delete expired conversations (docs/conversations.md, "Retention") in batches of
+        ``retention_sweep_batch``, at most :data:`SWEEP_BATCHES` batches per call; how many."""
+        total = 0
+        for _ in range(SWEEP_BATCHES):
+            deleted = await self.lease_repo.sweep_expired(
+                default_seconds=self.settings.retention_seconds,
+                batch=self.settings.retention_sweep_batch,
+            )
+            total += deleted
+            if deleted < self.settings.retention_sweep_batch:
+                break
+        if total:
+            log.info("retention: deleted %d expired conversation(s)", total)
+        return total
+
     async def _keep_leases(self) -> None:
-        purged = self.clock.monotonic()
+        purged = swept = self.clock.monotonic()
         purge_every = min(PURGE_EVERY, float(self.settings.idempotency_ttl_seconds))
         # After the database failed, dead processes are swept again only once every live one
         # had ticks to renew its leases: a lease that expired during the outage belongs to a
@@ -202,6 +220,9 @@ class LeaseKeeping:
                     purged = now
                     await self.lease_repo.purge_idempotency_keys()
                     await self.lease_repo.purge_events(self.settings.event_retention_seconds)
+                if now - swept >= self.settings.retention_sweep_seconds:
+                    swept = now
+                    await self.sweep_retention()
             except Exception as exc:  # the database may be away for a while: next tick
                 sweep_after = self.clock.monotonic() + SWEEP_GRACE_TICKS * self.tick
                 fault = classify(exc)

@@ -37,6 +37,8 @@ TranscriptKind = Literal[
     "pause",
     "client_result",
     "approval",
+    # a fork's first entry: the source id, its ETag and how many messages were copied
+    "forked",
 ]
 
 

@@ -7,9 +7,22 @@ Writes are conditional in the database, never read-then-write: a stored context 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import (
+    String,
+    and_,
+    delete,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    tuple_,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 
 from app.agent.codec import dump_context, load_message
@@ -33,18 +46,43 @@ from ._sql import (
 )
 from .changes import TranscriptItem
 from .db import read_transaction, write_transaction
-from .errors import AlreadyExists, PreconditionFailed, conversation_not_found
-from .tables import Conversation, context_messages, conversations, runs
+from .errors import AlreadyExists, PreconditionFailed, UnsafeCut, conversation_not_found
+from .metadata import write_metadata
+from .tables import (
+    Conversation,
+    UTCDateTime,
+    context_messages,
+    conversation_metadata,
+    conversations,
+    runs,
+)
 
 #: the detail of a refused If-Match on a conversation
 STALE = "If-Match does not match the stored context"
+
+
+@dataclass(frozen=True)
+class Search:
+    """What a listing selects and how it is ordered (``GET /conversations``)."""
+
+    metadata: Sequence[tuple[str, str]] = ()  # (key, value) pairs: all must match
+    updated_after: datetime | None = None
+    updated_before: datetime | None = None
+    active: bool | None = None  # has a run in flight
+    descending: bool = True  # by (updated_at, id)
 
 
 class ConversationStore(StoreBase):
     """Create, read, list and delete conversations; read and replace their context."""
 
     async def create_conversation(
-        self, tenant: str, conv_id: str, system_prompt: str = ""
+        self,
+        tenant: str,
+        conv_id: str,
+        system_prompt: str = "",
+        *,
+        metadata: Mapping[str, str] | None = None,
+        expires_at: datetime | None = None,
     ) -> Conversation:
         """Create an empty conversation; :class:`AlreadyExists` if the id is taken."""
         values = new_conversation(
@@ -54,11 +92,13 @@ class ConversationStore(StoreBase):
             now=self.clock.now(),
             transcript_seq=0,
         )
+        values["expires_at"] = expires_at
         async with write_transaction(self.engine) as conn:
             try:
                 await conn.execute(insert(conversations).values(values))
             except IntegrityError:
                 raise AlreadyExists(f"conversation {conv_id!r} already exists") from None
+            await write_metadata(conn, tenant, conv_id, metadata or {})
         return Conversation(**values)
 
     async def get_conversation(self, tenant: str, conv_id: str) -> Conversation | None:
@@ -76,6 +116,180 @@ class ConversationStore(StoreBase):
         async with read_transaction(self.engine) as conn:
             rows = (await conn.execute(stmt)).mappings().all()
         return [Conversation(**row) for row in rows]
+
+    async def search_conversations(
+        self,
+        tenant: str,
+        search: Search,
+        *,
+        after: tuple[datetime, str] | None = None,
+        limit: int = 50,
+    ) -> list[Conversation]:
+        """A page of the tenant's conversations matching ``search``, ordered by
+        ``(updated_at, id)`` (descending unless asked otherwise), after the keyset ``after``.
+
+        Each metadata filter is an ``EXISTS`` on the ``(tenant, key, value)`` index; the order
+        and the keyset run on the ``(tenant, updated_at, id)`` index.
+        """
+        c = conversations.c
+        stmt = select(conversations).where(c.tenant == tenant)
+        for key, value in search.metadata:
+            m = conversation_metadata.c
+            # IN (…) rather than EXISTS: the planner may drive from the (tenant, key, value)
+            # index when the value is rare, or from the (tenant, updated_at, id) one when not
+            stmt = stmt.where(
+                c.id.in_(
+                    select(m.conversation_id).where(
+                        m.tenant == tenant, m.key == key, m.value == value
+                    )
+                )
+            )
+        if search.updated_after is not None:
+            stmt = stmt.where(c.updated_at > search.updated_after)
+        if search.updated_before is not None:
+            stmt = stmt.where(c.updated_at < search.updated_before)
+        if search.active is not None:
+            stmt = stmt.where(
+                c.active_run_id.is_not(None) if search.active else c.active_run_id.is_(None)
+            )
+        if after is not None:
+            at, conv_id = after
+            # a row-value comparison: one index range on both engines (an OR is not)
+            keyset = tuple_(c.updated_at, c.id)
+            bound = tuple_(literal(at, UTCDateTime()), literal(conv_id, String(128)))
+            stmt = stmt.where(keyset < bound if search.descending else keyset > bound)
+        order = (
+            (c.updated_at.desc(), c.id.desc())
+            if search.descending
+            else (c.updated_at.asc(), c.id.asc())
+        )
+        stmt = stmt.order_by(*order).limit(limit)
+        async with read_transaction(self.engine) as conn:
+            rows = (await conn.execute(stmt)).mappings().all()
+        return [Conversation(**row) for row in rows]
+
+    async def sweep_expired(self, *, default_seconds: int | None, batch: int) -> int:
+        """Delete up to ``batch`` expired conversations with every record (the foreign keys
+        cascade to all children); how many were deleted.
+
+        Expired: ``expires_at`` has passed, or, without one, ``default_seconds`` have passed
+        since ``updated_at`` (when a default is configured). A conversation with a run in flight
+        is left for a later sweep. The delete re-checks both conditions, so a conversation
+        that was patched or started a run since it was selected stays.
+        """
+        now = self.clock.now()
+        c = conversations.c
+        expired = and_(c.expires_at.is_not(None), c.expires_at <= now)
+        if default_seconds is not None:
+            cutoff = now - timedelta(seconds=default_seconds)
+            expired = or_(expired, and_(c.expires_at.is_(None), c.updated_at <= cutoff))
+        condition = and_(expired, c.active_run_id.is_(None))
+        async with write_transaction(self.engine) as conn:
+            found = (await conn.execute(select(c.tenant, c.id).where(condition).limit(batch))).all()
+            deleted = 0
+            by_tenant: dict[str, list[str]] = {}
+            for row in found:
+                by_tenant.setdefault(row.tenant, []).append(row.id)
+            for tenant, ids in by_tenant.items():
+                result = await conn.execute(
+                    delete(conversations).where(c.tenant == tenant, c.id.in_(ids), condition)
+                )
+                deleted += result.rowcount or 0
+        return deleted
+
+    async def fork_conversation(
+        self,
+        tenant: str,
+        source_id: str,
+        new_id: str,
+        *,
+        messages: int | None = None,
+        metadata: Mapping[str, str] | None = None,
+        if_match: IfMatch | None = None,
+    ) -> Conversation:
+        """A new conversation with the source's context (or its first ``messages``), its
+        metadata (or ``metadata``), and a transcript that starts with a ``forked`` entry.
+
+        The messages and metadata are copied in SQL (``INSERT … SELECT``), never through
+        Python. :class:`UnsafeCut` when the cut would separate a tool call from its result;
+        404, then 412 for a stale ``if_match``; :class:`AlreadyExists` when ``new_id`` is taken.
+        """
+        now = self.clock.now()
+        c = conversations.c
+        async with write_transaction(self.engine) as conn:
+            source = await read_conversation(conn, tenant, source_id)
+            if source is None:
+                raise conversation_not_found(source_id)
+            if if_match is not None:
+                matched = await conn.execute(
+                    select(c.version).where(
+                        *conversation_key(tenant, source_id),
+                        sql_if_match(if_match, c.incarnation, c.version),
+                    )
+                )
+                if matched.first() is None:
+                    raise PreconditionFailed(STALE, current_etag=source.etag)
+            total = source.message_count
+            first = source.next_position - total
+            n = total if messages is None else messages
+            if n > total:
+                raise UnsafeCut(f"messages is {n} but the context has {total} messages", messages=n)
+            if 0 < n < total:
+                body = (
+                    await conn.execute(
+                        select(context_messages.c.body).where(
+                            *child_key(context_messages, tenant, source_id),
+                            context_messages.c.position == first + n,
+                        )
+                    )
+                ).scalar_one()
+                if body.get("type") == "tool_result":
+                    raise UnsafeCut(
+                        f"cutting after {n} messages separates a tool call from its result "
+                        f"(message {n} is a tool_result)",
+                        messages=n,
+                    )
+            values = new_conversation(
+                tenant,
+                new_id,
+                Context(system_prompt=source.system_prompt, summary=source.summary),
+                now=now,
+                transcript_seq=1,
+            )
+            values.update(next_position=n, message_count=n, expires_at=None)
+            try:
+                await conn.execute(insert(conversations).values(values))
+            except IntegrityError:
+                raise AlreadyExists(f"conversation {new_id!r} already exists") from None
+            cm = context_messages.c
+            await conn.execute(
+                insert(context_messages).from_select(
+                    ["tenant", "conversation_id", "position", "body"],
+                    select(
+                        cm.tenant, literal(new_id, String(128)), cm.position - first, cm.body
+                    ).where(
+                        *child_key(context_messages, tenant, source_id),
+                        cm.position < first + n,
+                    ),
+                )
+            )
+            if metadata is not None:
+                await write_metadata(conn, tenant, new_id, metadata)
+            else:
+                m = conversation_metadata.c
+                await conn.execute(
+                    insert(conversation_metadata).from_select(
+                        ["tenant", "conversation_id", "key", "value"],
+                        select(m.tenant, literal(new_id, String(128)), m.key, m.value).where(
+                            *child_key(conversation_metadata, tenant, source_id)
+                        ),
+                    )
+                )
+            forked = {"source_id": source_id, "source_etag": source.etag, "messages": n}
+            await insert_transcript(
+                conn, tenant, new_id, None, 1, [TranscriptItem("forked", False, forked)], now
+            )
+        return Conversation(**values)
 
     async def run_counts(self, tenant: str, conv_ids: Sequence[str]) -> dict[str, int]:
         """How many runs each of these conversations has."""
@@ -241,4 +455,4 @@ class ConversationStore(StoreBase):
         return etag
 
 
-__all__ = ["STALE", "ConversationStore"]
+__all__ = ["STALE", "ConversationStore", "Search"]

@@ -66,3 +66,24 @@ def conversation_not_found(conv_id: str) -> NotFound:
 
 def run_not_found(conv_id: str, run_id: str) -> NotFound:
     return NotFound(f"run {run_id!r} not found in conversation {conv_id!r}")
+
+
+class LimitExceeded(StoreError):
+    """A configured limit (e.g. ``max_metadata_keys``) would be exceeded; nothing was written."""
+
+    slug = "limit-exceeded"
+    status = 422
+
+    def __init__(self, limit: str, maximum: int, actual: int | None = None) -> None:
+        got = f" (got {actual})" if actual is not None else ""
+        super().__init__(f"{limit} is {maximum}{got}", limit=limit, maximum=maximum, actual=actual)
+
+
+class UnsafeCut(StoreError):
+    """A fork's ``messages`` would cut between a tool call and its result."""
+
+    slug = "unsafe-cut"
+    status = 422
+
+    def __init__(self, message: str, *, messages: int) -> None:
+        super().__init__(message, messages=messages)

@@ -20,6 +20,8 @@ from .conversations import ConversationStore
 from .events import EventRow, EventStore
 from .idempotency import IdempotencyClaim, IdempotencyStore, IdempotentReplay
 from .leases import LeaseStore, Renewal
+from .metadata import MetadataStore
+from .portability import PortabilityStore
 from .queue import Queued, QueueState, QueueStore
 from .records import RecordStore, RunRecord
 from .runs import OnFailure, RunOutcome, RunStatus, RunStore, StartedRun
@@ -35,6 +37,8 @@ class Repository(
     EventStore,
     WebhookStore,
     QueueStore,
+    MetadataStore,
+    PortabilityStore,
 ):
     """Every query of the store, each in its own transaction (``Repository(engine, clock)``)."""
 

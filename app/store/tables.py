@@ -85,6 +85,9 @@ TENANT_LEN = 128
 CONVERSATION_ID_LEN = 128
 RUN_ID_LEN = 36
 ETAG_LEN = 80
+# Column widths of metadata; the configured limits (max_metadata_*) must stay within them.
+METADATA_KEY_LEN = 128
+METADATA_VALUE_LEN = 1024
 
 
 def _conversation_fk(name: str) -> ForeignKeyConstraint:
@@ -117,6 +120,13 @@ class Conversation(SQLModel, table=True):
     """
 
     __tablename__ = "conversations"
+    __table_args__ = (
+        # listings: newest first, keyset paging on (updated_at, id) (docs/conversations.md)
+        Index("ix_conversations_tenant_updated", "tenant", "updated_at", "id"),
+        # the retention sweeper: explicit expiry, and the default retention from the last update
+        Index("ix_conversations_expires_at", "expires_at"),
+        Index("ix_conversations_updated_at", "updated_at"),
+    )
 
     tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
     id: str = Field(primary_key=True, max_length=CONVERSATION_ID_LEN)
@@ -132,6 +142,8 @@ class Conversation(SQLModel, table=True):
     active_run_id: str | None = Field(default=None, max_length=RUN_ID_LEN)
     # ``app.agent.tokens.TokenTally`` of the context's messages (null: not yet counted)
     token_tally: dict[str, Any] | None = Field(default=None, sa_type=JSONText)
+    #: when the retention sweeper deletes it (None: the deployment default, if any, applies)
+    expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
     @property
     def etag(self) -> str:
@@ -148,6 +160,22 @@ class ContextMessage(SQLModel, table=True):
     conversation_id: str = Field(primary_key=True, max_length=CONVERSATION_ID_LEN)
     position: int = Field(primary_key=True, sa_type=BigInteger)
     body: dict[str, Any] = Field(sa_type=JSONText)
+
+
+class ConversationMetadata(SQLModel, table=True):
+    """One ``key: value`` of a conversation's metadata (not part of its Context)."""
+
+    __tablename__ = "conversation_metadata"
+    __table_args__ = (
+        _conversation_fk("fk_conversation_metadata_conversation"),
+        # search by metadata: (tenant, key, value) finds the conversations
+        Index("ix_conversation_metadata_lookup", "tenant", "key", "value", "conversation_id"),
+    )
+
+    tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
+    conversation_id: str = Field(primary_key=True, max_length=CONVERSATION_ID_LEN)
+    key: str = Field(primary_key=True, max_length=METADATA_KEY_LEN)
+    value: str = Field(max_length=METADATA_VALUE_LEN)
 
 
 # --- runs and their audit records -----------------------------------------------------------
@@ -382,6 +410,7 @@ def _table(name: str) -> Table:
 # Core handles on the tables, for the repository's statements.
 conversations = _table("conversations")
 context_messages = _table("context_messages")
+conversation_metadata = _table("conversation_metadata")
 runs = _table("runs")
 run_new_messages = _table("run_new_messages")
 run_finals = _table("run_finals")

@@ -124,7 +124,7 @@ async def test_list_pages_through_every_conversation_with_cursors(client: AppCli
         if cursor is None:
             break
     assert pages == 3
-    assert seen == ids  # ordered by id, each once
+    assert seen == ids  # newest first (created in reverse id order), each once
 
     whole = (await client.get("/conversations")).json()
     assert [c["id"] for c in whole["items"]] == ids and whole["next_cursor"] is None
@@ -142,7 +142,7 @@ async def test_list_exact_multiple_of_the_page_size_ends_without_an_empty_page(
     second = (
         await client.get("/conversations", params={"limit": 2, "cursor": first["next_cursor"]})
     ).json()
-    assert [c["id"] for c in first["items"] + second["items"]] == ["m0", "m1", "m2", "m3"]
+    assert [c["id"] for c in first["items"] + second["items"]] == ["m3", "m2", "m1", "m0"]
     assert second["next_cursor"] is None
 
 

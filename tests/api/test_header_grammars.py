@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from app.api.app import openapi_document
 from app.api.deps import decode_cursor, encode_cursor, parse_prefer
 from app.api.etags import parse_condition
 from app.api.problems import Problem
+from app.api.routes.conversations import _list_cursor, _parse_list_cursor
 from app.api.routes.events import _after
 from app.api.routes.runs import _idempotency_key
 from app.errors import CarryoverError
@@ -121,7 +123,6 @@ def test_a_header_pattern_is_what_its_parser_accepts(name: str) -> None:
 @pytest.mark.parametrize(
     ("path", "kind"),
     [
-        ("/conversations", str),
         ("/conversations/{conversation_id}/runs", str),
         ("/conversations/{conversation_id}/transcript", int),
     ],
@@ -143,8 +144,29 @@ def test_a_cursor_pattern_is_what_the_server_accepts(path: str, kind: type) -> N
     run()
 
 
+def test_a_listing_cursor_pattern_is_what_the_server_accepts() -> None:
+    """The listing's keyset cursor (``at.<micros>.<id>``, docs/conversations.md)."""
+    pattern = declared_cursor_pattern("/conversations")
+
+    @settings(max_examples=150, deadline=None, database=None)
+    @given(st.one_of(drawn(pattern), st.from_regex(r"\A(at|id)\.[\w.:-]{0,130}\Z")))
+    @example(_list_cursor(datetime(2026, 1, 1, tzinfo=UTC), "conv-1"))
+    @example("at.999999999999999999.a")
+    @example("at.1234567890123456789.a")
+    @example("at..a")
+    @example("at.1.a\n")
+    def run(value: str) -> None:
+        check(pattern, _parse_list_cursor, value)
+
+    run()
+
+
 def test_every_issued_cursor_is_in_its_grammar() -> None:
-    assert ecma(declared_cursor_pattern("/conversations")).match(encode_cursor("c" * 128))
+    latest = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
+    assert ecma(declared_cursor_pattern("/conversations")).match(_list_cursor(latest, "c" * 128))
+    assert _parse_list_cursor(_list_cursor(latest, "c.1")) == (latest, "c.1")
+    runs = "/conversations/{conversation_id}/runs"
+    assert ecma(declared_cursor_pattern(runs)).match(encode_cursor("c" * 128))
     assert ecma(declared_cursor_pattern("/conversations/{conversation_id}/transcript")).match(
         encode_cursor(2**59)
     )

@@ -27,9 +27,20 @@ def documented(path: str) -> set[str]:
     return {method.upper() for method in DOCUMENT["paths"][path]}
 
 
+def routed(path: str) -> set[str]:
+    """The methods some documented path answers at ``concrete(path)``: a fixed path can also
+    match a template (``GET /conversations/import`` is the conversation ``import``)."""
+    found = set()
+    for other in DOCUMENT["paths"]:
+        template = re.sub(r"\\\{\w+\\\}", "[^/]+", re.escape(other))
+        if re.fullmatch(template, concrete(path)):
+            found |= documented(other)
+    return found
+
+
 @pytest.mark.parametrize("path", list(DOCUMENT["paths"]))
 async def test_a_405_allows_every_documented_method(client: AppClient, path: str) -> None:
-    refused = [method for method in METHODS if method not in documented(path)]
+    refused = [method for method in METHODS if method not in routed(path)]
     assert refused, path
     for method in refused:
         response = await client.request(method, concrete(path))

@@ -40,6 +40,7 @@ LAYERS = {
     "app.cli": "top",
     "app.chat": "top",
     "app.cli_webhooks": "top",
+    "app.cli_conversations": "top",
     "app.__main__": "top",
 }
 #: the package itself (``__version__``) is below everything

@@ -43,8 +43,9 @@ from schemathesis.core.parameters import ParameterLocation
 from schemathesis.python import asgi
 
 from app.agent.messages import Context
-from app.agent.replay import ReplayError, validate_context
+from app.agent.replay import ReplayError, validate_context, validate_storable
 from app.api.app import create_app, openapi_document
+from app.api.schemas import ConversationExport
 from app.config import Settings
 from tests.conftest import _copy_sqlite
 
@@ -134,6 +135,13 @@ def map_case(context: Any, case: Any) -> Any:
             case.body["agent"] = "default"
         if case.operation.label == "POST /conversations/{conversation_id}/runs":
             fit_run_to_the_conversation(case.body)
+        if case.operation.label == "POST /conversations/{conversation_id}/fork" and isinstance(
+            case.body, dict
+        ):
+            # a cut must fit the source's messages (422 unsafe-cut otherwise, a state the
+            # schema cannot know): 0 always does
+            if isinstance(case.body.get("messages"), int):
+                case.body["messages"] = 0
         case.body = json_integers(case.body)
         if case.headers and "Idempotency-Key" in case.headers:
             # one key per body: a key reused with another body is 422 idempotency-key-mismatch
@@ -238,6 +246,17 @@ def filter_case(context: Any, case: Any) -> bool:
             return False
         except ValueError:
             pass  # not a context at all: the server says why
+    if (
+        case.operation.label == "POST /conversations/import"
+        and case.meta.generation.mode.is_positive
+    ):
+        # an export document's rules beyond its schema (a storable context, transcript seq
+        # increasing, run ids unique: docs/conversations.md) are refused with 422 as documented
+        try:
+            document = ConversationExport.model_validate(json_integers(case.body))
+            validate_storable(document.context)
+        except (ReplayError, ValueError):
+            return False
     return True
 
 

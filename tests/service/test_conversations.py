@@ -49,10 +49,12 @@ async def test_create_get_list_delete(services: Services) -> None:
         await convs.create(TENANT, "c1")
     refused(info, "conversation-exists", 409)
 
+    # newest first; the clock stands still, so the id breaks the tie (descending)
     first = await convs.list(TENANT, limit=1)
-    assert [i.conversation.id for i in first.items] == ["c1"] and first.more
-    rest = await convs.list(TENANT, after="c1", limit=5)
-    assert [i.conversation.id for i in rest.items] == [generated.conversation.id]
+    assert [i.conversation.id for i in first.items] == [generated.conversation.id] and first.more
+    last = first.items[-1].conversation
+    rest = await convs.list(TENANT, after=(last.updated_at, last.id), limit=5)
+    assert [i.conversation.id for i in rest.items] == ["c1"]
     assert not rest.more
     assert (await convs.list("someone-else")).items == []
 

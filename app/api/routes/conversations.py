@@ -5,24 +5,29 @@ and renders its result; refusals are answered by the one problem handler."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import json
+import re
+from collections.abc import AsyncIterator, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Response
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Body, Query, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
 
+from app.agent.codec import dump_message
 from app.agent.messages import Context
-from app.service.conversations import NotModified
+from app.agent.replay import ReplayError, validate_storable
+from app.config import Settings
+from app.service.conversations import NotModified, Search
+from app.store.metadata import KEEP
 
 from ..deps import (
     ConversationPath,
-    CursorQuery,
     IfMatchHeader,
     IfNoneMatchHeader,
     LimitQuery,
     ServicesDep,
     TenantDep,
-    decode_cursor,
-    encode_cursor,
     if_match_value,
     if_none_match_value,
     page_limit,
@@ -30,13 +35,31 @@ from ..deps import (
 from ..headers import ETAG_HEADER, LOCATION_HEADER
 from ..limits import check_context, check_text
 from ..problems import (
+    BAD_CURSOR,
     CONVERSATION_EXISTS,
     PRECONDITION_FAILED,
     PRECONDITION_REQUIRED,
+    RUN_IN_PROGRESS,
+    UNSAFE_CUT,
+    UNSUPPORTED_MEDIA_TYPE,
     Problem,
+    limit_exceeded,
     problem_responses,
+    unreplayable_context,
+    validation_error,
 )
-from ..schemas import Conversation, ConversationCreate, ConversationPage
+from ..schemas import (
+    CONVERSATION_ID_PATTERN,
+    EXPORT_FORMAT,
+    METADATA_KEY_PATTERN,
+    Conversation,
+    ConversationCreate,
+    ConversationExport,
+    ConversationFork,
+    ConversationPage,
+    ConversationPatch,
+    Timestamp,
+)
 from ..views import conversation_body
 
 router = APIRouter(tags=["conversations"])
@@ -61,10 +84,124 @@ async def create_conversation(
     """Create an empty conversation, with a generated id unless the body names one."""
     body = body or ConversationCreate()
     check_text(svc.settings, body.system_prompt, "body.system_prompt")
-    info = await svc.conversations.create(tenant, body.id, body.system_prompt)
+    check_metadata(svc.settings, body.metadata, "body.metadata")
+    info = await svc.conversations.create(
+        tenant,
+        body.id,
+        body.system_prompt,
+        metadata=body.metadata,
+        expires_at=svc.conversations.expiry(body.expires_at, body.ttl_seconds),
+    )
     response.headers["Location"] = f"/conversations/{info.conversation.id}"
     response.headers["ETag"] = info.conversation.etag
     return conversation_body(info)
+
+
+def check_metadata(
+    settings: Settings, metadata: Mapping[str, str | None], path: str, *, count: bool = True
+) -> None:
+    """The configured metadata limits (422 ``limit-exceeded``); the store checks the count
+    after a merge patch."""
+    if count and len(metadata) > settings.max_metadata_keys:
+        raise limit_exceeded("max_metadata_keys", settings.max_metadata_keys, len(metadata))
+    for key, value in metadata.items():
+        if len(key) > settings.max_metadata_key_chars:
+            raise limit_exceeded(
+                "max_metadata_key_chars", settings.max_metadata_key_chars, len(key)
+            )
+        if value is not None and len(value) > settings.max_metadata_value_chars:
+            raise limit_exceeded(
+                "max_metadata_value_chars", settings.max_metadata_value_chars, len(value)
+            )
+
+
+_METADATA_KEY = re.compile(METADATA_KEY_PATTERN)
+
+
+def document_metadata(document: dict[str, Any], settings: Settings) -> None:
+    """Write the configured metadata limits into every metadata object of the document (the
+    committed one is built from the default settings): the key pattern and length as
+    ``propertyNames``, no other keys, the value length, and the key count."""
+
+    def visit(node: Any) -> None:
+        if isinstance(node, dict):
+            pattern = node.get("patternProperties", {})
+            if METADATA_KEY_PATTERN in pattern:
+                node["additionalProperties"] = False
+                node["propertyNames"] = {
+                    "pattern": METADATA_KEY_PATTERN,
+                    "maxLength": settings.max_metadata_key_chars,
+                }
+                node["maxProperties"] = settings.max_metadata_keys
+                value = pattern[METADATA_KEY_PATTERN]
+                for option in value.get("anyOf", [value]):
+                    if option.get("type") == "string":
+                        option["maxLength"] = settings.max_metadata_value_chars
+            for child in node.values():
+                visit(child)
+        elif isinstance(node, list):
+            for child in node:
+                visit(child)
+
+    visit(document.get("components", {}))
+
+
+def metadata_filters(request: Request) -> list[tuple[str, str]]:
+    """The ``metadata.KEY=VALUE`` query parameters, in order (422 naming a bad one)."""
+    found: list[tuple[str, str]] = []
+    for name, value in request.query_params.multi_items():
+        if not name.startswith("metadata."):
+            continue
+        key = name.removeprefix("metadata.")
+        if not _METADATA_KEY.match(key):
+            raise validation_error(
+                [
+                    {
+                        "path": f"query.{name}",
+                        "message": f"metadata key must match {METADATA_KEY_PATTERN}",
+                    }
+                ]
+            )
+        if len(value) > 1024:
+            raise validation_error(
+                [{"path": f"query.{name}", "message": "at most 1024 characters"}]
+            )
+        found.append((key, value))
+    return found
+
+
+#: a listing's cursor: the keyset (updated_at in microseconds since the epoch, id) of the last
+#: item of the page before. Any cursor of this grammar is a position (of either order).
+LIST_CURSOR_PATTERN = r"^at\.([0-9]{1,18})\.([A-Za-z0-9][A-Za-z0-9._:-]{0,127})$"
+_LIST_CURSOR = re.compile(LIST_CURSOR_PATTERN.removesuffix("$") + r"\Z")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: positions past the last representable time are that time (nothing is updated later)
+_LATEST = (datetime.max.replace(tzinfo=UTC) - _EPOCH) // timedelta(microseconds=1)
+
+
+def _list_cursor(updated_at: datetime, conv_id: str) -> str:
+    micros = (updated_at - _EPOCH) // timedelta(microseconds=1)
+    return f"at.{micros}.{conv_id}"
+
+
+def _parse_list_cursor(cursor: str | None) -> tuple[datetime, str] | None:
+    if cursor is None:
+        return None
+    found = _LIST_CURSOR.match(cursor)
+    if found is None:
+        raise Problem(BAD_CURSOR, "the cursor is not one this API issued")
+    micros = min(int(found.group(1)), _LATEST)
+    return _EPOCH + timedelta(microseconds=micros), found.group(2)
+
+
+ListCursorQuery = Annotated[
+    str | None,
+    Query(
+        max_length=512,
+        description="`next_cursor` of the previous page (a position in the order)",
+        json_schema_extra={"pattern": LIST_CURSOR_PATTERN},
+    ),
+]
 
 
 @router.get(
@@ -72,17 +209,65 @@ async def create_conversation(
     response_model=ConversationPage,
     responses=problem_responses(400, 422),
     operation_id="list_conversations",
+    openapi_extra={
+        "parameters": [
+            {
+                "name": "metadata.KEY",
+                "in": "query",
+                "required": False,
+                "description": "Filter by metadata: `metadata.user=u-17` keeps the "
+                "conversations whose metadata has `user` = `u-17`. Repeatable with "
+                "different keys; all must match. (The parameter name is `metadata.` "
+                "followed by a key matching " + METADATA_KEY_PATTERN + ".)",
+                "schema": {"type": "string", "maxLength": 1024},
+            }
+        ]
+    },
 )
 async def list_conversations(
-    svc: ServicesDep, tenant: TenantDep, cursor: CursorQuery = None, limit: LimitQuery = None
+    svc: ServicesDep,
+    tenant: TenantDep,
+    request: Request,
+    cursor: ListCursorQuery = None,
+    limit: LimitQuery = None,
+    order: Annotated[
+        Literal["asc", "desc"],
+        Query(description="By `updated_at` (then id): newest first (`desc`) or oldest first"),
+    ] = "desc",
+    updated_after: Annotated[
+        Timestamp | None,
+        Query(description="Only conversations updated after this time (RFC 3339 with offset)"),
+    ] = None,
+    updated_before: Annotated[
+        Timestamp | None,
+        Query(description="Only conversations updated before this time (RFC 3339 with offset)"),
+    ] = None,
+    active: Annotated[
+        bool | None, Query(description="true: only those with a run in flight; false: none")
+    ] = None,
 ) -> ConversationPage:
-    """The caller's conversations, ordered by id."""
-    page = await svc.conversations.list(
-        tenant, after=decode_cursor(cursor, str), limit=page_limit(svc.settings, limit)
+    """The caller's conversations, ordered by `updated_at` (newest first unless
+    `order=asc`), filtered by metadata, update time and activity; cursor paged (pass the
+    same filters with `cursor`)."""
+    search = Search(
+        metadata=tuple(metadata_filters(request)),
+        updated_after=updated_after,
+        updated_before=updated_before,
+        active=active,
+        descending=order == "desc",
     )
+    page = await svc.conversations.list(
+        tenant,
+        after=_parse_list_cursor(cursor),
+        limit=page_limit(svc.settings, limit),
+        search=search,
+    )
+    last = page.items[-1].conversation if page.items else None
     return ConversationPage(
         items=[conversation_body(info) for info in page.items],
-        next_cursor=encode_cursor(page.items[-1].conversation.id) if page.more else None,
+        next_cursor=_list_cursor(last.updated_at, last.id)
+        if page.more and last is not None
+        else None,
     )
 
 
@@ -198,3 +383,199 @@ async def put_context(
         status_code=201,
         headers={"ETag": written.etag, "Location": f"/conversations/{conversation_id}"},
     )
+
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+@router.patch(
+    "/conversations/{conversation_id}",
+    response_model=Conversation,
+    responses={
+        200: {"headers": {"ETag": ETAG_HEADER}},
+        **problem_responses(404, UNSUPPORTED_MEDIA_TYPE, 422),
+    },
+    operation_id="patch_conversation",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                MERGE_PATCH: {"schema": {"$ref": "#/components/schemas/ConversationPatch"}}
+            },
+        }
+    },
+)
+async def patch_conversation(
+    svc: ServicesDep,
+    tenant: TenantDep,
+    conversation_id: ConversationPath,
+    request: Request,
+    response: Response,
+    body: Annotated[ConversationPatch, Body(media_type=MERGE_PATCH)],
+) -> Conversation:
+    """Change the metadata and expiry with an RFC 7396 merge patch
+    (`Content-Type: application/merge-patch+json`): `null` removes a key. The Context and
+    its ETag are not changed; `updated_at` is."""
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media != MERGE_PATCH:
+        raise Problem(UNSUPPORTED_MEDIA_TYPE, f"PATCH takes {MERGE_PATCH}, not {media or 'none'}")
+    metadata = body.metadata
+    if metadata is None and "metadata" not in body.model_fields_set:
+        metadata = {}  # left out: unchanged (null: every key removed)
+    if metadata:
+        check_metadata(svc.settings, metadata, "body.metadata", count=False)
+    expires: Any = KEEP
+    if body.ttl_seconds is not None or "expires_at" in body.model_fields_set:
+        expires = svc.conversations.expiry(body.expires_at, body.ttl_seconds)
+    info = await svc.conversations.patch(
+        tenant,
+        conversation_id,
+        metadata,
+        expires_at=expires,
+        max_keys=svc.settings.max_metadata_keys,
+    )
+    response.headers["ETag"] = info.conversation.etag
+    return conversation_body(info)
+
+
+@router.post(
+    "/conversations/{conversation_id}/fork",
+    status_code=201,
+    response_model=Conversation,
+    responses={
+        201: {"headers": {"Location": LOCATION_HEADER, "ETag": ETAG_HEADER}},
+        **problem_responses(400, 404, CONVERSATION_EXISTS, PRECONDITION_FAILED, UNSAFE_CUT, 422),
+    },
+    operation_id="fork_conversation",
+)
+async def fork_conversation(
+    svc: ServicesDep,
+    tenant: TenantDep,
+    conversation_id: ConversationPath,
+    response: Response,
+    body: Annotated[ConversationFork | None, Body()] = None,
+    if_match: IfMatchHeader = None,
+) -> Conversation:
+    """A new conversation with this one's Context (or its first `messages`), its own ETag
+    chain, and a transcript starting with a `forked` entry (source id, source ETag, N). The
+    source is unchanged. `If-Match` forks only that version of the source."""
+    body = body or ConversationFork()
+    if body.metadata is not None:
+        check_metadata(svc.settings, body.metadata, "body.metadata")
+    info = await svc.conversations.fork(
+        tenant,
+        conversation_id,
+        body.id,
+        messages=body.messages,
+        metadata=body.metadata,
+        if_match=if_match_value(if_match),
+    )
+    response.headers["Location"] = f"/conversations/{info.conversation.id}"
+    response.headers["ETag"] = info.conversation.etag
+    return conversation_body(info)
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+_SECTIONS = ("message", "transcript", "run")
+_OPEN = (b',"messages":[', b',"transcript":[', b',"runs":[')
+_CLOSE = (b"]}", b"]", b"]")  # the messages close the context object too
+
+
+async def _export_stream(parts: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[bytes]:
+    """The export document as JSON, written part by part (never whole in memory)."""
+    yield _dumps({"format": EXPORT_FORMAT, "format_version": 1})[:-1]
+    open_at = -1  # the index of the open section (none yet)
+    first = True
+
+    def advance(to: int) -> bytes:
+        nonlocal open_at, first
+        out = b""
+        while open_at < to:
+            if open_at >= 0:
+                out += _CLOSE[open_at]
+            open_at += 1
+            if open_at < len(_SECTIONS):
+                out += _OPEN[open_at]
+            first = True
+        return out
+
+    async for part, value in parts:
+        if part == "conversation":
+            yield b',"conversation":' + _dumps(value)
+        elif part == "context":
+            yield b',"context":' + _dumps(value)[:-1]  # its messages follow
+        else:
+            moved = advance(_SECTIONS.index(part))
+            yield moved + (b"" if first else b",") + _dumps(value)
+            first = False
+    yield advance(len(_SECTIONS)) + b"}"
+
+
+@router.get(
+    "/conversations/{conversation_id}/export",
+    response_model=ConversationExport,
+    responses=problem_responses(404, RUN_IN_PROGRESS, 422),
+    operation_id="export_conversation",
+)
+async def export_conversation(
+    svc: ServicesDep, tenant: TenantDep, conversation_id: ConversationPath
+) -> StreamingResponse:
+    """The whole conversation as one JSON document (format version, metadata, Context and
+    its ETag version, transcript, run records), streamed from paged reads of one snapshot.
+    409 while a run is in flight."""
+    parts = await svc.conversations.export(tenant, conversation_id)
+    return StreamingResponse(
+        _export_stream(parts),
+        media_type="application/json",
+        headers={"Content-Disposition": f'attachment; filename="{conversation_id}.json"'},
+    )
+
+
+@router.post(
+    "/conversations/import",
+    status_code=201,
+    response_model=Conversation,
+    responses={
+        201: {"headers": {"Location": LOCATION_HEADER, "ETag": ETAG_HEADER}},
+        **problem_responses(CONVERSATION_EXISTS, 422),
+    },
+    operation_id="import_conversation",
+)
+async def import_conversation(
+    svc: ServicesDep,
+    tenant: TenantDep,
+    response: Response,
+    document: ConversationExport,
+    id: Annotated[
+        str | None,
+        Query(
+            pattern=CONVERSATION_ID_PATTERN,
+            max_length=128,
+            description="Import under this id instead of the document's",
+        ),
+    ] = None,
+) -> Conversation:
+    """Restore an export, under its own id or `id`; 409 when that id is taken. All of it is
+    written, or nothing."""
+    check_metadata(svc.settings, document.conversation.metadata, "body.conversation.metadata")
+    check_context(svc.settings, document.context)
+    try:
+        validate_storable(document.context)
+    except ReplayError as exc:
+        raise unreplayable_context(exc.index, str(exc)) from None
+    data = document.model_dump()
+    data["context"]["messages"] = [dump_message(m) for m in document.context.messages]
+    for run, model in zip(data["runs"], document.runs, strict=True):
+        run["prompts"] = [dump_message(m) for m in model.prompts]
+        run["new_messages"] = [dump_message(m) for m in model.new_messages]
+        run["final"] = None if model.final is None else dump_message(model.final)
+        for stored, compaction in zip(run["compactions"], model.compactions, strict=True):
+            stored["folded"] = [dump_message(m) for m in compaction.folded]
+            stored["usage"] = compaction.usage.model_dump(mode="json")
+    info = await svc.conversations.import_document(tenant, id, data)
+    response.headers["Location"] = f"/conversations/{info.conversation.id}"
+    response.headers["ETag"] = info.conversation.etag
+    return conversation_body(info)

@@ -1,0 +1,263 @@
+"""Export and import of a whole conversation (docs/conversations.md, "Export and import").
+
+Export reads in pages inside ONE read transaction (a consistent snapshot), yielding the parts
+of the document as it goes, so a conversation of any length is never held whole in memory.
+Import writes everything in one write transaction: all of it, or nothing.
+
+The document's parts, as plain JSON values (the API validates their shape):
+
+- ``conversation``: ``id``, ``metadata``, ``expires_at``, ``created_at``, ``updated_at``,
+  ``version`` (of the ETag), ``etag``;
+- ``context``: ``system_prompt``, ``summary``, ``messages`` (codec form);
+- ``transcript``: entries ``seq, run_id, kind, failed, body, created_at``;
+- ``runs``: run rows (without lease bookkeeping) with ``new_messages``, ``final`` and
+  ``compactions``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import insert, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.etag import version_etag
+
+from ._sql import StoreBase, child_key, read_conversation
+from .db import read_transaction, write_transaction
+from .errors import AlreadyExists, StoreError, conversation_not_found
+from .metadata import read_metadata, write_metadata
+from .tables import (
+    context_messages,
+    conversations,
+    run_compactions,
+    run_finals,
+    run_new_messages,
+    runs,
+    transcript,
+)
+
+#: rows read per page while exporting
+EXPORT_PAGE = 500
+
+#: the run columns an export carries (lease bookkeeping is the running process's, not history)
+RUN_FIELDS = (
+    "run_id",
+    "status",
+    "stored",
+    "on_failure",
+    "agent",
+    "base_etag",
+    "result_etag",
+    "prompts",
+    "usage",
+    "error",
+    "created_at",
+    "finished_at",
+    "cancel_requested",
+)
+COMPACTION_FIELDS = (
+    "reason",
+    "previous_summary",
+    "summary",
+    "folded",
+    "tokens_before",
+    "tokens_after",
+    "usage",
+)
+TRANSCRIPT_FIELDS = ("seq", "run_id", "kind", "failed", "body", "created_at")
+
+
+class RunInFlight(StoreError):
+    """The conversation has a run in flight: its export would not be a finished state."""
+
+    slug = "run-in-progress"
+    status = 409
+
+    def __init__(self, active_run_id: str) -> None:
+        super().__init__(
+            f"run {active_run_id} is in progress on this conversation; export it when it ends",
+            headers={"Retry-After": "1"},
+            active_run_id=active_run_id,
+        )
+
+
+def _time(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+async def _paged(
+    conn: AsyncConnection, table: Any, tenant: str, conv_id: str, key: str
+) -> AsyncIterator[Any]:
+    """Rows of one child table by ``key``, a page at a time (keyset)."""
+    column = table.c[key]
+    after: Any = None
+    while True:
+        stmt = select(table).where(*child_key(table, tenant, conv_id))
+        if after is not None:
+            stmt = stmt.where(column > after)
+        rows = (await conn.execute(stmt.order_by(column).limit(EXPORT_PAGE))).mappings().all()
+        for row in rows:
+            yield row
+        if len(rows) < EXPORT_PAGE:
+            return
+        after = rows[-1][key]
+
+
+class PortabilityStore(StoreBase):
+    async def export_parts(self, tenant: str, conv_id: str) -> AsyncIterator[tuple[str, Any]]:
+        """The document as ``(part, value)`` pairs, in order: ``("conversation", {...})``,
+        ``("context", {system_prompt, summary})``, then ``("message", body)`` each,
+        ``("transcript", entry)`` each, ``("run", record)`` each.
+
+        Raises before the first part when the conversation does not exist (404) or has a run
+        in flight (409), so an HTTP answer can still be a problem.
+        """
+        conn_cm = read_transaction(self.engine)
+        conn = await conn_cm.__aenter__()
+        try:
+            conv = await read_conversation(conn, tenant, conv_id)
+            if conv is None:
+                raise conversation_not_found(conv_id)
+            if conv.active_run_id is not None:
+                raise RunInFlight(conv.active_run_id)
+            metadata = (await read_metadata(conn, tenant, [conv_id]))[conv_id]
+        except BaseException:
+            await conn_cm.__aexit__(None, None, None)
+            raise
+        return self._export(conn_cm, conn, conv, metadata)
+
+    async def _export(
+        self, conn_cm: Any, conn: AsyncConnection, conv: Any, metadata: dict[str, str]
+    ) -> AsyncIterator[tuple[str, Any]]:
+        tenant, conv_id = conv.tenant, conv.id
+        try:
+            yield (
+                "conversation",
+                {
+                    "id": conv.id,
+                    "metadata": metadata,
+                    "expires_at": _time(conv.expires_at),
+                    "created_at": _time(conv.created_at),
+                    "updated_at": _time(conv.updated_at),
+                    "version": conv.version,
+                    "etag": conv.etag,
+                },
+            )
+            yield "context", {"system_prompt": conv.system_prompt, "summary": conv.summary}
+            async for row in _paged(conn, context_messages, tenant, conv_id, "position"):
+                yield "message", row["body"]
+            async for row in _paged(conn, transcript, tenant, conv_id, "seq"):
+                entry = {f: row[f] for f in TRANSCRIPT_FIELDS}
+                entry["created_at"] = _time(row["created_at"])
+                yield "transcript", entry
+            async for row in _paged(conn, runs, tenant, conv_id, "run_id"):
+                yield "run", await _run_record(conn, tenant, conv_id, row)
+        finally:
+            await conn_cm.__aexit__(None, None, None)
+
+    async def import_conversation(
+        self,
+        tenant: str,
+        conv_id: str,
+        document: Mapping[str, Any],
+    ) -> str:
+        """Write a validated export document under ``conv_id`` in one transaction; its ETag.
+
+        The conversation gets a new incarnation (ETags never repeat) with the document's
+        version; ``updated_at`` is the time of the import. :class:`AlreadyExists` when the id
+        is taken; then nothing is written.
+        """
+        now = self.clock.now()
+        conv = document["conversation"]
+        context = document["context"]
+        messages: Sequence[dict[str, Any]] = context["messages"]
+        entries: Sequence[dict[str, Any]] = document["transcript"]
+        incarnation = uuid.uuid4().hex
+        version = int(conv["version"])
+        values = {
+            "tenant": tenant,
+            "id": conv_id,
+            "incarnation": incarnation,
+            "version": version,
+            "system_prompt": context["system_prompt"],
+            "summary": context["summary"],
+            "next_position": len(messages),
+            "message_count": len(messages),
+            "transcript_seq": max((e["seq"] for e in entries), default=0),
+            "created_at": conv["created_at"],
+            "updated_at": now,
+            "active_run_id": None,
+            "expires_at": conv.get("expires_at"),
+        }
+        async with write_transaction(self.engine) as conn:
+            try:
+                await conn.execute(insert(conversations).values(values))
+            except IntegrityError:
+                raise AlreadyExists(f"conversation {conv_id!r} already exists") from None
+            key = {"tenant": tenant, "conversation_id": conv_id}
+            await write_metadata(conn, tenant, conv_id, conv.get("metadata") or {})
+            if messages:
+                await conn.execute(
+                    insert(context_messages),
+                    [{**key, "position": i, "body": m} for i, m in enumerate(messages)],
+                )
+            for run in document["runs"]:
+                await conn.execute(
+                    insert(runs).values(
+                        **key,
+                        **{f: run[f] for f in RUN_FIELDS},
+                        lease_owner=None,
+                        lease_expires_at=None,
+                    )
+                )
+                run_key = {**key, "run_id": run["run_id"]}
+                if run["new_messages"]:
+                    await conn.execute(
+                        insert(run_new_messages),
+                        [
+                            {**run_key, "seq": i, "body": m}
+                            for i, m in enumerate(run["new_messages"])
+                        ],
+                    )
+                if run["final"] is not None:
+                    await conn.execute(insert(run_finals).values(**run_key, body=run["final"]))
+                if run["compactions"]:
+                    await conn.execute(
+                        insert(run_compactions),
+                        [
+                            {**run_key, "seq": i, **{f: c[f] for f in COMPACTION_FIELDS}}
+                            for i, c in enumerate(run["compactions"])
+                        ],
+                    )
+            if entries:
+                await conn.execute(
+                    insert(transcript),
+                    [{**key, **{f: e[f] for f in TRANSCRIPT_FIELDS}} for e in entries],
+                )
+        return version_etag(incarnation, version)
+
+
+async def _run_record(conn: AsyncConnection, tenant: str, conv_id: str, row: Any) -> dict[str, Any]:
+    run_id = row["run_id"]
+    record = {f: row[f] for f in RUN_FIELDS}
+    record["created_at"] = _time(row["created_at"])
+    record["finished_at"] = _time(row["finished_at"])
+
+    def of(table: Any) -> Any:
+        return select(table).where(*child_key(table, tenant, conv_id), table.c.run_id == run_id)
+
+    news = (await conn.execute(of(run_new_messages).order_by(run_new_messages.c.seq))).mappings()
+    record["new_messages"] = [r["body"] for r in news.all()]
+    final = (await conn.execute(of(run_finals))).mappings().first()
+    record["final"] = None if final is None else final["body"]
+    comps = (await conn.execute(of(run_compactions).order_by(run_compactions.c.seq))).mappings()
+    record["compactions"] = [{f: r[f] for f in COMPACTION_FIELDS} for r in comps.all()]
+    return record
+
+
+__all__ = ["EXPORT_PAGE", "PortabilityStore", "RunInFlight"]
