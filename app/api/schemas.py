@@ -165,3 +165,8 @@ class Readiness(BaseModel):
     database: bool
     schema_revision: str | None
     expected_revision: str
+    unready_profiles: dict[str, str] = Field(
+        default_factory=dict,
+        description="Agent profiles that cannot run, each with why (e.g. its key's variable "
+        "is unset); any makes the service not ready.",
+    )
