@@ -31,6 +31,7 @@ from .limits import BodyLimitMiddleware
 from .links import install_links
 from .problems import METHOD_NOT_ALLOWED, problem_response
 from .routes import conversations, health, runs, transcript
+from .views import run_problem_slug
 
 DESCRIPTION = """\
 Carryover stores each conversation's state and continues it run after run: it loads the
@@ -128,6 +129,7 @@ def create_app(
         pool = agents or AgentPool(settings)
         repo = Repository(engine, clock)
         manager = RunManager(repo, pool, settings, clock)
+        manager.problem_slug = run_problem_slug
         keys = KeyStore(engine, clock)
         auth = Authenticator(settings.api_keys, keys, settings.api_key_cache_seconds)
         app.state.services = Services(

@@ -49,6 +49,12 @@ def run_problem(error: AttemptError | None, status: str) -> RunProblem | None:
     )
 
 
+def run_problem_slug(error: AttemptError | None, status: str) -> str | None:
+    """The slug of :func:`run_problem`'s type (the run's log line names it)."""
+    problem = run_problem(error, status)
+    return problem.type.rsplit("/", 1)[-1] if problem is not None else None
+
+
 @dataclass(frozen=True)
 class RunView:
     """One run as answered over HTTP (``context`` left out of listings and minimal answers)."""

@@ -23,6 +23,7 @@ from app.agent.records import Input, Result
 from app.agent.run import Agent
 from app.clock import SYSTEM_CLOCK, Clock
 from app.config import Settings
+from app.errors import CarryoverError
 from app.etag import IfMatch
 from app.observability import RUNS
 from app.store.errors import run_not_found
@@ -35,6 +36,7 @@ from app.store.repository import (
     StartedRun,
 )
 
+from . import runlog
 from .agents import AgentPool
 from .errors import Busy, ShuttingDown
 from .leases import LeaseKeeping
@@ -69,6 +71,9 @@ class RunManager(LeaseKeeping):
         self.lease_repo = repo  # renewals, sweeps, purges: its own connection once keeping
         self._keeper: asyncio.Task[None] | None = None
         self._hooked: dict[int, tuple[Any, Any]] = {}
+        #: the problem slug of a run that ended with ``error`` / ``status`` (the API sets it:
+        #: the problem registry is the API's), for the run's log line
+        self.problem_slug: Callable[[AttemptError | None, str], str | None] = _no_problem
 
     # --- runs --------------------------------------------------------------------------------
 
@@ -82,7 +87,38 @@ class RunManager(LeaseKeeping):
         idempotency: Idempotency | None = None,
         stream: bool = False,
     ) -> ActiveRun | Replayed:
-        """Take the conversation's lease and start the run; refusals raise before."""
+        """Take the conversation's lease and start the run; refusals raise before (each one
+        logged)."""
+        try:
+            return await self._start(
+                tenant,
+                conversation_id,
+                request,
+                if_match=if_match,
+                idempotency=idempotency,
+                stream=stream,
+            )
+        except CarryoverError as exc:
+            runlog.run_refused(
+                conversation_id=conversation_id,
+                tenant=tenant,
+                agent=request.agent,
+                problem=exc.slug,
+                http_status=exc.status,
+                detail=exc.detail,
+            )
+            raise
+
+    async def _start(
+        self,
+        tenant: str,
+        conversation_id: str,
+        request: RunRequest,
+        *,
+        if_match: IfMatch | None,
+        idempotency: Idempotency | None,
+        stream: bool,
+    ) -> ActiveRun | Replayed:
         if self.closing:
             raise ShuttingDown
         agent = self.agents.get(request.agent)
@@ -115,7 +151,7 @@ class RunManager(LeaseKeeping):
             if started.active_run_id is None:
                 break
             await self._wait_until_free(tenant, conversation_id, started.active_run_id, deadline)
-        self._took_over(started)
+        self._took_over(started, tenant, conversation_id, run_id)
 
         active = ActiveRun(
             tenant=tenant,
@@ -151,9 +187,14 @@ class RunManager(LeaseKeeping):
             holder = found
 
     @staticmethod
-    def _took_over(started: StartedRun) -> None:
+    def _took_over(started: StartedRun, tenant: str, conversation_id: str, run_id: str) -> None:
         if started.interrupted is not None:
-            log.warning("run %s of a dead process was marked interrupted", started.interrupted)
+            runlog.run_taken_over(
+                interrupted_run_id=started.interrupted,
+                run_id=run_id,
+                conversation_id=conversation_id,
+                tenant=tenant,
+            )
             RUNS.labels(status="interrupted").inc()
 
     async def _execute(
@@ -241,6 +282,21 @@ class RunManager(LeaseKeeping):
             ),
         )
         finished = FinishedRun(run, result, outcome)
+        seconds = (
+            (outcome.finished_at - run.created_at).total_seconds()
+            if outcome.finished_at is not None
+            else 0.0
+        )
+        runlog.run_ended(
+            run_id=active.run_id,
+            conversation_id=active.conversation_id,
+            tenant=active.tenant,
+            agent=run.agent,
+            status=outcome.status,
+            seconds=seconds,
+            result=result,
+            problem=self.problem_slug(result.error, outcome.status),
+        )
         if outcome.status == "interrupted":
             # It lost its lease: another process marked it interrupted (and counted it).
             log.warning(
@@ -298,7 +354,11 @@ class RunManager(LeaseKeeping):
         run's record as it is now (still ``running``, typically)."""
         await self.repo.request_cancel(tenant, conversation_id, run_id)
         active = self.active.get(run_id)
-        if active is not None and active.tenant == tenant:
+        here = active is not None and active.tenant == tenant
+        runlog.run_cancel_requested(
+            run_id=run_id, conversation_id=conversation_id, tenant=tenant, here=here
+        )
+        if active is not None and here:
             self.stop(active)
         return await self.record(tenant, conversation_id, run_id)
 
@@ -340,7 +400,7 @@ class RunManager(LeaseKeeping):
         )
         if started.active_run_id is not None:
             raise Busy(started.active_run_id, retry_after=self.settings.lease_seconds)
-        self._took_over(started)
+        self._took_over(started, tenant, conversation_id, run_id)
         assert started.loaded is not None
         active = ActiveRun(tenant, conversation_id, run_id, started, None)
         self._register(active)
@@ -356,6 +416,10 @@ class RunManager(LeaseKeeping):
             )
         finally:
             self._unregister(run_id)
+
+
+def _no_problem(error: AttemptError | None, status: str) -> str | None:
+    return None if error is None and status in ("completed", "requires_action") else status
 
 
 def _settle(target: asyncio.Future[FinishedRun], source: asyncio.Future[FinishedRun]) -> None:
