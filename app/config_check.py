@@ -225,6 +225,12 @@ def check(settings: Settings, environ: Mapping[str, str] | None = None) -> Check
         problem = key_problem(profile, settings, environ)
         if problem is not None:
             found.unready[name] = problem
+    exporters = environ.get("OTEL_TRACES_EXPORTER", "")
+    for name in (n.strip().lower() for n in exporters.split(",") if n.strip()):
+        if name not in ("otlp", "console", "none"):
+            found.errors.append(
+                f"OTEL_TRACES_EXPORTER={exporters!r}: {name!r} is not 'otlp', 'console' or 'none'"
+            )
     known = known_variables()
     for variable in sorted(environ):
         if (

@@ -13,7 +13,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from app import __version__
+from app import __version__, telemetry
 from app.clock import SYSTEM_CLOCK, Clock
 from app.config import Settings, default_settings, get_settings
 from app.observability import MetricsMiddleware
@@ -126,6 +126,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = make_engine(settings.database_url)
+        telemetry.instrument_engine(engine)
         pool = agents or AgentPool(settings)
         repo = Repository(engine, clock)
         manager = RunManager(repo, pool, settings, clock)
@@ -186,6 +187,8 @@ def create_app(
             expose_headers=["ETag", "Location", "Retry-After", "Idempotent-Replayed"],
         )
     app.add_middleware(MetricsMiddleware)
+    telemetry.configure()
+    telemetry.instrument_app(app)
     return app
 
 

@@ -132,6 +132,11 @@ class Run(BaseModel):
     created_at: datetime
     finished_at: datetime | None
     duration_ms: int | None
+    trace_id: str | None = Field(
+        default=None,
+        description="The OpenTelemetry trace the run was started in (32 hex digits; an "
+        "incoming traceparent's trace), null when tracing is off (docs/operations.md)",
+    )
 
 
 class RunPage(BaseModel):

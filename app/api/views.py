@@ -99,6 +99,7 @@ def run_view(finished: FinishedRun) -> RunView:
             created_at=run.created_at,
             finished_at=outcome.finished_at,
             duration_ms=_duration(run.created_at, outcome.finished_at),
+            trace_id=run.trace_id,
         )
     )
 
@@ -128,6 +129,7 @@ def record_view(record: RunRecord) -> RunView:
                 "created_at": run.created_at,
                 "finished_at": run.finished_at,
                 "duration_ms": _duration(run.created_at, run.finished_at),
+                "trace_id": run.trace_id,
             }
         )
     )

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.exc import InterfaceError, OperationalError
 
+from app import telemetry
 from app.agent.events import RunEvent
 from app.agent.messages import AttemptError, Context, UserMessage
 from app.agent.records import Input, Result
@@ -106,6 +107,7 @@ class RunManager(LeaseKeeping):
                 problem=exc.slug,
                 http_status=exc.status,
                 detail=exc.detail,
+                trace_id=telemetry.current_trace_id(),
             )
             raise
 
@@ -145,6 +147,7 @@ class RunManager(LeaseKeeping):
                 owner=self.owner,
                 lease_seconds=self.settings.lease_seconds,
                 idempotency=claim,
+                trace_id=telemetry.current_trace_id(),
             )
             if started.replay is not None:
                 return Replayed(started.replay.status_code, started.replay.response)
@@ -194,6 +197,7 @@ class RunManager(LeaseKeeping):
                 run_id=run_id,
                 conversation_id=conversation_id,
                 tenant=tenant,
+                trace_id=telemetry.current_trace_id(),
             )
             RUNS.labels(status="interrupted").inc()
 
@@ -203,6 +207,18 @@ class RunManager(LeaseKeeping):
         agent: Agent,
         request: RunRequest,
         idempotency: Idempotency | None,
+    ) -> None:
+        # the run's span: the agent's spans and the writes of its outcome nest in it
+        with telemetry.agent_span(request.agent, active.conversation_id, active.run_id) as span:
+            await self._execute_in(active, agent, request, idempotency, span)
+
+    async def _execute_in(
+        self,
+        active: ActiveRun,
+        agent: Agent,
+        request: RunRequest,
+        idempotency: Idempotency | None,
+        run_span: Any,
     ) -> None:
         loaded = active.started.loaded
         assert loaded is not None
@@ -219,6 +235,7 @@ class RunManager(LeaseKeeping):
                 log.exception("run %s failed unexpectedly", active.run_id)
                 result = _internal(loaded.context, exc)
             active.finishing = True
+            telemetry.record_run(run_span, result.status, result.usage)
             finish = asyncio.ensure_future(
                 self._finish(active, loaded, result, request.on_failure, idempotency)
             )
@@ -296,6 +313,7 @@ class RunManager(LeaseKeeping):
             seconds=seconds,
             result=result,
             problem=self.problem_slug(result.error, outcome.status),
+            trace_id=run.trace_id,
         )
         if outcome.status == "interrupted":
             # It lost its lease: another process marked it interrupted (and counted it).
@@ -356,7 +374,11 @@ class RunManager(LeaseKeeping):
         active = self.active.get(run_id)
         here = active is not None and active.tenant == tenant
         runlog.run_cancel_requested(
-            run_id=run_id, conversation_id=conversation_id, tenant=tenant, here=here
+            run_id=run_id,
+            conversation_id=conversation_id,
+            tenant=tenant,
+            here=here,
+            trace_id=telemetry.current_trace_id(),
         )
         if active is not None and here:
             self.stop(active)
@@ -397,6 +419,7 @@ class RunManager(LeaseKeeping):
             on_failure="keep",
             owner=self.owner,
             lease_seconds=self.settings.lease_seconds,
+            trace_id=telemetry.current_trace_id(),
         )
         if started.active_run_id is not None:
             raise Busy(started.active_run_id, retry_after=self.settings.lease_seconds)
@@ -406,7 +429,9 @@ class RunManager(LeaseKeeping):
         self._register(active)
         try:
             try:
-                result = await agent.compact(started.loaded.context)
+                with telemetry.agent_span(agent_name, conversation_id, run_id) as span:
+                    result = await agent.compact(started.loaded.context)
+                    telemetry.record_run(span, result.status, result.usage)
             except Exception as exc:
                 log.exception("compaction %s failed unexpectedly", run_id)
                 result = _internal(started.loaded.context, exc)

@@ -134,6 +134,7 @@ class RunStore(StoreBase):
         owner: str,
         lease_seconds: float,
         idempotency: IdempotencyClaim | None = None,
+        trace_id: str | None = None,
     ) -> StartedRun:
         """Take the conversation's run lease and load its context, in one write transaction.
 
@@ -198,7 +199,9 @@ class RunStore(StoreBase):
                 now=now,
             )
             values.update(
-                lease_owner=owner, lease_expires_at=now + timedelta(seconds=lease_seconds)
+                lease_owner=owner,
+                lease_expires_at=now + timedelta(seconds=lease_seconds),
+                trace_id=trace_id,
             )
             await conn.execute(insert(runs).values(values))
             if idempotency is not None:

@@ -181,6 +181,8 @@ class Run(SQLModel, table=True):
     lease_owner: str | None = Field(default=None, max_length=128)
     lease_expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     cancel_requested: bool = False
+    #: the OpenTelemetry trace the run was started in (32 hex digits), when tracing is on
+    trace_id: str | None = Field(default=None, max_length=32)
 
 
 class RunNewMessage(SQLModel, table=True):

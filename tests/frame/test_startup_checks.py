@@ -107,6 +107,12 @@ def test_an_invalid_value_names_the_variable_and_the_value(
     assert says in err
 
 
+def test_an_unknown_trace_exporter_stops_serve(tmp_path: Path) -> None:
+    status, err, _ = refused_start(tmp_path, OTEL_TRACES_EXPORTER="jaeger")
+    assert status == 2, err
+    assert "OTEL_TRACES_EXPORTER='jaeger'" in err
+
+
 def test_a_rule_across_settings_names_the_variables(tmp_path: Path) -> None:
     status, err, _ = refused_start(
         tmp_path, CARRYOVER_DEFAULT_PAGE_SIZE="300", CARRYOVER_MAX_PAGE_SIZE="100"
