@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import trace
@@ -168,10 +170,45 @@ def record_run(current: Span, status: str, usage: Any) -> None:
             current.set_status(Status(StatusCode.ERROR))
 
 
-def chat_span(provider_name: str, model: str, messages: Sequence[Any] = ()) -> Any:
-    """One provider request: ``chat {model}``. Of ``messages`` (the request's), those after
-    the last assistant message — what this request adds — are recorded, and only when
-    content capture is on."""
+#: ``(provider, outcome, seconds)`` of every provider request, for metrics
+RequestListener = Callable[[str, str, float], None]
+_request_listeners: list[RequestListener] = []
+
+
+def on_provider_request(listener: RequestListener) -> None:
+    """Call ``listener(provider, outcome, seconds)`` after each provider request ("ok" or the
+    attempt's error kind); app.observability registers its histogram so."""
+    if listener not in _request_listeners:
+        _request_listeners.append(listener)
+
+
+@dataclass
+class Attempt:
+    """A provider request in flight: its span, and how it went (set by record_response)."""
+
+    span: Span
+    outcome: str = "aborted"
+
+
+@contextmanager
+def chat_span(provider_name: str, model: str, messages: Sequence[Any] = ()) -> Iterator[Attempt]:
+    """One provider request: ``chat {model}``, timed for the request listeners. Of
+    ``messages`` (the request's), those after the last assistant message — what this request
+    adds — are recorded, and only when content capture is on."""
+    started = time.perf_counter()
+    attempt: Attempt | None = None
+    try:
+        with _chat_span(provider_name, model, messages) as current:
+            attempt = Attempt(current)
+            yield attempt
+    finally:
+        seconds = time.perf_counter() - started
+        outcome = attempt.outcome if attempt is not None else "internal"
+        for listener in _request_listeners:
+            listener(provider_name, outcome, seconds)
+
+
+def _chat_span(provider_name: str, model: str, messages: Sequence[Any]) -> Any:
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": "chat",
         "gen_ai.provider.name": provider_name,
@@ -185,8 +222,10 @@ def chat_span(provider_name: str, model: str, messages: Sequence[Any] = ()) -> A
     return span(f"chat {model}".strip(), attributes, kind=SpanKind.CLIENT)
 
 
-def record_response(current: Span, message: Any) -> None:
+def record_response(attempt: Attempt, message: Any) -> None:
     """What an ``AssistantMessage`` says of its request, onto the ``chat`` span."""
+    attempt.outcome = "ok" if message.error is None else str(message.error.kind)
+    current = attempt.span
     if not current.is_recording():
         return
     usage = message.usage

@@ -33,7 +33,7 @@ from typing import Any
 
 from app.clock import Clock
 from app.config import Settings
-from app.observability import RUNS, RUNS_IN_PROGRESS
+from app.observability import RUNS_IN_PROGRESS, observe_interrupted
 from app.store.db import make_engine
 from app.store.repository import Repository
 
@@ -160,7 +160,7 @@ class LeaseKeeping:
                 interrupted = await self.lease_repo.interrupt_expired(alive=set(self.active))
                 if interrupted:
                     log.warning("marked %d run(s) of a dead process interrupted", interrupted)
-                    RUNS.labels(status="interrupted").inc(interrupted)
+                    observe_interrupted(interrupted)
                 now = self.clock.monotonic()
                 if now - purged >= purge_every:
                     purged = now

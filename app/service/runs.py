@@ -26,7 +26,7 @@ from app.clock import SYSTEM_CLOCK, Clock
 from app.config import Settings
 from app.errors import CarryoverError
 from app.etag import IfMatch
-from app.observability import RUNS
+from app.observability import observe_interrupted
 from app.store.errors import run_not_found
 from app.store.repository import (
     IdempotencyClaim,
@@ -199,7 +199,7 @@ class RunManager(LeaseKeeping):
                 tenant=tenant,
                 trace_id=telemetry.current_trace_id(),
             )
-            RUNS.labels(status="interrupted").inc()
+            observe_interrupted()
 
     async def _execute(
         self,
@@ -321,7 +321,9 @@ class RunManager(LeaseKeeping):
                 "run %s finished after its lease was lost; nothing was stored", active.run_id
             )
         else:
-            observe_result(outcome.status, result, run.created_at, outcome.finished_at)
+            observe_result(
+                outcome.status, result, run.created_at, outcome.finished_at, agent=run.agent
+            )
             if idempotency is not None:
                 status_code, body = idempotency.answer(finished)
                 await self._retrying(
