@@ -30,7 +30,7 @@ from .handlers import install_problem_handlers
 from .limits import BodyLimitMiddleware
 from .links import install_links
 from .problems import METHOD_NOT_ALLOWED, problem_response
-from .routes import conversations, health, runs, transcript
+from .routes import conversations, health, runs, transcript, usage
 from .views import run_problem_slug
 
 DESCRIPTION = """\
@@ -162,7 +162,7 @@ def create_app(
     install_links(app)
     install_parameter_schemas(app, settings.max_page_size)
 
-    for module in (conversations, runs, transcript, health):
+    for module in (conversations, runs, transcript, health, usage):
         app.include_router(module.router)
 
     # Outermost last: metrics → CORS → authentication → body limit → routes. CORS answers

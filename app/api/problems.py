@@ -88,6 +88,7 @@ PRECONDITION_REQUIRED = _register("precondition-required", "Precondition require
 INTERNAL = _register("internal", "Internal server error", 500)
 PROVIDER_ERROR = _register("provider-error", "The model provider failed", 502)
 NOT_READY = _register("not-ready", "Service not ready", 503)
+QUOTA_EXCEEDED = _register("quota-exceeded", "The tenant's quota is spent", 429)
 
 # Why a run did not complete: a run record's ``error`` (docs/api.md). Its status is the one the
 # failure would have as an answer; the run itself is answered 201.

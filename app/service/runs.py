@@ -26,8 +26,9 @@ from app.clock import SYSTEM_CLOCK, Clock
 from app.config import Settings
 from app.errors import CarryoverError
 from app.etag import IfMatch
-from app.observability import observe_interrupted
+from app.observability import observe_interrupted, observe_quota_refusal
 from app.store.errors import run_not_found
+from app.store.quotas import QuotaExceeded
 from app.store.repository import (
     IdempotencyClaim,
     Loaded,
@@ -100,6 +101,8 @@ class RunManager(LeaseKeeping):
                 stream=stream,
             )
         except CarryoverError as exc:
+            if isinstance(exc, QuotaExceeded):
+                observe_quota_refusal(exc.limit)
             runlog.run_refused(
                 conversation_id=conversation_id,
                 tenant=tenant,

@@ -45,6 +45,7 @@ from .errors import (
 )
 from .idempotency import IdempotencyClaim, IdempotentReplay, claimed, insert_claim
 from .leases import interrupt
+from .quotas import admit, settle
 from .records import insert_audit
 from .tables import (
     Conversation,
@@ -183,6 +184,9 @@ class RunStore(StoreBase):
                         return StartedRun(active_run_id=conv.active_run_id)
                     interrupted = conv.active_run_id
 
+            # the tenant's quota, under the same locks (app/store/quotas.py): refused, nothing
+            # of this transaction is written
+            await admit(conn, tenant, now)
             await conn.execute(
                 update(conversations)
                 .where(*conversation_key(tenant, conv_id))
@@ -363,6 +367,7 @@ class RunStore(StoreBase):
                 raise _NotRunning  # rolls the transaction back
 
             await insert_audit(conn, tenant, conv_id, run_id, result)
+            await settle(conn, tenant, now, result.usage)
             first_seq = row.transcript_seq - len(entries) + 1
             await insert_transcript(conn, tenant, conv_id, run_id, first_seq, entries, now)
         return RunOutcome(

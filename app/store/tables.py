@@ -161,6 +161,8 @@ class Run(SQLModel, table=True):
         # lease renewal and cancel polling look runs up by id; the sweeper by expiry
         Index("ix_runs_run_id", "run_id"),
         Index("ix_runs_status_lease", "status", "lease_expires_at"),
+        # runs per minute of a tenant (app/store/quotas.py)
+        Index("ix_runs_tenant_created", "tenant", "created_at"),
     )
 
     tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
@@ -288,6 +290,31 @@ class ApiKey(SQLModel, table=True):
     revoked_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
+class TenantQuota(SQLModel, table=True):
+    """A tenant's quotas (``carryover quotas set``); a limit left null does not apply."""
+
+    __tablename__ = "tenant_quotas"
+
+    tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
+    tokens_per_day: int | None = None
+    runs_per_minute: int | None = None
+    concurrent_runs: int | None = None
+    updated_at: datetime = Field(sa_type=UTCDateTime)
+
+
+class TenantUsage(SQLModel, table=True):
+    """A tenant's totals of one UTC day: runs started, tokens settled when runs ended."""
+
+    __tablename__ = "tenant_usage"
+
+    tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
+    day: str = Field(primary_key=True, max_length=10)  # YYYY-MM-DD, UTC
+    runs: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+
+
 metadata = SQLModel.metadata
 
 
@@ -305,3 +332,5 @@ run_compactions = _table("run_compactions")
 transcript = _table("transcript")
 idempotency_keys = _table("idempotency_keys")
 api_keys = _table("api_keys")
+tenant_quotas = _table("tenant_quotas")
+tenant_usage = _table("tenant_usage")
