@@ -507,4 +507,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # ``python -m app.cli``: run the module as ``app.cli`` (not ``__main__``), so app.cli_ops
+    # and this share one CliError
+    from app.cli import main as _main
+
+    sys.exit(_main())
