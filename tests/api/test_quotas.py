@@ -91,3 +91,33 @@ async def test_clearing_a_quota_lets_runs_start(client: AppClient) -> None:
     assert (await client.post("/conversations/c/runs", json={"prompts": ["x"]})).status_code == 429
     assert await store.clear(TENANT)
     assert (await client.post("/conversations/c/runs", json={"prompts": ["x"]})).status_code == 201
+
+
+async def test_concurrent_runs_refuse_while_the_tenants_runs_hold_their_places(
+    app_factory: Any, make_settings: Any
+) -> None:
+    import asyncio
+
+    from ..fakes.gated import GatedProvider, gated_pool
+
+    gate = GatedProvider(hold=lambda prompt: prompt.startswith("held"))
+    async with app_factory(agents=gated_pool(make_settings(), gate)) as client:
+        try:
+            await quotas(client).set(TENANT, concurrent_runs=1)
+            for conv in ("a", "b"):
+                await client.post("/conversations", json={"id": conv})
+            running = asyncio.create_task(
+                client.post("/conversations/a/runs", json={"prompts": ["held"]})
+            )
+            await gate.arrival("held")
+            refused = await client.post("/conversations/b/runs", json={"prompts": ["x"]})
+            problem = assert_problem(refused, 429, "quota-exceeded")
+            assert (problem["limit"], problem["used"]) == ("concurrent_runs", 1)
+            assert refused.headers["ratelimit"] == '"concurrent-runs";r=0;t=1'
+            assert (await client.get("/usage")).json()["quota"]["running"] == 1
+            gate.release_all()
+            assert (await running).status_code == 201
+            ran = await client.post("/conversations/b/runs", json={"prompts": ["x"]})
+            assert ran.status_code == 201
+        finally:
+            gate.open()
