@@ -38,6 +38,7 @@ RUN_FIELDS = {
     "created_at",
     "finished_at",
     "duration_ms",
+    "trace_id",
 }
 
 
