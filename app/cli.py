@@ -1,5 +1,5 @@
 """The ``carryover`` command: ``serve``, ``migrate``, ``keys`` and ``openapi`` (docs/contract.md
-"Running it").
+"Running it"), and ``chat`` (app/chat.py, docs/chat.md).
 
 - ``carryover serve [--host H] [--port P] [--workers N]`` migrates the database to head, then
   serves the app factory ``app.api.app:create_app`` with uvicorn. It refuses a non-loopback
@@ -13,6 +13,8 @@
   (once: only its SHA-256 and a short prefix are stored); ``carryover keys list [--tenant NAME]``
   shows id, tenant, prefix, created and revoked; ``carryover keys revoke ID`` revokes one (a
   running server refuses it within ``CARRYOVER_API_KEY_CACHE_SECONDS``). Each migrates first.
+- ``carryover webhooks add|list|remove|deliveries``: webhook endpoints per tenant
+  (``app/cli_webhooks.py``).
 - ``carryover openapi [--output PATH] [--check]`` writes the app's OpenAPI document as stable
   JSON (sorted keys, two-space indent, trailing newline), or checks the committed one.
 
@@ -38,6 +40,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import ValidationError
 
+from . import chat
 from .config import (
     TENANT_NAME,
     Settings,
@@ -115,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     revoke = actions.add_parser("revoke", help="revoke a key by its id")
     revoke.add_argument("id", help="the key's id, as 'keys list' shows it")
 
+    from .cli_webhooks import add_webhooks_parser
+
+    add_webhooks_parser(commands, _tenant)
+
     openapi = commands.add_parser("openapi", help="write the OpenAPI document")
     openapi.add_argument(
         "--output",
@@ -128,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not write: exit 1 if the file differs from what the app serves",
     )
+    chat.add_parser(commands)
     from . import cli_ops
 
     cli_ops.add_parsers(commands)
@@ -481,11 +489,19 @@ def openapi_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def webhooks_command(args: argparse.Namespace) -> int:
+    from .cli_webhooks import webhooks_command as run
+
+    return run(args)
+
+
 COMMANDS = {
     "serve": serve,
+    "webhooks": webhooks_command,
     "migrate": migrate_command,
     "keys": keys_command,
     "openapi": openapi_command,
+    "chat": chat.command,
 }
 
 

@@ -407,6 +407,22 @@ class Settings(_ProfileFields, BaseSettings):
     lease_seconds: float = Field(default=5.0, gt=0)
     busy_wait_seconds: float = Field(default=30.0, ge=0)
     idempotency_ttl_seconds: int = Field(default=86_400, ge=1)
+    #: how long a run's outcome write is retried while the database fails (docs/faults.md)
+    outcome_retry_seconds: float = Field(default=30.0, ge=0, le=600)
+
+    # --- run events and webhooks (docs/runs.md) ------------------------------------------------
+    #: how long a run's events stay readable at GET …/runs/{id}/events after they were written
+    event_retention_seconds: int = Field(default=86_400, ge=1)
+    #: how often a reader of a run in flight looks for new events (short polling)
+    event_poll_seconds: float = Field(default=0.25, gt=0, le=10)
+    #: this process delivers webhooks (false: it only writes the outbox; other replicas send)
+    webhook_worker: bool = True
+    webhook_max_attempts: int = Field(default=8, ge=1, le=100)
+    #: the wait after the first failed attempt; it doubles after each (at most an hour)
+    webhook_backoff_seconds: float = Field(default=5.0, ge=0)
+    webhook_timeout_seconds: float = Field(default=10.0, gt=0)
+    #: how often the worker looks for due deliveries
+    webhook_poll_seconds: float = Field(default=1.0, gt=0)
 
     # --- limits --------------------------------------------------------------------------------
     max_body_bytes: int = Field(default=8 * MiB, ge=1024)
@@ -416,6 +432,17 @@ class Settings(_ProfileFields, BaseSettings):
     max_context_messages: int = Field(default=10_000, ge=1)
     max_page_size: int = Field(default=200, ge=1)
     default_page_size: int = Field(default=50, ge=1)
+
+    # --- long conversations (docs/performance.md) ----------------------------------------------
+    #: messages of parsed contexts kept in memory per process (LRU); 0: no cache
+    context_cache_messages: int = Field(default=200_000, ge=0)
+    #: the garbage collector's young-generation threshold once started (0: Python's defaults)
+    gc_gen0_threshold: int = Field(default=50_000, ge=0)
+    #: the longest one provider answer (or summary) may be, in characters; at most
+    #: ``max_text_chars`` so that what a run stores can be PUT back (default: that limit)
+    max_answer_chars: int | None = Field(default=None, ge=1)
+    #: a run's overall deadline: past it the run is stopped and ends failed
+    run_deadline_seconds: float = Field(default=900.0, gt=0)
 
     # --- access --------------------------------------------------------------------------------
     api_keys: Annotated[ApiKeys, NoDecode] = Field(default_factory=ApiKeys)
@@ -485,6 +512,20 @@ class Settings(_ProfileFields, BaseSettings):
             if not _NAME.match(name):
                 raise ValueError(f"profile name {name!r}: use 1-64 letters, digits, '.', '_', '-'")
         return value
+
+    @model_validator(mode="after")
+    def _answers_fit_a_put(self) -> Settings:
+        if self.max_answer_chars is not None and self.max_answer_chars > self.max_text_chars:
+            raise ValueError(
+                "max_answer_chars must not exceed max_text_chars: a run would store answers "
+                "that a PUT of the context refuses"
+            )
+        return self
+
+    @property
+    def answer_limit(self) -> int:
+        """The longest provider answer (or summary) a run takes, in characters."""
+        return self.max_answer_chars or self.max_text_chars
 
     @model_validator(mode="after")
     def _limits_and_profiles(self) -> Settings:

@@ -173,7 +173,13 @@ def free_port() -> int:
 
 
 @contextmanager
-def server(database_url: str, app_root: Path, tmp: Path, largest: int) -> Iterator[tuple[str, int]]:
+def server(
+    database_url: str,
+    app_root: Path,
+    tmp: Path,
+    largest: int,
+    extra_env: dict[str, str] | None = None,
+) -> Iterator[tuple[str, int]]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CARRYOVER_")}
     env.update(
@@ -189,6 +195,7 @@ def server(database_url: str, app_root: Path, tmp: Path, largest: int) -> Iterat
             "PYTHONPATH": str(app_root),
         }
     )
+    env.update(extra_env or {})
     log = tmp / f"server-{port}.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
@@ -493,6 +500,13 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, default=ROOT / "docs/perf/longconv.png")
     parser.add_argument("--json", type=Path, help="also write the figures there")
     parser.add_argument("--label", default="", help="a word for the plot title (e.g. before)")
+    parser.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for the server (e.g. CARRYOVER_GC_GEN0_THRESHOLD=0)",
+    )
     args = parser.parse_args()
 
     sizes = (
@@ -520,7 +534,13 @@ def main() -> None:
                 else:
                     sys.exit(f"unknown engine {engine!r}")
                 try:
-                    with server(url_db, args.app_root.resolve(), tmp, max(sizes)) as (url, pid):
+                    with server(
+                        url_db,
+                        args.app_root.resolve(),
+                        tmp,
+                        max(sizes),
+                        dict(item.split("=", 1) for item in args.server_env),
+                    ) as (url, pid):
                         print(f"carryover on {engine} (server pid {pid})", flush=True)
                         rows += asyncio.run(carryover_sizes(url, pid, engine, sizes, runs, budget))
                         throughput.append(

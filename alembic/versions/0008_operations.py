@@ -2,7 +2,7 @@
 and usage by day, and the index the runs-per-minute window reads (docs/operations.md).
 
 Revision ID: 0008
-Revises: 0001
+Revises: 0006
 Create Date: 2026-12-01
 """
 
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0008"
-down_revision: str | Sequence[str] | None = "0001"
+down_revision: str | Sequence[str] | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -29,7 +29,15 @@ CompactionReason = Literal["threshold", "overflow", "manual"]
 
 
 class Compaction(_Value):
-    """One compaction: why, what it folded, and the summary it produced."""
+    """One compaction: why, what it folded, the summary it produced, and where it happened.
+
+    ``at`` is the number of the run's ``new_messages`` recorded before the compaction: it
+    happened right before ``new_messages[at]``, or after the last one when ``at`` equals their
+    number. A threshold compaction sits at the first prompt, an overflow compaction right after
+    the attempt that overflowed, a manual one after the results that closed an open tool batch.
+    Compactions sharing an ``at`` happened in their listed order. ``at`` is null when the record
+    does not know it (a record stored before migration 0002); the agent always sets it.
+    """
 
     reason: CompactionReason
     folded: tuple[Message, ...]
@@ -38,15 +46,12 @@ class Compaction(_Value):
     tokens_before: int = Field(ge=0)
     tokens_after: int = Field(ge=0)
     usage: Usage = Usage()
-    # Where it happened (the agent always sets it): the number of the run's ``new_messages``
-    # recorded before the compaction, i.e. right before ``new_messages[at]`` (after the last one
-    # when ``at`` equals their number). Threshold: at the first prompt (after any results that
-    # closed an open batch); overflow: right after the attempt that overflowed; manual: after
-    # the closing results. Compactions sharing an ``at`` happened in their listed order. None
-    # when not known (a record read back from storage). Not on the wire yet (``exclude``): the
-    # run record store has no column for it, so a run's answer and its stored record would
-    # disagree. See docs/decisions.md.
-    at: int | None = Field(default=None, ge=0, exclude=True)
+    at: int | None = Field(
+        default=None,
+        ge=0,
+        description="Where in its run it happened: right before new_messages[at] (equal to "
+        "the number of new messages: after the last). Null when not known.",
+    )
 
 
 class Input(_Value):

@@ -17,9 +17,11 @@ from app import __version__, telemetry
 from app.clock import SYSTEM_CLOCK, Clock
 from app.config import Settings, default_settings, get_settings
 from app.observability import MetricsMiddleware
+from app.service import heap
 from app.service.agents import AgentPool
 from app.service.conversations import ConversationService
 from app.service.runs import RunManager
+from app.service.webhooks import WebhookWorker
 from app.store.db import make_engine
 from app.store.keys import KeyStore
 from app.store.repository import Repository
@@ -29,9 +31,9 @@ from .deps import Services
 from .handlers import install_problem_handlers
 from .limits import BodyLimitMiddleware
 from .links import install_links
-from .problems import METHOD_NOT_ALLOWED, problem_response
-from .routes import conversations, health, runs, transcript, usage
-from .views import run_problem_slug
+from .problems import METHOD_NOT_ALLOWED, document_problem_types, problem_response
+from .routes import conversations, events, health, runs, transcript, usage
+from .views import record_view, run_problem_slug
 
 DESCRIPTION = """\
 Carryover stores each conversation's state and continues it run after run: it loads the
@@ -108,6 +110,7 @@ def install_parameter_schemas(app: FastAPI, max_page_size: int) -> None:
                     parameter["schema"] = _parameter_schema(parameter["schema"])
                     if parameter["in"] == "query" and parameter["name"] == "limit":
                         parameter["schema"]["maximum"] = max_page_size
+        document_problem_types(schema)
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -143,9 +146,14 @@ def create_app(
         )
         await announce_access(auth)
         await manager.start_keeper()
+        heap.tune(settings.gc_gen0_threshold)
+        webhooks = WebhookWorker(repo, settings, clock, lambda r: record_view(r).body())
+        if settings.webhook_worker:
+            await webhooks.start()
         try:
             yield
         finally:
+            await webhooks.aclose()
             await manager.aclose()
             await pool.aclose()
             await engine.dispose()
@@ -162,7 +170,7 @@ def create_app(
     install_links(app)
     install_parameter_schemas(app, settings.max_page_size)
 
-    for module in (conversations, runs, transcript, health, usage):
+    for module in (conversations, runs, events, transcript, health, usage):
         app.include_router(module.router)
 
     # Outermost last: metrics → CORS → authentication → body limit → routes. CORS answers

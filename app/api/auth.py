@@ -32,9 +32,10 @@ from collections.abc import Callable
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.config import ApiKeys
+from app.store.faults import classify
 from app.store.keys import KeyStore, hash_key
 
-from .problems import NOT_READY, UNAUTHORIZED, Problem
+from .problems import NOT_READY, UNAUTHORIZED, Problem, database_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,8 @@ class Authenticator:
     async def authenticate(self, authorization: str | None) -> str:
         """The caller's tenant, from its ``Authorization`` header (401 ``unauthorized``).
 
-        A database that cannot be asked is a 503 ``not-ready``, never a pass.
+        A database that cannot be asked is a 503 ``database-unavailable`` (any other failure a
+        503 ``not-ready``), never a pass.
         """
         try:
             if not await self.required():
@@ -139,7 +141,15 @@ class Authenticator:
         except Problem:
             raise
         except Exception as exc:
-            log.warning("could not check an API key: %s", type(exc).__name__)
+            fault = classify(exc)
+            if fault is not None:  # 503 database-unavailable, with the fault's Retry-After
+                log.warning("could not check an API key: database %s", fault.kind)
+                raise database_unavailable(
+                    "the API key could not be checked: the database is not available "
+                    f"({fault.kind.replace('_', ' ')})",
+                    fault.retry_after,
+                ) from None
+            log.exception("could not check an API key")
             raise Problem(
                 NOT_READY,
                 "the API key could not be checked: the database is not available",

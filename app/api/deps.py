@@ -116,7 +116,9 @@ PreferHeader = Annotated[
     str | None,
     Header(
         alias="Prefer",
-        description="`return=minimal` (RFC 7240) leaves `context` out of the answer",
+        description="RFC 7240: `return=minimal` leaves `context` out of the answer; on "
+        "`POST …/runs`, `respond-async` answers 202 at once with the run record (background "
+        "mode, docs/runs.md)",
         json_schema_extra={"pattern": PREFER_PATTERN},
     ),
 ]

@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import http
 import json
+import logging
+import sqlite3
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import asyncpg.exceptions as asyncpg_errors  # type: ignore[import-untyped]
+import sqlalchemy.exc
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.errors import CarryoverError
+from app.store.faults import DatabaseUnavailable, DbFault, classify
 
 from .problems import (
     _BY_HTTP_STATUS,
@@ -34,10 +39,28 @@ from .problems import (
     ProblemDetails,
     ProblemJSONResponse,
     as_problem,
+    database_unavailable,
     problem_response,
     validation_error,
 )
 from .validation import validation_errors
+
+log = logging.getLogger(__name__)
+
+#: on every 500: the server drops the connection after it (Starlette re-raises the error to
+#: the server), so the client must know not to send its next request on it
+_CLOSE = {"Connection": "close"}
+
+#: what a database call raises, beside what it wraps: answered by :func:`_handle_database`
+DATABASE_ERRORS: tuple[type[Exception], ...] = (
+    DatabaseUnavailable,
+    sqlalchemy.exc.SQLAlchemyError,
+    sqlite3.Error,
+    asyncpg_errors.PostgresError,
+    asyncpg_errors.InterfaceError,
+    asyncpg_errors.InternalClientError,
+    OSError,
+)
 
 # --- validation errors -----------------------------------------------------------------------
 
@@ -123,14 +146,68 @@ async def _handle_http(request: Request, exc: Exception) -> Response:
     )
 
 
-async def _handle_unexpected(request: Request, exc: Exception) -> Response:
-    # No detail of the exception leaks; Starlette re-raises it after this response, so the
-    # server logs the traceback.
+def fault_problem(fault: DbFault) -> Problem:
+    """The 503 ``database-unavailable`` of a database fault (no detail of the server's)."""
+    what = fault.kind.replace("_", " ")
+    return database_unavailable(
+        f"the database is not available ({what}); nothing was changed by this request "
+        "unless it says otherwise: try again after Retry-After",
+        fault.retry_after,
+    )
+
+
+def _internal(request: Request) -> Response:
     return problem_response(
         INTERNAL,
         "the server could not handle this request; the error has been logged",
         instance=request.url.path,
+        headers=_CLOSE,
     )
+
+
+async def _handle_database(request: Request, exc: Exception) -> Response:
+    """A database error on any route: 503 ``database-unavailable`` with ``Retry-After`` when
+    :func:`~app.store.faults.classify` names a fault; else a bug (500, logged here: a handled
+    error is not re-raised). Either way the connection stays usable or says ``close``."""
+    fault = classify(exc)
+    if fault is None:
+        log.error(
+            "unexpected database error on %s %s", request.method, request.url.path, exc_info=exc
+        )
+        return _internal(request)
+    log.warning(
+        "database %s on %s %s: %s", fault.kind, request.method, request.url.path, fault.detail
+    )
+    return fault_problem(fault).response(instance=request.url.path)
+
+
+def stream_problem(exc: Exception, instance: str | None = None) -> dict[str, Any]:
+    """The problem an ``error`` event of a stream carries, for what ended it: a refusal as
+    itself, a database fault as ``database-unavailable``, anything else as ``internal``."""
+    if isinstance(exc, CarryoverError):
+        return as_problem(exc).body(instance=instance)
+    fault = classify(exc)
+    if fault is not None:
+        return fault_problem(fault).body(instance=instance)
+    log.error("a streamed run ended with an unexpected error", exc_info=exc)
+    return Problem(
+        INTERNAL, "the run's outcome could not be rendered; the error has been logged"
+    ).body(instance=instance)
+
+
+async def _handle_unexpected(request: Request, exc: Exception) -> Response:
+    # No detail of the exception leaks; Starlette re-raises it after this response, so the
+    # server logs the traceback — and drops the connection: ``Connection: close`` says so.
+    fault = classify(exc)  # a database error wrapped in something else
+    if fault is not None:
+        problem = fault_problem(fault)
+        return problem_response(
+            problem.problem_type,
+            problem.detail,
+            instance=request.url.path,
+            headers={**problem.headers, **_CLOSE},
+        )
+    return _internal(request)
 
 
 Handler = Callable[[Request, Exception], Awaitable[Response]]
@@ -139,6 +216,7 @@ Handler = Callable[[Request, Exception], Awaitable[Response]]
 def install_problem_handlers(app: FastAPI) -> None:
     """Answer every error of ``app`` as a problem and document problems in its OpenAPI."""
     handlers: dict[type[Exception], Handler] = {
+        **dict.fromkeys(DATABASE_ERRORS, _handle_database),
         CarryoverError: _handle_refusal,
         RequestValidationError: _handle_validation,
         StarletteHTTPException: _handle_http,

@@ -26,6 +26,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from .problems import (
+    DATABASE_UNAVAILABLE,
     MALFORMED_JSON,
     NOT_READY,
     PAYLOAD_TOO_LARGE,
@@ -204,7 +205,9 @@ def document_extras(schema: dict[str, Any]) -> None:
                 operation["security"] = [{"HTTPBearer": []}, {}]
                 _add_responses(operation, problem_responses(UNAUTHORIZED))
             elif operation.get("security"):
-                _add_responses(operation, problem_responses(UNAUTHORIZED, NOT_READY))
+                _add_responses(
+                    operation, problem_responses(UNAUTHORIZED, NOT_READY, DATABASE_UNAVAILABLE)
+                )
             if method in _BODY_METHODS:
                 _add_responses(operation, problem_responses(PAYLOAD_TOO_LARGE))
             if "requestBody" in operation:

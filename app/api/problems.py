@@ -72,6 +72,7 @@ RUN_NOT_ACTIVE = _register("run-not-active", "The run is not in progress", 409)
 IDEMPOTENCY_KEY_IN_FLIGHT = _register(
     "idempotency-key-in-flight", "A request with this Idempotency-Key is still running", 409
 )
+EVENTS_EXPIRED = _register("events-expired", "The run's events are no longer kept", 410)
 PRECONDITION_FAILED = _register("precondition-failed", "Precondition failed", 412)
 PAYLOAD_TOO_LARGE = _register("payload-too-large", "Request body too large", 413)
 UNSUPPORTED_MEDIA_TYPE = _register("unsupported-media-type", "Unsupported media type", 415)
@@ -88,6 +89,7 @@ PRECONDITION_REQUIRED = _register("precondition-required", "Precondition require
 INTERNAL = _register("internal", "Internal server error", 500)
 PROVIDER_ERROR = _register("provider-error", "The model provider failed", 502)
 NOT_READY = _register("not-ready", "Service not ready", 503)
+DATABASE_UNAVAILABLE = _register("database-unavailable", "The database is not available", 503)
 QUOTA_EXCEEDED = _register("quota-exceeded", "The tenant's quota is spent", 429)
 
 # Why a run did not complete: a run record's ``error`` (docs/api.md). Its status is the one the
@@ -101,6 +103,8 @@ _RUN_PROBLEMS = {
     "conflicted": ("run-conflicted", "The stored context changed during the run", 409),
     "interrupted": ("run-interrupted", "The process running the run went away", 503),
     "max_turns": ("run-max-turns", "The model kept calling tools", 422),
+    "answer_too_large": ("run-answer-too-large", "The model's answer passed the size limit", 502),
+    "run_deadline": ("run-deadline-exceeded", "The run passed its deadline", 504),
 }
 #: run error kinds (and the statuses conflicted / interrupted) → their problem type
 RUN_PROBLEMS: dict[str, ProblemType] = {
@@ -197,6 +201,16 @@ def run_in_progress(active_run_id: str, retry_after: int = 1) -> Problem:
     )
 
 
+def database_unavailable(detail: str, retry_after: int = 1, **extras: Any) -> Problem:
+    """503: the database failed (docs/faults.md); ``Retry-After`` says when to try again."""
+    return Problem(
+        DATABASE_UNAVAILABLE,
+        detail,
+        headers={"Retry-After": str(max(1, int(retry_after)))},
+        **extras,
+    )
+
+
 def conversation_not_found(conversation_id: str) -> Problem:
     """404 for a conversation that does not exist — or belongs to another tenant."""
     return Problem(NOT_FOUND, f"conversation {conversation_id!r} not found")
@@ -288,6 +302,13 @@ class ProblemDetails(BaseModel):
     limit: str | None = Field(
         default=None, description="limit-exceeded / payload-too-large: the setting exceeded"
     )
+    run_id: str | None = Field(
+        default=None, description="database-unavailable after a run: the run it concerns"
+    )
+    stored: bool | None = Field(
+        default=None,
+        description="database-unavailable after a run: false, the run's outcome was not stored",
+    )
     maximum: int | None = None
 
 
@@ -316,6 +337,20 @@ def problem_responses(*problems: int | ProblemType) -> dict[int | str, dict[str,
         }
         for status, names in sorted(titles.items())
     }
+
+
+def document_problem_types(document: dict[str, Any]) -> None:
+    """Name every registered problem type in the OpenAPI document: request problems on
+    ``ProblemDetails.type``, run errors on ``RunProblem.type`` (each with its status)."""
+    schemas = document.get("components", {}).get("schemas", {})
+    for name, run_error in (("ProblemDetails", False), ("RunProblem", True)):
+        prop = schemas.get(name, {}).get("properties", {}).get("type")
+        if prop is None:
+            continue
+        kinds = [p for p in PROBLEM_TYPES.values() if p.run_error is run_error]
+        listed = "; ".join(f"`{p.uri}` ({p.status}, {p.title})" for p in kinds)
+        what = "the error of a run record" if run_error else "a refused request"
+        prop["description"] = f"The problem type of {what}, one of: {listed}."
 
 
 def as_problem(exc: CarryoverError) -> Problem:

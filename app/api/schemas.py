@@ -79,7 +79,12 @@ class RunCreate(_Body):
         description="keep: store a failed run's returned context (no tool is re-run); "
         "discard: the stored state stays as before the run",
     )
-    if_busy: Literal["reject", "wait"] = "reject"
+    if_busy: Literal["reject", "wait", "enqueue"] = Field(
+        default="reject",
+        description="When another run holds the conversation: reject (409 run-in-progress), "
+        "wait (in arrival order, at most CARRYOVER_BUSY_WAIT_SECONDS, then 409), or enqueue "
+        "(queued behind it, durably, and run in arrival order; see docs/runs.md)",
+    )
     on_disconnect: Literal["continue", "cancel"] = "continue"
     stream: bool = False
 
@@ -87,7 +92,9 @@ class RunCreate(_Body):
         return tuple(UserMessage.text(p) if isinstance(p, str) else p for p in self.prompts)
 
 
-RunStatus = Literal["running", "completed", "failed", "cancelled", "conflicted", "interrupted"]
+RunStatus = Literal[
+    "queued", "running", "completed", "failed", "cancelled", "conflicted", "interrupted"
+]
 
 
 class RunProblem(BaseModel):

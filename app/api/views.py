@@ -30,15 +30,19 @@ def run_problem(error: AttemptError | None, status: str) -> RunProblem | None:
     """The ``error`` of a run record: a problem whose type says why the run did not complete."""
     if status in _STATUS_DETAIL:
         problem_type = run_problem_type(status)
+        # An outcome lost to a database outage says so (docs/faults.md).
+        outage = error is not None and error.code == "database_unavailable"
         return RunProblem(
             type=problem_type.uri,
             title=problem_type.title,
-            detail=_STATUS_DETAIL[status],
+            detail=error.message if outage and error is not None else _STATUS_DETAIL[status],
             kind=status,
+            code=error.code if outage and error is not None else None,
         )
     if error is None:
         return None
-    problem_type = run_problem_type("max_turns" if error.code == "max_turns" else error.kind)
+    coded = error.code in ("max_turns", "answer_too_large", "run_deadline")
+    problem_type = run_problem_type(error.code if coded and error.code else error.kind)
     return RunProblem(
         type=problem_type.uri,
         title=problem_type.title,
@@ -66,10 +70,10 @@ class RunView:
         return self.model.etag
 
     def body(self, *, minimal: bool = False) -> dict[str, Any]:
-        data = self.model.model_dump(mode="json")
         if minimal or self.model.context is None:
-            data.pop("context", None)
-        return data
+            # never serialized only to be dropped: a long context is most of the work
+            return self.model.model_dump(mode="json", exclude={"context"})
+        return self.model.model_dump(mode="json")
 
 
 def _duration(start: datetime, end: datetime | None) -> int | None:

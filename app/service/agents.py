@@ -18,6 +18,8 @@ from app.agent.tools import ToolRegistry
 from app.config import PROVIDER_KEY_ENV, AgentProfile, Settings
 from app.errors import CarryoverError
 
+from .bounds import BoundedProvider
+
 #: ``max_tokens`` sent to Anthropic when a profile does not set ``max_output_tokens``
 DEFAULT_ANTHROPIC_MAX_TOKENS = 8192
 
@@ -91,11 +93,18 @@ def build_provider(profile: AgentProfile) -> Provider:
     )
 
 
-def build_agent(profile: AgentProfile, provider: Provider | None = None) -> Agent:
+def build_agent(
+    profile: AgentProfile, provider: Provider | None = None, *, max_answer_chars: int | None = None
+) -> Agent:
+    """The agent of a profile; ``max_answer_chars`` bounds its provider's answers
+    (:class:`~app.service.bounds.BoundedProvider`)."""
     tools = ToolRegistry.from_paths(profile.tools, default_timeout=profile.tool_timeout)
+    provider = provider or build_provider(profile)
+    if max_answer_chars is not None:
+        provider = BoundedProvider(provider, max_answer_chars)
     return Agent(
         AgentConfig(
-            provider=provider or build_provider(profile),
+            provider=provider,
             model=profile.model,
             tools=tools,
             context_window=profile.context_window,
@@ -116,6 +125,7 @@ class AgentPool:
             name: with_key(profile, settings) for name, profile in settings.profiles().items()
         }
         self._agents: dict[str, Agent] = {}
+        self._max_answer_chars = settings.answer_limit
 
     @property
     def names(self) -> list[str]:
@@ -127,7 +137,9 @@ class AgentPool:
             profile = self._profiles.get(name)
             if profile is None:
                 raise UnknownAgent(name, self.names)
-            agent = self._agents[name] = build_agent(profile)
+            agent = self._agents[name] = build_agent(
+                profile, max_answer_chars=self._max_answer_chars
+            )
         return agent
 
     def unready(self) -> dict[str, str]:

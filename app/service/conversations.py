@@ -10,7 +10,7 @@ from app.agent.messages import Context
 from app.agent.replay import ReplayError, validate_context
 from app.etag import ETagCondition, IfMatch, evaluate_conditions
 from app.store.errors import PreconditionFailed, conversation_not_found
-from app.store.repository import Loaded, Repository
+from app.store.repository import Loaded, Repository, StoredRows
 from app.store.tables import Conversation, TranscriptEntry
 
 from .errors import UnreplayableContext
@@ -89,6 +89,20 @@ class ConversationService:
             if outcome == "not-modified":
                 return NotModified(conv.etag)
         return await self.repo.load_context(tenant, conv_id)
+
+    async def get_context_rows(
+        self, tenant: str, conv_id: str, if_none_match: ETagCondition | None = None
+    ) -> StoredRows | NotModified:
+        """As :meth:`get_context`, undecoded: the stored rows, whose
+        :meth:`~app.store.repository.StoredRows.context_json` is the wire format as stored."""
+        if if_none_match is not None:
+            conv = await self.repo.get_conversation(tenant, conv_id)
+            if conv is None:
+                raise conversation_not_found(conv_id)
+            outcome = evaluate_conditions(None, if_none_match, conv.etag, safe_method=True)
+            if outcome == "not-modified":
+                return NotModified(conv.etag)
+        return await self.repo.load_context_rows(tenant, conv_id)
 
     async def put_context(
         self,

@@ -7,11 +7,17 @@ One loop, every :attr:`LeaseKeeping.tick`:
   statement which of them another replica asked to cancel (they are cancelled) and which are no
   longer this process's (another process found the lease expired and marked the run
   ``interrupted``; the run is cancelled, and the store refuses its outcome);
-- marks runs of dead processes (their lease expired) ``interrupted``: a read on the
-  ``(status, lease_expires_at)`` index, and a short write per run found, so a dead process's
-  runs end within about ``lease_seconds + tick`` of its last renewal;
+- marks runs of dead processes (their lease expired) ``interrupted`` — but not in the
+  :data:`SWEEP_GRACE_TICKS` ticks after a pass failed on the database: a lease that expired
+  while the database was away may belong to a live run, whose process renews it first — a
+  read on the ``(status, lease_expires_at)`` index, and a short write per run found, so a dead
+  process's runs end within about ``lease_seconds + tick`` of its last renewal;
+- renews the holds of this process's requests waiting in a conversation's queue, and (outside
+  that grace) claims the heads of queues that no client holds once their conversation is free
+  (after a run ended or its process died: :mod:`app.service.queue`);
 - every ``min(60 s, idempotency_ttl_seconds)`` (at most as often as that, by the injected
-  clock's monotonic time), deletes the idempotency keys past their retention.
+  clock's monotonic time), deletes the idempotency keys past their retention, and run events
+  past theirs (``event_retention_seconds``, in bounded batches).
 
 Shutdown: when the process is asked to stop (SIGTERM or SIGINT to a server that handles them,
 such as uvicorn), the runs in flight are cancelled at once and recorded ``cancelled`` — their
@@ -29,12 +35,13 @@ import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.clock import Clock
 from app.config import Settings
 from app.observability import RUNS_IN_PROGRESS, observe_interrupted
 from app.store.db import make_engine
+from app.store.faults import classify
 from app.store.repository import Repository
 
 from .types import ActiveRun
@@ -45,6 +52,8 @@ log = logging.getLogger(__name__)
 SHUTDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 #: idempotency keys past their retention are deleted at most this often (seconds)
 PURGE_EVERY = 60.0
+#: ticks without sweeping after a failed keeping pass: the live processes renew first
+SWEEP_GRACE_TICKS = 2
 
 
 class LeaseKeeping:
@@ -59,6 +68,12 @@ class LeaseKeeping:
     lease_repo: Repository
     _keeper: asyncio.Task[None] | None
     _hooked: dict[int, tuple[Any, Any]]
+    waiting: dict[str, Any]  # app.service.queue
+    _claims: set[asyncio.Task[None]]
+
+    if TYPE_CHECKING:
+        # app.service.queue.Queueing
+        async def _sweep_queues(self, *, claim: bool = True) -> None: ...
 
     async def start_keeper(self) -> None:
         if self._keeper is None:
@@ -81,6 +96,9 @@ class LeaseKeeping:
     async def aclose(self) -> None:
         """Cancel this process's runs (they are recorded ``cancelled``) and stop the keeper."""
         self.shutdown()
+        for claim in list(self._claims):  # app.service.queue: a run it claims ends cancelled
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await claim
         for active in list(self.active.values()):
             if active.task is not None:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -102,6 +120,8 @@ class LeaseKeeping:
         self.closing = True
         for active in list(self.active.values()):
             self.stop(active)
+        for waiter in self.waiting.values():  # requests waiting in a queue give up now
+            waiter.wake.set()
 
     def stop(self, active: ActiveRun) -> None:
         """Cancel a run of this process, unless it is already writing its outcome."""
@@ -153,20 +173,43 @@ class LeaseKeeping:
     async def _keep_leases(self) -> None:
         purged = self.clock.monotonic()
         purge_every = min(PURGE_EVERY, float(self.settings.idempotency_ttl_seconds))
+        # After the database failed, dead processes are swept again only once every live one
+        # had ticks to renew its leases: a lease that expired during the outage belongs to a
+        # run that may be alive (and finishing) elsewhere (docs/faults.md).
+        sweep_after: float | None = None
         while True:
             await asyncio.sleep(self.tick)
             try:
-                await self._renew()
-                interrupted = await self.lease_repo.interrupt_expired(alive=set(self.active))
-                if interrupted:
-                    log.warning("marked %d run(s) of a dead process interrupted", interrupted)
-                    observe_interrupted(interrupted)
+                # Bounded: a database call that hangs must not stop the keeping. (asyncio.timeout,
+                # not wait_for: Python 3.11's wait_for can swallow the keeper's cancellation.)
+                async with asyncio.timeout(self.settings.lease_seconds):
+                    await self._renew()
                 now = self.clock.monotonic()
+                if sweep_after is None or now >= sweep_after:
+                    sweep_after = None
+                    async with asyncio.timeout(self.settings.lease_seconds):
+                        interrupted = await self.lease_repo.interrupt_expired(
+                            alive=set(self.active)
+                        )
+                    if interrupted:
+                        log.warning("marked %d run(s) of a dead process interrupted", interrupted)
+                        observe_interrupted(interrupted)
+                # app/service/queue.py: renew the holds of waiting requests; start the next
+                # queued runs (not during the grace: a claim interrupts an expired holder)
+                async with asyncio.timeout(self.settings.lease_seconds):
+                    await self._sweep_queues(claim=sweep_after is None)
                 if now - purged >= purge_every:
                     purged = now
                     await self.lease_repo.purge_idempotency_keys()
-            except Exception:  # the database may be away for a moment; try again next tick
-                log.exception("lease keeping failed")
+                    await self.lease_repo.purge_events(self.settings.event_retention_seconds)
+            except Exception as exc:  # the database may be away for a while: next tick
+                sweep_after = self.clock.monotonic() + SWEEP_GRACE_TICKS * self.tick
+                fault = classify(exc)
+                if fault is None and not isinstance(exc, TimeoutError):
+                    log.exception("lease keeping failed")
+                else:
+                    what = fault.kind if fault is not None else "timeout"
+                    log.warning("lease keeping failed (database %s); trying again", what)
 
     async def _renew(self) -> None:
         ids = list(self.active)  # finishing ones too: recording may take a while
@@ -198,4 +241,4 @@ class LeaseKeeping:
             RUNS_IN_PROGRESS.dec()
 
 
-__all__ = ["PURGE_EVERY", "SHUTDOWN_SIGNALS", "LeaseKeeping"]
+__all__ = ["PURGE_EVERY", "SHUTDOWN_SIGNALS", "SWEEP_GRACE_TICKS", "LeaseKeeping"]

@@ -15,10 +15,8 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from sqlalchemy.exc import InterfaceError, OperationalError
-
 from app import telemetry
-from app.agent.events import RunEvent
+from app.agent.events import CompactionCompleted, RunEvent
 from app.agent.messages import AttemptError, Context, UserMessage
 from app.agent.records import Input, Result
 from app.agent.run import Agent
@@ -28,6 +26,7 @@ from app.errors import CarryoverError
 from app.etag import IfMatch
 from app.observability import observe_interrupted, observe_quota_refusal
 from app.store.errors import run_not_found
+from app.store.faults import classify
 from app.store.quotas import QuotaExceeded
 from app.store.repository import (
     IdempotencyClaim,
@@ -40,10 +39,15 @@ from app.store.repository import (
 
 from . import runlog
 from .agents import AgentPool
+from .bounds import RunDeadline
+from .cache import ContextCache
+from .dbfaults import OutcomeNotStored, mark_unstored, outage_reason, retry_after_busy, retry_write
 from .errors import Busy, ShuttingDown
+from .events import start_recorder
 from .leases import LeaseKeeping
 from .metrics import observe_result
 from .pages import Page
+from .queue import EndedUnrun, QueuedRun, Queueing
 from .types import ActiveRun, FinishedRun, Idempotency, Replayed, RunRequest
 
 log = logging.getLogger(__name__)
@@ -51,11 +55,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Disconnected = Callable[[], Awaitable[bool]]
 
-#: tries to record a run's outcome when the database fails transiently (0.2 s, 0.4 s, … apart)
-FINISH_ATTEMPTS = 5
 
-
-class RunManager(LeaseKeeping):
+class RunManager(LeaseKeeping, Queueing):
     def __init__(
         self,
         repo: Repository,
@@ -73,6 +74,10 @@ class RunManager(LeaseKeeping):
         self.lease_repo = repo  # renewals, sweeps, purges: its own connection once keeping
         self._keeper: asyncio.Task[None] | None = None
         self._hooked: dict[int, tuple[Any, Any]] = {}
+        self.contexts = ContextCache(settings.context_cache_messages)
+        self.waiting: dict[str, Any] = {}  # held queued runs of this process (app.service.queue)
+        self._claims: set[asyncio.Task[None]] = set()
+        self.queues: set[tuple[str, str]] = set()
         #: the problem slug of a run that ended with ``error`` / ``status`` (the API sets it:
         #: the problem registry is the API's), for the run's log line
         self.problem_slug: Callable[[AttemptError | None, str], str | None] = _no_problem
@@ -88,9 +93,14 @@ class RunManager(LeaseKeeping):
         if_match: IfMatch | None,
         idempotency: Idempotency | None = None,
         stream: bool = False,
-    ) -> ActiveRun | Replayed:
+        respond_async: bool = False,
+    ) -> ActiveRun | Replayed | QueuedRun | EndedUnrun:
         """Take the conversation's lease and start the run; refusals raise before (each one
-        logged)."""
+        logged).
+
+        ``if_busy: wait|enqueue`` and ``respond_async`` go through the conversation's queue
+        (:mod:`app.service.queue`): a background request may answer :class:`QueuedRun`, a
+        held one that was cancelled while queued :class:`EndedUnrun`."""
         try:
             return await self._start(
                 tenant,
@@ -99,6 +109,7 @@ class RunManager(LeaseKeeping):
                 if_match=if_match,
                 idempotency=idempotency,
                 stream=stream,
+                respond_async=respond_async,
             )
         except CarryoverError as exc:
             if isinstance(exc, QuotaExceeded):
@@ -123,7 +134,8 @@ class RunManager(LeaseKeeping):
         if_match: IfMatch | None,
         idempotency: Idempotency | None,
         stream: bool,
-    ) -> ActiveRun | Replayed:
+        respond_async: bool,
+    ) -> ActiveRun | Replayed | QueuedRun | EndedUnrun:
         if self.closing:
             raise ShuttingDown
         agent = self.agents.get(request.agent)
@@ -135,10 +147,21 @@ class RunManager(LeaseKeeping):
                 ttl_seconds=self.settings.idempotency_ttl_seconds,
             )
         run_id = str(uuid.uuid4())
-        deadline = self.clock.monotonic() + (
-            self.settings.busy_wait_seconds if request.if_busy == "wait" else 0.0
-        )
-        while True:
+        if request.if_busy != "reject" or respond_async:
+            # Queued runs, background runs and fair waiting: app/service/queue.py
+            turn = await self._queue_start(
+                tenant,
+                conversation_id,
+                request,
+                run_id=run_id,
+                if_match=if_match,
+                claim=claim,
+                respond_async=respond_async,
+            )
+            if not isinstance(turn, StartedRun):
+                return turn
+            started = turn
+        else:
             started = await self.repo.start_run(
                 tenant,
                 conversation_id,
@@ -150,56 +173,67 @@ class RunManager(LeaseKeeping):
                 owner=self.owner,
                 lease_seconds=self.settings.lease_seconds,
                 idempotency=claim,
+                cached=self.contexts.lookup,
                 trace_id=telemetry.current_trace_id(),
             )
             if started.replay is not None:
                 return Replayed(started.replay.status_code, started.replay.response)
-            if started.active_run_id is None:
-                break
-            await self._wait_until_free(tenant, conversation_id, started.active_run_id, deadline)
-        self._took_over(started, tenant, conversation_id, run_id)
+            if started.active_run_id is not None:
+                raise Busy(
+                    started.active_run_id,
+                    retry_after=await self._busy_retry_after(tenant, conversation_id),
+                )
+        self._took_over(started)
 
         active = ActiveRun(
             tenant=tenant,
             conversation_id=conversation_id,
             run_id=run_id,
             started=started,
-            events=asyncio.Queue() if stream else None,
+            events=asyncio.Queue() if stream and not respond_async else None,
         )
+        self._spawn(active, agent, request, idempotency)
+        return active
+
+    def _spawn(
+        self,
+        active: ActiveRun,
+        agent: Agent | None,
+        request: RunRequest,
+        idempotency: Idempotency | None = None,
+    ) -> None:
+        """Run a started run as a task of its own (``agent`` None: its profile is unknown
+        here, and it fails)."""
         self._register(active)
+        active.recorder = start_recorder(self.repo, self.clock, active)
         active.task = asyncio.create_task(
             self._execute(active, agent, request, idempotency),
-            name=f"carryover-run-{run_id}",
+            name=f"carryover-run-{active.run_id}",
         )
         if self.closing:  # stopping began while the lease was being taken: end it at once
             self.stop(active)
-        return active
 
-    async def _wait_until_free(
-        self, tenant: str, conversation_id: str, holder: str, deadline: float
-    ) -> None:
-        """``if_busy: wait``: poll with reads (cheap, and concurrent even on SQLite) until the
-        conversation looks free; Busy once the deadline passed."""
-        while True:
-            remaining = deadline - self.clock.monotonic()
-            if remaining <= 0:
-                raise Busy(holder, retry_after=self.settings.lease_seconds)
-            await asyncio.sleep(min(self.tick / 4, remaining))
-            if self.closing:
-                raise ShuttingDown
-            found = await self.repo.lease_holder(tenant, conversation_id)
-            if found is None:
-                return  # free (or its holder's lease expired): try to take it
-            holder = found
+    def _agent_or_none(self, name: str) -> Agent | None:
+        try:
+            return self.agents.get(name)
+        except Exception:
+            return None
 
-    @staticmethod
-    def _took_over(started: StartedRun, tenant: str, conversation_id: str, run_id: str) -> None:
+    async def _busy_retry_after(self, tenant: str, conversation_id: str) -> int:
+        return await retry_after_busy(
+            self.repo, tenant, conversation_id, lease_seconds=self.settings.lease_seconds
+        )
+
+    def _took_over(self, started: StartedRun) -> None:
+        if started.loaded is not None and started.run is not None:
+            self.contexts.keep(started.run.tenant, started.run.conversation_id, started.loaded)
         if started.interrupted is not None:
+            run = started.run
             runlog.run_taken_over(
                 interrupted_run_id=started.interrupted,
-                run_id=run_id,
-                conversation_id=conversation_id,
-                tenant=tenant,
+                run_id=run.run_id if run is not None else "",
+                conversation_id=run.conversation_id if run is not None else "",
+                tenant=run.tenant if run is not None else "",
                 trace_id=telemetry.current_trace_id(),
             )
             observe_interrupted()
@@ -207,7 +241,7 @@ class RunManager(LeaseKeeping):
     async def _execute(
         self,
         active: ActiveRun,
-        agent: Agent,
+        agent: Agent | None,
         request: RunRequest,
         idempotency: Idempotency | None,
     ) -> None:
@@ -218,7 +252,7 @@ class RunManager(LeaseKeeping):
     async def _execute_in(
         self,
         active: ActiveRun,
-        agent: Agent,
+        agent: Agent | None,
         request: RunRequest,
         idempotency: Idempotency | None,
         run_span: Any,
@@ -231,7 +265,9 @@ class RunManager(LeaseKeeping):
             try:
                 if active.stop_requested:
                     raise asyncio.CancelledError
-                result = await self._run_agent(active, agent, loaded.context, request.prompts)
+                if agent is None:
+                    raise LookupError(f"no agent profile {request.agent!r} on this server")
+                result = await self._run_agent(active, agent, loaded, request.prompts)
             except asyncio.CancelledError:  # cancelled before the agent took over
                 result = _cancelled(loaded.context)
             except Exception as exc:  # a bug: the run still ends, recorded, lease released
@@ -244,6 +280,13 @@ class RunManager(LeaseKeeping):
             )
             try:
                 finished = await asyncio.shield(finish)
+            except OutcomeNotStored as lost:
+                # The client learns now; the record ends truthfully once the database is back.
+                active.done.set_exception(lost)
+                if active.events is not None:
+                    active.events.put_nowait(None)  # a stream ends now, with the problem
+                await self._record_unstored(active, lost)
+                return
             except asyncio.CancelledError:
                 # Cancelled while the outcome is being written (the event loop is closing):
                 # the write goes on, and its answer is still the run's answer.
@@ -260,17 +303,25 @@ class RunManager(LeaseKeeping):
                 raise
         finally:
             self._unregister(active.run_id)
+            if active.recorder is not None:
+                active.recorder.abandon()
             if active.events is not None:
                 active.events.put_nowait(None)
+            self._conversation_freed(active.tenant, active.conversation_id)
 
     async def _run_agent(
-        self, active: ActiveRun, agent: Agent, context: Context, prompts: tuple[UserMessage, ...]
+        self, active: ActiveRun, agent: Agent, loaded: Loaded, prompts: tuple[UserMessage, ...]
     ) -> Result:
         async def on_event(event: RunEvent) -> None:
-            if active.events is not None:
-                active.events.put_nowait(event)
+            if active.recorder is not None:
+                active.recorder.add(event)  # numbered, stored, and streamed live
 
-        return await agent.run(Input(context=context, prompts=prompts), on_event=on_event)
+        with RunDeadline(self.settings.run_deadline_seconds, lambda: self.stop(active)) as deadline:
+            result = await agent.run(
+                Input(context=loaded.context, prompts=prompts, tokens=loaded.tokens),
+                on_event=on_event,
+            )
+        return deadline.settle(result)
 
     async def _finish(
         self,
@@ -290,17 +341,35 @@ class RunManager(LeaseKeeping):
         store = changed and (result.status == "completed" or on_failure == "keep")
         run = active.started.run
         assert run is not None
-        outcome = await self._retrying(
-            active.run_id,
-            lambda: self.repo.finish_run(
-                active.tenant,
-                active.conversation_id,
+        events = await active.recorder.close() if active.recorder is not None else ()
+        started_at = self.clock.monotonic()
+        try:
+            outcome = await self._retrying(
                 active.run_id,
-                base=loaded,
-                result=result,
-                store=store,
-            ),
-        )
+                lambda: self.repo.finish_run(
+                    active.tenant,
+                    active.conversation_id,
+                    active.run_id,
+                    base=loaded,
+                    result=result,
+                    store=store,
+                    events=events,
+                ),
+            )
+        except Exception as exc:
+            fault = classify(exc)
+            if fault is None:
+                raise
+            log.error(
+                "run %s ended %s but its outcome could not be stored (database %s: %s)",
+                active.run_id,
+                result.status,
+                fault.kind,
+                fault.detail,
+            )
+            waited = self.clock.monotonic() - started_at
+            raise OutcomeNotStored(active.run_id, result.status, fault, waited) from exc
+        self.contexts.saved(active.tenant, active.conversation_id, outcome)
         finished = FinishedRun(run, result, outcome)
         seconds = (
             (outcome.finished_at - run.created_at).total_seconds()
@@ -329,34 +398,64 @@ class RunManager(LeaseKeeping):
             )
             if idempotency is not None:
                 status_code, body = idempotency.answer(finished)
-                await self._retrying(
-                    active.run_id,
-                    lambda: self.repo.keep_answer(
-                        active.tenant,
-                        active.conversation_id,
+                try:
+                    await self._retrying(
                         active.run_id,
-                        status_code=status_code,
-                        response=body,
-                    ),
-                )
+                        lambda: self.repo.keep_answer(
+                            active.tenant,
+                            active.conversation_id,
+                            active.run_id,
+                            status_code=status_code,
+                            response=body,
+                        ),
+                    )
+                except Exception as exc:
+                    if classify(exc) is None:
+                        raise
+                    # The outcome is stored: the answer says so; only a replay of this key
+                    # cannot be answered from the database (docs/faults.md).
+                    log.error("run %s: its idempotent answer could not be kept", active.run_id)
         return finished
 
     async def _retrying(self, run_id: str, write: Callable[[], Awaitable[T]]) -> T:
-        """A write of a run's outcome, tried again when the database fails transiently: the
-        database was away or (SQLite) locked past its busy timeout. Each is one transaction,
-        so trying again loses nothing (had a first attempt committed after all, the next one
-        reads what it recorded)."""
-        for attempt in range(FINISH_ATTEMPTS):
+        """A write of a run's outcome, tried again while the database fails transiently (it
+        restarts, a connection is lost, SQLite is locked past its busy timeout), for at most
+        ``outcome_retry_seconds``; the lease is renewed meanwhile (the run is still this
+        process's). Each is one transaction fenced by the lease, so trying again loses
+        nothing (had a first attempt committed after all, the next one reads what it
+        recorded)."""
+        return await retry_write(
+            run_id, write, seconds=self.settings.outcome_retry_seconds, clock=self.clock
+        )
+
+    async def _record_unstored(self, active: ActiveRun, lost: OutcomeNotStored) -> None:
+        """End the record of a run whose outcome could not be stored: ``interrupted``, its
+        reason naming the outage, as soon as the database answers (the lease is renewed until
+        then, so no other process marks it with a vaguer reason). Given up when the process
+        stops: then its lease expires and any process marks it interrupted."""
+        error = outage_reason(lost)
+        delay = 0.05  # tried often: a client sending its prompts again races this mark
+        while not self.closing:
             try:
-                return await write()
-            except (OperationalError, InterfaceError) as exc:
-                if attempt + 1 == FINISH_ATTEMPTS:
-                    raise
-                log.warning(
-                    "recording run %s failed (%s); trying again", run_id, type(exc).__name__
+                marked = await mark_unstored(
+                    self.repo,
+                    active.tenant,
+                    active.conversation_id,
+                    active.run_id,
+                    self.owner,
+                    error,
                 )
-                await asyncio.sleep(0.2 * 2**attempt)
-        raise AssertionError("unreachable")
+            except Exception as exc:
+                if classify(exc) is None:
+                    log.exception("run %s could not be marked interrupted", active.run_id)
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.5)
+                continue
+            if marked:
+                log.warning("run %s was marked interrupted: %s", active.run_id, error["message"])
+                observe_interrupted()
+            return
 
     async def wait(
         self, active: ActiveRun, *, on_disconnect: str, disconnected: Disconnected | None
@@ -424,28 +523,37 @@ class RunManager(LeaseKeeping):
             on_failure="keep",
             owner=self.owner,
             lease_seconds=self.settings.lease_seconds,
+            cached=self.contexts.lookup,
             trace_id=telemetry.current_trace_id(),
         )
         if started.active_run_id is not None:
-            raise Busy(started.active_run_id, retry_after=self.settings.lease_seconds)
-        self._took_over(started, tenant, conversation_id, run_id)
+            retry_after = await self._busy_retry_after(tenant, conversation_id)
+            raise Busy(started.active_run_id, retry_after=retry_after)
+        self._took_over(started)
         assert started.loaded is not None
         active = ActiveRun(tenant, conversation_id, run_id, started, None)
         self._register(active)
+        active.recorder = start_recorder(self.repo, self.clock, active)
         try:
             try:
                 with telemetry.agent_span(agent_name, conversation_id, run_id) as span:
-                    result = await agent.compact(started.loaded.context)
+                    result = await agent.compact(
+                        started.loaded.context, tokens=started.loaded.tokens
+                    )
                     telemetry.record_run(span, result.status, result.usage)
             except Exception as exc:
                 log.exception("compaction %s failed unexpectedly", run_id)
                 result = _internal(started.loaded.context, exc)
+            for compaction in result.compactions:
+                active.recorder.add(CompactionCompleted(compaction))
             active.finishing = True
             return await asyncio.shield(
                 self._finish(active, started.loaded, result, "keep", idempotency=None)
             )
         finally:
             self._unregister(run_id)
+            active.recorder.abandon()
+            self._conversation_freed(tenant, conversation_id)
 
 
 def _no_problem(error: AttemptError | None, status: str) -> str | None:
@@ -482,8 +590,10 @@ def _internal(context: Context, exc: Exception) -> Result:
 __all__ = [
     "ActiveRun",
     "Busy",
+    "EndedUnrun",
     "FinishedRun",
     "Idempotency",
+    "QueuedRun",
     "Replayed",
     "RunManager",
     "RunRequest",

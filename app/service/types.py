@@ -8,11 +8,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from app.agent.events import RunEvent
 from app.agent.messages import UserMessage
 from app.agent.records import Result
 from app.store.repository import OnFailure, RunOutcome, StartedRun
 from app.store.tables import Run
+
+from .events import EventRecorder, StreamedEvent
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class RunRequest:
     prompts: tuple[UserMessage, ...]
     agent: str = "default"
     on_failure: OnFailure = "keep"
-    if_busy: Literal["reject", "wait"] = "reject"
+    if_busy: Literal["reject", "wait", "enqueue"] = "reject"
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class ActiveRun:
     conversation_id: str
     run_id: str
     started: StartedRun
-    events: asyncio.Queue[RunEvent | None] | None
+    events: asyncio.Queue[StreamedEvent | None] | None  # numbered: the POST's SSE stream
     done: asyncio.Future[FinishedRun] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -65,6 +66,7 @@ class ActiveRun:
     running: bool = False  # the task has begun (a task cancelled before it begins never does)
     stop_requested: bool = False  # asked to stop before the task began
     finishing: bool = False  # the outcome is being written: cancelling now changes nothing
+    recorder: EventRecorder | None = None  # its events, stored (app/service/events.py)
 
 
 @dataclass(frozen=True)

@@ -3,17 +3,21 @@ conditions, and the statements more than one of them runs."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, insert, select
+from pydantic import ValidationError
+from sqlalchemy import ColumnElement, Text, insert, select, type_coerce
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.agent.codec import dump_message, load_context
+from app.agent.codec import CodecError, dump_message, format_path
 from app.agent.messages import AnyMessage, Context
+from app.agent.tokens import TokenTally, tally_of
 from app.clock import SYSTEM_CLOCK, Clock
 
 from .changes import TranscriptItem
@@ -40,6 +44,54 @@ class Loaded:
     incarnation: str
     first_position: int  # position of context.messages[0] (== next_position when empty)
     next_position: int  # position the next appended message gets
+    tokens: TokenTally | None = None  # the running tally of context.messages, when known
+
+
+@dataclass(frozen=True)
+class StoredRows:
+    """A stored context as read, not yet decoded: the conversation row and each message's
+    stored JSON text (exactly ``dump_message`` of it, compact, as :class:`JSONText` wrote it).
+    Reading this is all a transaction needs to do; decoding happens after it (off the event
+    loop for long contexts) or not at all (GET context sends the texts as they are)."""
+
+    conversation: Conversation
+    texts: tuple[str, ...]
+    first_position: int
+
+    def context_json(self) -> bytes:
+        """The stored context as the JSON of ``Context`` (the wire format), built from the
+        stored texts without decoding them."""
+        conv = self.conversation
+        head = json.dumps(
+            {"system_prompt": conv.system_prompt, "summary": conv.summary},
+            ensure_ascii=False,
+            separators=(",", ":"),
+        )
+        return f'{head[:-1]},"messages":[{",".join(self.texts)}]}}'.encode()
+
+    def decode(self) -> Loaded:
+        """The stored context as values, in one pydantic JSON parse (what was stored was
+        validated when it came in or was built by a run; this is the decoding)."""
+        conv = self.conversation
+        try:
+            context = Context.model_validate_json(self.context_json())
+        except ValidationError as exc:  # only a row written around the service could do this
+            err = exc.errors(include_url=False)[0]
+            raise CodecError(format_path(list(err["loc"])), err["msg"]) from None
+        tokens = (
+            TokenTally.model_validate(conv.token_tally)
+            if conv.token_tally is not None
+            else tally_of(context.messages)
+        )
+        return Loaded(
+            context=context,
+            etag=conv.etag,
+            version=conv.version,
+            incarnation=conv.incarnation,
+            first_position=self.first_position,
+            next_position=conv.next_position,
+            tokens=tokens,
+        )
 
 
 def conversation_key(tenant: str, conv_id: str) -> list[ColumnElement[bool]]:
@@ -67,6 +119,7 @@ def new_conversation(
         "created_at": now,
         "updated_at": now,
         "active_run_id": None,
+        "token_tally": tally_of(context.messages).model_dump(mode="json"),
     }
 
 
@@ -100,30 +153,37 @@ async def missing_or_stale(
     return PreconditionFailed(detail, current_etag=current.etag)
 
 
-async def read_context(conn: AsyncConnection, conv: Conversation) -> Loaded:
-    """The stored context of ``conv`` (its row already read in this transaction)."""
+async def read_rows(conn: AsyncConnection, conv: Conversation) -> StoredRows:
+    """The stored messages of ``conv`` (its row already read in this transaction), as text."""
     rows = (
         await conn.execute(
-            select(context_messages.c.position, context_messages.c.body)
+            select(context_messages.c.position, type_coerce(context_messages.c.body, Text))
             .where(*child_key(context_messages, conv.tenant, conv.id))
             .order_by(context_messages.c.position)
         )
     ).all()
-    context = load_context(
-        {
-            "system_prompt": conv.system_prompt,
-            "summary": conv.summary,
-            "messages": [row.body for row in rows],
-        }
+    return StoredRows(
+        conversation=conv,
+        texts=tuple(row[1] for row in rows),
+        first_position=rows[0][0] if rows else conv.next_position,
     )
-    return Loaded(
-        context=context,
-        etag=conv.etag,
-        version=conv.version,
-        incarnation=conv.incarnation,
-        first_position=rows[0].position if rows else conv.next_position,
-        next_position=conv.next_position,
-    )
+
+
+async def read_context(conn: AsyncConnection, conv: Conversation) -> Loaded:
+    """The stored context of ``conv`` (its row already read in this transaction)."""
+    return (await read_rows(conn, conv)).decode()
+
+
+#: decode a stored context in a worker thread from this many messages on (off the event loop)
+DECODE_IN_THREAD_FROM = 2_000
+
+
+async def decode(rows: StoredRows | None) -> Loaded:
+    """Decode stored rows; a long context in a worker thread, so the event loop goes on."""
+    assert rows is not None
+    if len(rows.texts) >= DECODE_IN_THREAD_FROM:
+        return await asyncio.to_thread(rows.decode)
+    return rows.decode()
 
 
 async def insert_messages(
@@ -172,4 +232,4 @@ async def insert_transcript(
         )
 
 
-__all__ = ["Loaded", "StoreBase", "child_key", "conversation_key"]
+__all__ = ["Loaded", "StoreBase", "StoredRows", "child_key", "conversation_key"]

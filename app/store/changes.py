@@ -36,6 +36,7 @@ class ContextWrite:
     inserts: tuple[tuple[int, AnyMessage], ...]  # (position, message) to insert
     next_position: int
     fold_ranges: tuple[tuple[int, int], ...]  # per compaction: positions [start, end) it folded
+    rewritten: bool = False  # the result did not extend its base: every message is rewritten
 
 
 def plan_context_write(
@@ -77,6 +78,7 @@ def plan_context_write(
         inserts=tuple((next_position + i, m) for i, m in enumerate(new)),
         next_position=next_position + len(new),
         fold_ranges=tuple(fold_ranges),
+        rewritten=True,
     )
 
 

@@ -14,19 +14,22 @@ from sqlalchemy.exc import IntegrityError
 
 from app.agent.codec import dump_context
 from app.agent.messages import Context
+from app.agent.tokens import tally_of
 from app.etag import IfMatch, sql_if_match, version_etag
 
 from ._sql import (
     Loaded,
     StoreBase,
+    StoredRows,
     child_key,
     conversation_key,
+    decode,
     insert_messages,
     insert_transcript,
     missing_or_stale,
     new_conversation,
-    read_context,
     read_conversation,
+    read_rows,
 )
 from .changes import TranscriptItem
 from .db import read_transaction, write_transaction
@@ -109,12 +112,17 @@ class ConversationStore(StoreBase):
             raise PreconditionFailed(STALE, current_etag=current.etag)
 
     async def load_context(self, tenant: str, conv_id: str) -> Loaded:
-        """The stored context and its ETag, read in one transaction."""
+        """The stored context and its ETag, read in one transaction (decoded after it)."""
+        return await decode(await self.load_context_rows(tenant, conv_id))
+
+    async def load_context_rows(self, tenant: str, conv_id: str) -> StoredRows:
+        """The stored context as read, undecoded (its row and message texts), in one read
+        transaction: :meth:`StoredRows.context_json` is its wire format as it is."""
         async with read_transaction(self.engine) as conn:
             conv = await read_conversation(conn, tenant, conv_id)
             if conv is None:
                 raise conversation_not_found(conv_id)
-            return await read_context(conn, conv)
+            return await read_rows(conn, conv)
 
     async def replace_context(
         self,
@@ -164,6 +172,7 @@ class ConversationStore(StoreBase):
                             message_count=n,
                             transcript_seq=conversations.c.transcript_seq + 1,
                             updated_at=now,
+                            token_tally=tally_of(context.messages).model_dump(mode="json"),
                         )
                         .returning(
                             conversations.c.incarnation,

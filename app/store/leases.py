@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from ._sql import StoreBase, child_key, conversation_key
 from .db import read_transaction, write_transaction
 from .tables import conversations, idempotency_keys, runs
+from .webhooks import enqueue_deliveries
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ async def interrupt(
             idempotency_keys.c.response.is_(None),
         )
     )
+    await enqueue_deliveries(conn, tenant, conv_id, run_id, "interrupted", now)
     return True
 
 

@@ -156,6 +156,7 @@ async def _records(
                     "tokens_before": c["tokens_before"],
                     "tokens_after": c["tokens_after"],
                     "usage": c["usage"],
+                    "at": c["at"],
                 }
             )
         )
@@ -196,6 +197,7 @@ async def insert_audit(
                     "tokens_before": c.tokens_before,
                     "tokens_after": c.tokens_after,
                     "usage": c.usage.model_dump(mode="json"),
+                    "at": c.at,
                 }
                 for i, c in enumerate(result.compactions)
             ],

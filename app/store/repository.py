@@ -7,35 +7,52 @@ them together for the service (and tests) to hold one handle:
 - :mod:`.runs`: starting a run (lease, load) and recording its outcome;
 - :mod:`.leases`: renewing leases and interrupting runs of dead processes;
 - :mod:`.idempotency`: idempotency keys and their answers;
-- :mod:`.records`: run records and the transcript.
+- :mod:`.records`: run records and the transcript;
+- :mod:`.queue`: queued runs and fair waiting.
 """
 
 from __future__ import annotations
 
 from app.etag import IfMatch
 
-from ._sql import Loaded
+from ._sql import Loaded, StoredRows
 from .conversations import ConversationStore
+from .events import EventRow, EventStore
 from .idempotency import IdempotencyClaim, IdempotencyStore, IdempotentReplay
 from .leases import LeaseStore, Renewal
+from .queue import Queued, QueueState, QueueStore
 from .records import RecordStore, RunRecord
 from .runs import OnFailure, RunOutcome, RunStatus, RunStore, StartedRun
+from .webhooks import WebhookStore
 
 
-class Repository(ConversationStore, RunStore, LeaseStore, IdempotencyStore, RecordStore):
+class Repository(
+    ConversationStore,
+    RunStore,
+    LeaseStore,
+    IdempotencyStore,
+    RecordStore,
+    EventStore,
+    WebhookStore,
+    QueueStore,
+):
     """Every query of the store, each in its own transaction (``Repository(engine, clock)``)."""
 
 
 __all__ = [
+    "EventRow",
     "IdempotencyClaim",
     "IdempotentReplay",
     "IfMatch",
     "Loaded",
     "OnFailure",
+    "QueueState",
+    "Queued",
     "Renewal",
     "Repository",
     "RunOutcome",
     "RunRecord",
     "RunStatus",
     "StartedRun",
+    "StoredRows",
 ]

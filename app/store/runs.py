@@ -10,7 +10,7 @@ not depend on how long the conversation is.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -22,18 +22,22 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.agent.codec import dump_messages
 from app.agent.messages import UserMessage
 from app.agent.records import Result
+from app.agent.tokens import TokenTally, advance, tally_of
 from app.etag import IfMatch, if_match_holds, version_etag
 
 from ._sql import (
     Loaded,
     StoreBase,
+    StoredRows,
     child_key,
     conversation_key,
+    decode,
     insert_messages,
     insert_transcript,
-    read_context,
     read_conversation,
+    read_rows,
 )
+from ._turns import cancel_queued, queue_head, take_free
 from .changes import ContextWrite, TranscriptItem, plan_context_write, run_transcript
 from .db import read_transaction, write_transaction
 from .errors import (
@@ -43,8 +47,8 @@ from .errors import (
     conversation_not_found,
     run_not_found,
 )
+from .events import EventRow, insert_events
 from .idempotency import IdempotencyClaim, IdempotentReplay, claimed, insert_claim
-from .leases import interrupt
 from .quotas import admit, settle
 from .records import insert_audit
 from .tables import (
@@ -54,14 +58,27 @@ from .tables import (
     conversations,
     runs,
 )
+from .webhooks import enqueue_deliveries
 
 RunStatus = Literal[
-    "running", "completed", "failed", "cancelled", "conflicted", "interrupted", "requires_action"
+    "queued",
+    "queued",
+    "running",
+    "completed",
+    "failed",
+    "cancelled",
+    "conflicted",
+    "interrupted",
+    "requires_action",
 ]
 OnFailure = Literal["keep", "discard"]
 
 #: the detail of a run refused by its If-Match
 STALE_RUN = "If-Match does not match the stored context; nothing ran"
+
+CachedContext = Callable[[str, str, str, int], Loaded | None]
+"""A cache of stored contexts: ``(tenant, conversation_id, incarnation, version)`` → the
+:class:`Loaded` stored at exactly that version, or ``None``."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +90,8 @@ class RunOutcome:
     etag: str  # the stored state's ETag after the write (stored or not)
     result_etag: str | None  # the ETag of the run's context, when stored
     finished_at: datetime | None = None
+    #: what is stored now, when this run stored it (exactly the run's context): for a cache
+    saved: Loaded | None = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +154,7 @@ class RunStore(StoreBase):
         owner: str,
         lease_seconds: float,
         idempotency: IdempotencyClaim | None = None,
+        cached: CachedContext | None = None,
         trace_id: str | None = None,
     ) -> StartedRun:
         """Take the conversation's run lease and load its context, in one write transaction.
@@ -143,19 +163,29 @@ class RunStore(StoreBase):
         :class:`IdempotencyMismatch` / :class:`IdempotencyInFlight`); :class:`PreconditionFailed`
         when ``if_match`` does not hold; busy when another run holds a live lease (a lease that
         expired marks its run ``interrupted`` and is taken over). Then the run row, the lease and
-        the idempotency key are written and the context is read under them.
+        the idempotency key are written and the context is read under them — unless ``cached``
+        holds it at the version read under the lock (then no message row is read). The rows
+        read are decoded after the transaction, in a worker thread for long contexts.
         """
         interrupted: str | None = None
+        hit: Loaded | None = None
+        rows: StoredRows | None = None
         async with write_transaction(self.engine) as conn:
-            stmt = select(conversations).where(*conversation_key(tenant, conv_id))
+            # With the row: the first queued run that may still run (app/store/queue.py), in
+            # the same statement — a new run does not overtake the queue.
+            stmt = select(conversations, queue_head(tenant, conv_id, self.clock.now())).where(
+                *conversation_key(tenant, conv_id)
+            )
             if conn.dialect.name == "postgresql":
-                stmt = stmt.with_for_update()
+                stmt = stmt.with_for_update(of=conversations)
             found = (await conn.execute(stmt)).mappings().first()
             # The time once the locks are held: waiting for them must not eat into the lease.
             now = self.clock.now()
             if found is None:
                 raise conversation_not_found(conv_id)
-            conv = Conversation(**found)
+            values_found = dict(found)
+            ahead = values_found.pop("queue_head")
+            conv = Conversation(**values_found)
 
             if idempotency is not None:
                 replay = await claimed(conn, tenant, conv_id, idempotency, now)
@@ -167,22 +197,11 @@ class RunStore(StoreBase):
             ):
                 raise PreconditionFailed(STALE_RUN, current_etag=conv.etag)
 
-            if conv.active_run_id is not None:
-                holder = (
-                    await conn.execute(
-                        select(runs.c.status, runs.c.lease_expires_at).where(
-                            *child_key(runs, tenant, conv_id), runs.c.run_id == conv.active_run_id
-                        )
-                    )
-                ).first()
-                if holder is not None and holder.status == "running":
-                    expired = holder.lease_expires_at is None or holder.lease_expires_at <= now
-                    # The holder may renew its lease meanwhile: the interrupt is conditional.
-                    if not expired or not await interrupt(
-                        conn, tenant, conv_id, conv.active_run_id, now
-                    ):
-                        return StartedRun(active_run_id=conv.active_run_id)
-                    interrupted = conv.active_run_id
+            busy, interrupted = await take_free(conn, tenant, conv_id, conv.active_run_id, now)
+            if busy is not None:
+                return StartedRun(active_run_id=busy)
+            if ahead is not None:  # runs queued before this request go first
+                return StartedRun(active_run_id=ahead, interrupted=interrupted)
 
             # the tenant's quota, under the same locks (app/store/quotas.py): refused, nothing
             # of this transaction is written
@@ -210,16 +229,22 @@ class RunStore(StoreBase):
             await conn.execute(insert(runs).values(values))
             if idempotency is not None:
                 await insert_claim(conn, tenant, conv_id, run_id, idempotency, now)
-            loaded = await read_context(conn, conv)
+            if cached is not None:
+                hit = cached(tenant, conv_id, conv.incarnation, conv.version)
+            if hit is None:
+                rows = await read_rows(conn, conv)
+        loaded = hit if hit is not None else await decode(rows)
         return StartedRun(run=Run(**values), loaded=loaded, interrupted=interrupted)
 
     async def request_cancel(self, tenant: str, conv_id: str, run_id: str) -> Run:
-        """Flag a running run for cancellation; the process running it stops it.
+        """Flag a running run for cancellation; the process running it stops it. A queued run
+        ends ``cancelled`` at once, without running.
 
-        :class:`NotFound` for an unknown run, :class:`Conflict` when it is not running.
+        :class:`NotFound` for an unknown run, :class:`Conflict` when it is neither.
         """
         key = [*child_key(runs, tenant, conv_id), runs.c.run_id == run_id]
         async with write_transaction(self.engine) as conn:
+            was_queued = await cancel_queued(conn, tenant, conv_id, run_id, self.clock.now())
             await conn.execute(
                 update(runs).where(*key, runs.c.status == "running").values(cancel_requested=True)
             )
@@ -227,7 +252,7 @@ class RunStore(StoreBase):
         if row is None:
             raise run_not_found(conv_id, run_id)
         run = Run(**row)
-        if run.status != "running":
+        if run.status != "running" and not was_queued:
             raise Conflict(f"run {run_id!r} is {run.status}, not running")
         return run
 
@@ -240,6 +265,7 @@ class RunStore(StoreBase):
         base: Loaded,
         result: Result,
         store: bool,
+        events: Sequence[EventRow] = (),
     ) -> RunOutcome:
         """Record a run's outcome in ONE write transaction, and return it.
 
@@ -253,9 +279,17 @@ class RunStore(StoreBase):
 
         Only a run still ``running`` finishes: one that lost its lease and was marked
         ``interrupted`` meanwhile writes nothing at all, and learns how it was recorded.
+
+        The same transaction stores the run's last ``events`` (not yet written, with the
+        ``run.finished`` marker) and the webhook deliveries its outcome calls for (issue 13).
         """
         plan = plan_context_write(base.context, base.first_position, base.next_position, result)
         entries = run_transcript(result, len(base.context.messages), plan)
+        tokens = (
+            tally_of(result.context.messages)
+            if plan.rewritten or base.tokens is None
+            else advance(base.tokens, len(base.context.messages), result)
+        )
         try:
             return await self._finish_run(
                 tenant,
@@ -266,6 +300,8 @@ class RunStore(StoreBase):
                 store=store,
                 plan=plan,
                 entries=entries,
+                tokens=tokens,
+                events=events,
             )
         except _NotRunning:
             # The lease fences the write: only a run still ``running`` finishes. A run whose
@@ -286,6 +322,8 @@ class RunStore(StoreBase):
         store: bool,
         plan: ContextWrite,
         entries: Sequence[TranscriptItem],
+        tokens: TokenTally,
+        events: Sequence[EventRow] = (),
     ) -> RunOutcome:
         now = self.clock.now()
         key = conversation_key(tenant, conv_id)
@@ -312,6 +350,7 @@ class RunStore(StoreBase):
                             transcript_seq=conversations.c.transcript_seq + len(entries),
                             updated_at=now,
                             active_run_id=release,
+                            token_tally=tokens.model_dump(mode="json"),
                         )
                         .returning(*returning)
                     )
@@ -370,8 +409,26 @@ class RunStore(StoreBase):
             await settle(conn, tenant, now, result.usage)
             first_seq = row.transcript_seq - len(entries) + 1
             await insert_transcript(conn, tenant, conv_id, run_id, first_seq, entries, now)
+            await insert_events(conn, events)
+            await enqueue_deliveries(conn, tenant, conv_id, run_id, status, now)
+        saved = None
+        if stored:
+            saved = Loaded(
+                context=result.context,
+                etag=etag,
+                version=row.version,
+                incarnation=base.incarnation,
+                first_position=plan.next_position - len(result.context.messages),
+                next_position=plan.next_position,
+                tokens=tokens,
+            )
         return RunOutcome(
-            status=status, stored=stored, etag=etag, result_etag=result_etag, finished_at=now
+            status=status,
+            stored=stored,
+            etag=etag,
+            result_etag=result_etag,
+            finished_at=now,
+            saved=saved,
         )
 
 
@@ -404,6 +461,8 @@ def _run_values(
         "lease_owner": None,
         "lease_expires_at": None,
         "cancel_requested": False,
+        "queue_seq": None,
+        "wait_until": None,
     }
 
 
@@ -431,4 +490,12 @@ async def _no_longer_running(
     )
 
 
-__all__ = ["STALE_RUN", "OnFailure", "RunOutcome", "RunStatus", "RunStore", "StartedRun"]
+__all__ = [
+    "STALE_RUN",
+    "CachedContext",
+    "OnFailure",
+    "RunOutcome",
+    "RunStatus",
+    "RunStore",
+    "StartedRun",
+]

@@ -130,6 +130,8 @@ class Conversation(SQLModel, table=True):
     created_at: datetime = Field(sa_type=UTCDateTime)
     updated_at: datetime = Field(sa_type=UTCDateTime)
     active_run_id: str | None = Field(default=None, max_length=RUN_ID_LEN)
+    # ``app.agent.tokens.TokenTally`` of the context's messages (null: not yet counted)
+    token_tally: dict[str, Any] | None = Field(default=None, sa_type=JSONText)
 
     @property
     def etag(self) -> str:
@@ -161,6 +163,8 @@ class Run(SQLModel, table=True):
         # lease renewal and cancel polling look runs up by id; the sweeper by expiry
         Index("ix_runs_run_id", "run_id"),
         Index("ix_runs_status_lease", "status", "lease_expires_at"),
+        # a conversation's queue in arrival order (app/store/queue.py)
+        Index("ix_runs_queue", "tenant", "conversation_id", "queue_seq"),
         # runs per minute of a tenant (app/store/quotas.py)
         Index("ix_runs_tenant_created", "tenant", "created_at"),
     )
@@ -168,7 +172,7 @@ class Run(SQLModel, table=True):
     tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
     conversation_id: str = Field(primary_key=True, max_length=CONVERSATION_ID_LEN)
     run_id: str = Field(primary_key=True, max_length=RUN_ID_LEN)
-    # running | completed | failed | cancelled | conflicted | interrupted
+    # queued | running | completed | failed | cancelled | conflicted | interrupted
     status: str = Field(max_length=16)
     stored: bool
     on_failure: str = Field(max_length=16)
@@ -183,6 +187,12 @@ class Run(SQLModel, table=True):
     lease_owner: str | None = Field(default=None, max_length=128)
     lease_expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     cancel_requested: bool = False
+    # Queued runs (app/store/queue.py): the arrival order within the conversation (set for
+    # every run that went through the queue), and for ``if_busy: wait`` the time its waiter
+    # gives up. A queued run whose client holds its request open has ``lease_owner`` and
+    # ``lease_expires_at`` set (the holder's process renews them); a background one has none.
+    queue_seq: int | None = Field(default=None, sa_type=BigInteger)
+    wait_until: datetime | None = Field(default=None, sa_type=UTCDateTime)
     #: the OpenTelemetry trace the run was started in (32 hex digits), when tracing is on
     trace_id: str | None = Field(default=None, max_length=32)
 
@@ -229,6 +239,7 @@ class RunCompaction(SQLModel, table=True):
     tokens_before: int
     tokens_after: int
     usage: dict[str, Any] = Field(sa_type=JSONText)
+    at: int | None = None  # Compaction.at (null in rows older than migration 0002)
 
 
 # --- transcript ---------------------------------------------------------------------------------
@@ -290,6 +301,77 @@ class ApiKey(SQLModel, table=True):
     revoked_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
+# --- run events and webhooks (issue 13) ---------------------------------------------------------
+
+
+class RunEventRow(SQLModel, table=True):
+    """One event of a run, in order (``seq`` from 1 per run), as its SSE stream carries it.
+
+    ``data`` is the event's JSON payload (``null`` for ``run.finished``: readers render the
+    run record). Rows older than the retention are purged; the run record stays.
+    """
+
+    __tablename__ = "run_events"
+    __table_args__ = (
+        _run_fk("fk_run_events_run"),
+        Index("ix_run_events_created_at", "created_at"),
+    )
+
+    tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
+    conversation_id: str = Field(primary_key=True, max_length=CONVERSATION_ID_LEN)
+    run_id: str = Field(primary_key=True, max_length=RUN_ID_LEN)
+    seq: int = Field(primary_key=True)
+    event: str = Field(max_length=32)
+    data: Any = Field(default=None, sa_type=JSONText, nullable=True)
+    created_at: datetime = Field(sa_type=UTCDateTime)
+
+
+class Webhook(SQLModel, table=True):
+    """An endpoint an operator registered for a tenant's run outcomes (``carryover webhooks``)."""
+
+    __tablename__ = "webhooks"
+    __table_args__ = (Index("ix_webhooks_tenant", "tenant"),)
+
+    id: str = Field(primary_key=True, max_length=36)
+    tenant: str = Field(max_length=TENANT_LEN)
+    url: str = Field(sa_type=Text)
+    secret: str = Field(max_length=128)
+    events: list[Any] = Field(sa_type=JSONText)
+    created_at: datetime = Field(sa_type=UTCDateTime)
+
+
+class WebhookDelivery(SQLModel, table=True):
+    """The outbox: one message to one endpoint, written with the run's outcome.
+
+    ``status``: pending | delivered | failed. A worker claims a pending row with a lease
+    (``lease_owner``, ``lease_expires_at``) before sending it.
+    """
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["webhook_id"], ["webhooks.id"], ondelete="CASCADE", name="fk_deliveries_webhook"
+        ),
+        Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),
+        Index("ix_webhook_deliveries_webhook", "webhook_id", "created_at"),
+    )
+
+    id: str = Field(primary_key=True, max_length=80)  # msg_<run id>_<endpoint id>
+    webhook_id: str = Field(max_length=36)
+    tenant: str = Field(max_length=TENANT_LEN)
+    conversation_id: str = Field(max_length=CONVERSATION_ID_LEN)
+    run_id: str = Field(max_length=RUN_ID_LEN)
+    event: str = Field(max_length=32)
+    status: str = Field(max_length=16)
+    attempts: int = 0
+    next_attempt_at: datetime = Field(sa_type=UTCDateTime)
+    lease_owner: str | None = Field(default=None, max_length=128)
+    lease_expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    last_error: str | None = Field(default=None, sa_type=Text)
+    created_at: datetime = Field(sa_type=UTCDateTime)
+    finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
 class TenantQuota(SQLModel, table=True):
     """A tenant's quotas (``carryover quotas set``); a limit left null does not apply."""
 
@@ -332,5 +414,8 @@ run_compactions = _table("run_compactions")
 transcript = _table("transcript")
 idempotency_keys = _table("idempotency_keys")
 api_keys = _table("api_keys")
+run_events = _table("run_events")
+webhooks = _table("webhooks")
+webhook_deliveries = _table("webhook_deliveries")
 tenant_quotas = _table("tenant_quotas")
 tenant_usage = _table("tenant_usage")

@@ -18,7 +18,7 @@ import pytest
 from fastapi.routing import APIRoute
 
 from app.api.app import create_app, openapi_document
-from app.api.routes import conversations, health, runs, transcript, usage
+from app.api.routes import conversations, events, health, runs, transcript, usage
 from app.cli import default_settings, openapi_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +36,7 @@ OPERATIONS = {
     ("get", "/conversations/{conversation_id}/runs"): "list_runs",
     ("get", "/conversations/{conversation_id}/runs/{run_id}"): "get_run",
     ("post", "/conversations/{conversation_id}/runs/{run_id}/cancel"): "cancel_run",
+    ("get", "/conversations/{conversation_id}/runs/{run_id}/events"): "run_events",
     ("post", "/conversations/{conversation_id}/compact"): "compact_conversation",
     ("get", "/conversations/{conversation_id}/transcript"): "get_transcript",
     ("get", "/healthz"): "healthz",
@@ -168,7 +169,7 @@ def test_every_route_is_documented_with_a_readable_operation_id(
 ) -> None:
     routes = {
         (method.lower(), route.path)
-        for module in (conversations, runs, transcript, health, usage)
+        for module in (conversations, runs, events, transcript, health, usage)
         for route in module.router.routes
         if isinstance(route, APIRoute) and route.include_in_schema
         for method in route.methods
@@ -287,3 +288,15 @@ def test_request_bodies_are_the_wire_models(document: dict[str, Any]) -> None:
     assert body["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/Context-Input"
     }
+
+
+def test_every_problem_type_is_documented() -> None:
+    """Each registered problem type (request problems and run errors) is named in the
+    document, on the schema of the problems that carry it."""
+    from app.api.problems import PROBLEM_TYPES
+
+    schemas = openapi_document()["components"]["schemas"]
+    request = schemas["ProblemDetails"]["properties"]["type"]["description"]
+    run = schemas["RunProblem"]["properties"]["type"]["description"]
+    for problem in PROBLEM_TYPES.values():
+        assert problem.uri in (run if problem.run_error else request), problem.slug

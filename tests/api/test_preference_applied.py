@@ -28,7 +28,7 @@ async def test_a_minimal_run_answer_says_the_preference_was_applied(
     assert minimal.status_code == 201
     assert minimal.headers["preference-applied"] == "return=minimal"
     assert "context" not in minimal.json()
-    for headers in ({}, {"Prefer": "return=representation"}, {"Prefer": "respond-async"}):
+    for headers in ({}, {"Prefer": "return=representation"}, {"Prefer": "wait=5"}):
         full = await client.post(url, json={"prompts": ["two"]}, headers=headers)
         assert full.status_code == 201
         assert "preference-applied" not in full.headers, headers

@@ -113,7 +113,7 @@ async def test_prefer_return_minimal_leaves_out_the_context(client: AppClient) -
     full = await run(client, "conv", "one")
     for prefer in (
         "return=minimal",
-        "respond-async, return=minimal",
+        "handling=lenient, return=minimal",
         "return=minimal; x=1",
         "RETURN=MINIMAL",
     ):
@@ -434,9 +434,9 @@ def busy_waits(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
     waiting = asyncio.Event()
     wait_until_free = RunManager._wait_until_free
 
-    async def spied(self: RunManager, *args: Any, **kwargs: Any) -> None:
+    async def spied(self: RunManager, *args: Any, **kwargs: Any) -> Any:
         waiting.set()
-        await wait_until_free(self, *args, **kwargs)
+        return await wait_until_free(self, *args, **kwargs)
 
     monkeypatch.setattr(RunManager, "_wait_until_free", spied)
     return waiting

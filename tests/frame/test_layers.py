@@ -8,7 +8,10 @@ would import an upper layer lazily, inside a function or under ``TYPE_CHECKING``
     store    app.store
     service  app.service
     api      app.api
-    top      app.cli, app.cli_ops, app.__main__, app (package)
+    top      app.cli, app.cli_ops, app.chat, app.__main__, app (package)
+
+``app.chat`` (the terminal client) is a client of the HTTP API: besides the package it imports
+nothing of ``app`` at all, whatever its rank allows.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ LAYERS = {
     "app.service": "service",
     "app.api": "api",
     "app.cli": "top",
+    "app.chat": "top",
+    "app.cli_webhooks": "top",
     "app.cli_ops": "top",
     "app.__main__": "top",
 }
@@ -45,6 +50,9 @@ PACKAGE = ("app", "app.__version__")
 
 #: what may not be imported even by a lower rank's rules (the agent is a plain library)
 AGENT_MAY_NOT_IMPORT = ("app.config", "app.observability")
+
+#: modules that talk to the service over HTTP only: they import nothing of app but the package
+CLIENTS = ("app.chat",)
 
 
 def layer_of(module: str) -> str:
@@ -104,7 +112,14 @@ def violations(root: Path = APP) -> list[str]:
             elif layer == "agent" and target.startswith(AGENT_MAY_NOT_IMPORT):
                 found.append(f"{where}: {module} (agent) imports {target}")
                 lines.add(line)
+            elif _is_client(module) and target not in PACKAGE:
+                found.append(f"{where}: {module} (an HTTP client) imports {target}")
+                lines.add(line)
     return found
+
+
+def _is_client(module: str) -> bool:
+    return any(module == c or module.startswith(c + ".") for c in CLIENTS)
 
 
 def test_every_module_imports_only_its_layer_and_below() -> None:
@@ -128,7 +143,14 @@ def test_the_contract_catches_an_upward_import(tmp_path: Path) -> None:
     store.write_text(
         store.read_text(encoding="utf-8") + "\nfrom ..service import runs\n", encoding="utf-8"
     )
+    chat = copy / "chat.py"
+    chat.write_text(
+        chat.read_text(encoding="utf-8")
+        + "\n\ndef _late() -> None:\n    from app.store import runs\n",
+        encoding="utf-8",
+    )
     found = violations(copy)
+    assert any("app.chat (an HTTP client) imports app.store" in v for v in found), found
     assert any("app.service.runs (service) imports app.api" in v for v in found), found
     assert any("app.store.db (store) imports app.service" in v for v in found), found
 
@@ -141,6 +163,7 @@ def test_the_contract_catches_an_upward_import(tmp_path: Path) -> None:
         ("app.service.runs", "service"),
         ("app.api.routes.runs", "api"),
         ("app.cli", "top"),
+        ("app.chat", "top"),
     ],
 )
 def test_layers_are_assigned_by_longest_prefix(module: str, layer: str) -> None:

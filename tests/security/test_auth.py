@@ -98,7 +98,7 @@ async def test_every_route_but_the_public_ones_needs_a_key(
     requests = guarded_requests(tenants.app)
     # all of SPEC §4 but the health checks, /metrics (public only when configured so), and
     # GET /usage (docs/operations.md)
-    assert len(requests) == 14
+    assert len(requests) == 15
     assert ("GET", "/usage") in requests
     assert ("GET", "/metrics") in requests
     await tenants.acme.post("/conversations", json={"id": "conv-1"})
@@ -284,8 +284,8 @@ async def test_a_database_that_cannot_be_asked_is_503_never_a_pass(
     monkeypatch.setattr(KeyStore, "active_count", broken)
     async with start_app(api_key_cache_seconds=0) as app:
         answer = await http_client(app).get("/conversations")
-        assert_problem(answer, 503, "not-ready")
-        assert answer.headers["retry-after"] == "1"
+        assert_problem(answer, 503, "database-unavailable")
+        assert answer.headers["retry-after"] == "2"  # an unreachable database (docs/faults.md)
         assert (await http_client(app).get("/healthz")).status_code == 200
     assert "could not count the API keys" in caplog.text
 

@@ -503,7 +503,7 @@ async def test_the_cases_cover_every_kind_the_issue_names() -> None:
 async def test_well_formed_but_unknown_preferences_are_ignored(prepared: AppClient) -> None:
     """RFC 7240 §2: a preference the server does not know is ignored, not an error."""
     answer = await prepared.post(
-        RUNS, json={"prompts": ["hi"]}, headers={"Prefer": 'respond-async, wait=10, x="a,b"; y'}
+        RUNS, json={"prompts": ["hi"]}, headers={"Prefer": 'wait=10, x="a,b"; y'}
     )
     assert answer.status_code == 201 and "context" in answer.json()
     minimal = await prepared.post(

@@ -108,6 +108,7 @@ RUN_WRITE = [
     "INSERT INTO run_new_messages",
     "INSERT INTO run_finals",
     "INSERT INTO transcript",
+    "INSERT INTO webhook_deliveries",  # the outbox, as INSERT … SELECT (issue 13)
 ]
 #: a run that used tokens also settles them on its tenant's day (app/store/quotas.py): one row
 SETTLED_RUN_WRITE = [*RUN_WRITE[:5], "INSERT INTO tenant_usage", *RUN_WRITE[5:]]

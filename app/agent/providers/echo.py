@@ -113,6 +113,10 @@ def _is_summary(message: AnyMessage) -> bool:
     return isinstance(message, UserMessage) and text_of(message).startswith(SUMMARY_PREFIX)
 
 
+#: the longest summary the echo provider writes (well under the default max_answer_chars)
+MAX_SUMMARY_CHARS = 100_000
+
+
 def _summary(messages: tuple[AnyMessage, ...]) -> str:
     """A deterministic summary: the previous one, then one short line per folded message."""
     request_text = text_of(messages[-1]) if messages else ""
@@ -121,7 +125,10 @@ def _summary(messages: tuple[AnyMessage, ...]) -> str:
     folded = rest.rsplit("\n\nWrite the updated summary.", 1)[0]
     lines = [line[:120] for line in folded.splitlines() if line.strip()]
     parts = ([] if previous in ("", "(none yet)") else [previous]) + lines
-    return " | ".join(parts) or "(empty conversation)"
+    summary = " | ".join(parts) or "(empty conversation)"
+    if len(summary) > MAX_SUMMARY_CHARS:  # a summary is shorter than what it folds: the tail
+        summary = "… " + summary[len(summary) - MAX_SUMMARY_CHARS + 2 :]
+    return summary
 
 
 async def _text(text: str, input_tokens: int) -> AsyncIterator[StreamEvent]:

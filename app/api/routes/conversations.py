@@ -138,12 +138,17 @@ async def get_context(
     if_none_match: IfNoneMatchHeader = None,
 ) -> Response:
     """The stored Context, with its ETag; `If-None-Match` answers 304 when unchanged."""
-    found = await svc.conversations.get_context(
+    found = await svc.conversations.get_context_rows(
         tenant, conversation_id, if_none_match_value(if_none_match)
     )
     if isinstance(found, NotModified):
         return Response(status_code=304, headers={"ETag": found.etag})
-    return JSONResponse(found.context.model_dump(mode="json"), headers={"ETag": found.etag})
+    # The stored message texts are the wire format already: sent as they are, not decoded.
+    return Response(
+        found.context_json(),
+        media_type="application/json",
+        headers={"ETag": found.conversation.etag},
+    )
 
 
 @router.put(

@@ -15,17 +15,17 @@ from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.agent.codec import dump_message
-from app.agent.events import (
-    CompactionCompleted,
-    Delta,
-    MessageCompleted,
-    RunEvent,
-    ToolFinished,
-    ToolStarted,
+from app.service.runs import (
+    ActiveRun,
+    EndedUnrun,
+    FinishedRun,
+    Idempotency,
+    QueuedRun,
+    Replayed,
+    RunManager,
 )
-from app.agent.providers import base as provider_events
-from app.service.runs import ActiveRun, FinishedRun, Idempotency, Replayed, RunManager
+from app.store.queue import ASYNC_ANSWER_KEY, async_answer
+from app.store.records import RunRecord
 
 from ..deps import (
     AcceptHeader,
@@ -42,8 +42,10 @@ from ..deps import (
     encode_cursor,
     if_match_value,
     page_limit,
+    parse_prefer,
     prefers_minimal,
 )
+from ..handlers import stream_problem
 from ..headers import ETAG_HEADER, LOCATION_HEADER, RETRY_AFTER_HEADER
 from ..limits import check_prompts
 from ..problems import (
@@ -65,7 +67,8 @@ SSE_DESCRIPTION = (
     'With `Accept: text/event-stream` or `"stream": true`: server-sent events `run.started`, '
     "`delta` (text, thinking and tool-call parts), `message` (each completed message), "
     "`tool.started`, `tool.finished`, `compaction`, and last `run.finished` carrying the same "
-    "body as the JSON answer."
+    "body as the JSON answer — or, when the outcome could not be stored, `error` carrying the "
+    "problem (e.g. `database-unavailable` with `stored: false`)."
 )
 
 
@@ -83,12 +86,21 @@ SSE_EVENT: dict[str, Any] = {
                 "tool.finished",
                 "compaction",
                 "run.finished",
+                "error",
             ],
+        },
+        "id": {
+            "type": "integer",
+            "minimum": 1,
+            "description": "The event's sequence number in its run (1 for run.started): "
+            "resume after it at GET …/runs/{run_id}/events with Last-Event-ID (an error "
+            "event has none)",
         },
         "data": {
             "type": "string",
             "contentMediaType": "application/json",
-            "description": "The event's JSON payload; for run.finished, the Run",
+            "description": "The event's JSON payload; for run.finished, the Run; for error "
+            "(instead of run.finished, when the run's outcome could not be stored), a problem",
         },
     },
     "required": ["event", "data"],
@@ -133,6 +145,20 @@ def _idempotency_key(value: str | None) -> str | None:
             "headers": {"Location": LOCATION_HEADER, "ETag": ETAG_HEADER},
             "content": {"text/event-stream": {"schema": SSE_EVENT}},
         },
+        202: {
+            "description": "With `Prefer: respond-async`: the run was accepted and goes on in "
+            "the background; its record (`status` `running` or `queued`). Poll `Location`. "
+            "A repeat with the same Idempotency-Key answers the record as it is then (200 "
+            "once the run ended)",
+            "headers": {
+                "Location": LOCATION_HEADER,
+                "Preference-Applied": {
+                    "description": "`respond-async`",
+                    "schema": {"type": "string"},
+                },
+            },
+            "model": Run,
+        },
         409: {
             "description": "Another run is in progress (`run-in-progress`), or the first "
             "request with this Idempotency-Key still runs",
@@ -164,11 +190,14 @@ async def create_run(
     check_prompts(svc.settings, request_.prompts)
     stream = body.stream or "text/event-stream" in (accept or "")
     minimal = _minimal(prefer)
+    respond_async = "respond-async" in parse_prefer(prefer)
     key = _idempotency_key(idempotency_key)
     idempotency = None
     if key is not None:
 
         def answer(finished: FinishedRun) -> tuple[int, dict[str, Any]]:
+            if respond_async:  # repeats answer the record as it is then
+                return 202, async_answer(finished.run.run_id)
             return 201, run_view(finished).body(minimal=minimal)
 
         idempotency = Idempotency(key, request_hash(body), answer)
@@ -179,9 +208,12 @@ async def create_run(
         if_match=if_match_value(if_match),
         idempotency=idempotency,
         stream=stream,
+        respond_async=respond_async,
     )
 
     if isinstance(started, Replayed):
+        if started.body.get(ASYNC_ANSWER_KEY):
+            return await _async_replay(svc.runs, tenant, conversation_id, started, minimal)
         replay = started.body
         headers = {"Idempotent-Replayed": "true"}
         if replay.get("etag"):
@@ -189,6 +221,20 @@ async def create_run(
         if replay.get("run_id"):
             headers["Location"] = _location(conversation_id, replay["run_id"])
         return JSONResponse(replay, status_code=started.status_code, headers=headers)
+    if isinstance(started, QueuedRun):
+        return _accepted(RunRecord(started.run, (), None, ()), respond_async, minimal)
+    if isinstance(started, EndedUnrun):  # cancelled while it was queued
+        if stream:
+            return _ended_stream(started.record, conversation_id)
+        return JSONResponse(
+            record_view(started.record).body(),
+            status_code=201,
+            headers={"Location": _location(conversation_id, started.record.run.run_id)},
+        )
+    if respond_async:
+        run = started.started.run
+        assert run is not None
+        return _accepted(RunRecord(run, (), None, ()), True, minimal)
 
     location = _location(conversation_id, started.run_id)
     if stream:
@@ -213,31 +259,54 @@ async def create_run(
     return JSONResponse(view.body(minimal=minimal), status_code=201, headers=headers)
 
 
-def _sse(event: str, data: Any) -> bytes:
-    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+# --- background mode (docs/runs.md) ----------------------------------------------------------
 
 
-def _event_payload(event: RunEvent) -> tuple[str, Any] | None:
-    match event:
-        case Delta(event=provider_events.TextDelta(index=i, text=text)):
-            return "delta", {"kind": "text", "index": i, "text": text}
-        case Delta(event=provider_events.ThinkingDelta(index=i, thinking=text)):
-            return "delta", {"kind": "thinking", "index": i, "text": text}
-        case Delta(event=provider_events.ToolCallStart(index=i, id=call_id, name=name)):
-            return "delta", {"kind": "tool_call", "index": i, "id": call_id, "name": name}
-        case Delta(event=provider_events.ToolCallDelta(index=i, arguments=args)):
-            return "delta", {"kind": "tool_call_arguments", "index": i, "text": args}
-        case Delta():
-            return None
-        case MessageCompleted(message=message):
-            return "message", dump_message(message)
-        case ToolStarted(call=call):
-            return "tool.started", call.model_dump(mode="json")
-        case ToolFinished(result=result):
-            return "tool.finished", dump_message(result)
-        case CompactionCompleted(compaction=compaction):
-            return "compaction", compaction.model_dump(mode="json")
-    return None
+def _accepted(record: RunRecord, respond_async: bool, minimal: bool) -> Response:
+    """202 Accepted: the run (``running`` or ``queued``) goes on whatever the client does."""
+    applied = ["respond-async"] if respond_async else []
+    if minimal:
+        applied.append("return=minimal")
+    headers = {"Location": _location(record.run.conversation_id, record.run.run_id)}
+    if applied:
+        headers["Preference-Applied"] = ", ".join(applied)
+    return JSONResponse(record_view(record).body(), status_code=202, headers=headers)
+
+
+async def _async_replay(
+    manager: RunManager, tenant: str, conversation_id: str, replay: Replayed, minimal: bool
+) -> Response:
+    """A repeat of a background request: the run's record as it is now — 202 while it is
+    queued or running, 200 once it ended."""
+    run_id = str(replay.body["run_id"])
+    record = await manager.record(tenant, conversation_id, run_id)
+    headers = {"Idempotent-Replayed": "true", "Location": _location(conversation_id, run_id)}
+    if record.run.status in ("queued", "running"):
+        response = _accepted(record, True, minimal)
+        response.headers.update(headers)
+        return response
+    return JSONResponse(record_view(record).body(), status_code=200, headers=headers)
+
+
+def _ended_stream(record: RunRecord, conversation_id: str) -> Response:
+    """A streamed request whose queued run ended without running: only ``run.finished``."""
+
+    async def events() -> AsyncIterator[bytes]:
+        yield _sse("run.finished", record_view(record).body())
+
+    return StreamingResponse(
+        events(),
+        status_code=201,
+        media_type="text/event-stream",
+        headers={"Location": _location(conversation_id, record.run.run_id)},
+    )
+
+
+def _sse(event: str, data: Any, seq: int | None = None) -> bytes:
+    """One server-sent event; ``id`` is the run's event seq (issue 13: resume after it at
+    ``GET …/runs/{id}/events`` with ``Last-Event-ID``)."""
+    tail = f"id: {seq}\n" if seq is not None else ""
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n{tail}\n".encode()
 
 
 async def _events(
@@ -245,27 +314,24 @@ async def _events(
 ) -> AsyncIterator[bytes]:
     """The run as server-sent events. A client that goes away cancels the run only with
     ``on_disconnect: cancel``; the run's task is separate from this response."""
-    assert active.events is not None
+    assert active.events is not None and active.recorder is not None
     try:
-        run = active.started.run
-        assert run is not None
-        yield _sse(
-            "run.started",
-            {
-                "run_id": active.run_id,
-                "conversation_id": active.conversation_id,
-                "base_etag": run.base_etag,
-            },
-        )
+        # run.started (seq 1) and every event after it come numbered from the run's recorder
         while True:
             event = await active.events.get()
             if event is None:
                 break
-            payload = _event_payload(event)
-            if payload is not None:
-                yield _sse(*payload)
-        finished = await asyncio.shield(active.done)
-        yield _sse("run.finished", run_view(finished).body(minimal=minimal))
+            yield _sse(event.event, event.data, event.seq)
+        try:
+            finished = await asyncio.shield(active.done)
+            body = run_view(finished).body(minimal=minimal)
+        except Exception as exc:  # the outcome could not be stored (or a bug): say so, end
+            yield _sse(
+                "error",
+                stream_problem(exc, instance=_location(active.conversation_id, active.run_id)),
+            )
+            return
+        yield _sse("run.finished", body, active.recorder.finished_seq)
     except asyncio.CancelledError:
         if on_disconnect == "cancel":
             manager.stop(active)
@@ -326,7 +392,8 @@ async def cancel_run(
     svc: ServicesDep, tenant: TenantDep, conversation_id: ConversationPath, run_id: RunIdPath
 ) -> Response:
     """Ask an in-flight run to stop, from any replica. It ends `cancelled` within about a
-    second and is stored per its `on_failure`; this answers at once with its record."""
+    second and is stored per its `on_failure`; this answers at once with its record. A queued
+    run ends `cancelled` at once, without running."""
     record = await svc.runs.cancel(tenant, conversation_id, run_id)
     return JSONResponse(record_view(record).body(), status_code=202)
 

@@ -1,0 +1,248 @@
+"""Anthropic Messages provider: the client (:class:`AnthropicProvider`).
+
+Errors: HTTP errors are classified in :mod:`.._http`; an ``error`` event after HTTP 200 is
+classified by its error type (``overloaded_error`` -> retryable, ...); stop_reason
+``model_context_window_exceeded`` is an overflow; a stream that ends before
+``message_stop`` is retryable (its thinking blocks may lack their signature).
+
+Stream faults are the provider's (docs/providers.md, "Stream faults"): an event whose data is
+not valid JSON is ``retryable`` (``code: malformed_stream``); well-formed events in an order the
+Messages API never sends — anything but ``ping`` before ``message_start``, a second
+``message_start``, a ``content_block_delta`` or ``content_block_stop`` for a block that has not
+started (or has stopped), a block started twice, a delta of another block's type — are
+``fatal`` (``code: protocol_error``); a 200 whose body is not an event stream (an HTML page; a
+body of another type from which no event arrived) is ``fatal`` (``code:
+not_an_event_stream``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anthropic
+
+from .._http import (
+    BODY_DECODE_ERRORS,
+    DECODE_ERRORS,
+    TRANSPORT_ERRORS,
+    check_event_stream,
+    connection_error,
+    error_fields,
+    is_overflow_text,
+    malformed_error,
+    no_events_error,
+    not_a_response,
+    scrub,
+    status_error,
+)
+from ..base import (
+    BlockStop,
+    MessageStart,
+    MessageStop,
+    ProviderError,
+    ProviderRequest,
+    RedactedThinking,
+    SignatureDelta,
+    StreamEvent,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallDelta,
+    ToolCallStart,
+    UsageUpdate,
+)
+from .request import build_messages, build_tools, continues_unthinking_loop
+from .stream import _compact, _get, _merge_usage, _Translator, _usage
+
+OVERFLOW_STOP = "model_context_window_exceeded"
+
+# error type of an ``error`` event (sent after HTTP 200) -> (class, the equivalent status)
+_EVENT_ERRORS: dict[str, tuple[str, int]] = {
+    "overloaded_error": ("retryable", 529),
+    "api_error": ("retryable", 500),
+    "rate_limit_error": ("retryable", 429),
+    "timeout_error": ("retryable", 504),
+    "invalid_request_error": ("fatal", 400),
+    "authentication_error": ("fatal", 401),
+    "billing_error": ("fatal", 402),
+    "permission_error": ("fatal", 403),
+    "not_found_error": ("fatal", 404),
+    "request_too_large": ("fatal", 413),
+}
+
+
+class AnthropicProvider:
+    """Anthropic Messages over the official ``anthropic`` SDK (``max_retries=0``)."""
+
+    def __init__(
+        self,
+        api_key: str,
+        base_url: str | None = None,
+        model: str = "",
+        max_tokens: int = 4096,
+        timeout: float = 600.0,
+        thinking_budget: int | None = None,
+        name: str = "anthropic",
+        *,
+        stream: bool = True,
+    ) -> None:
+        self.name = name
+        self.model = model
+        self.max_tokens = max_tokens
+        self.thinking_budget = thinking_budget
+        self.stream_mode = stream
+        self._api_key = api_key
+        self._client = anthropic.AsyncAnthropic(
+            api_key=api_key, base_url=base_url, timeout=timeout, max_retries=0
+        )
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+    def _params(self, request: ProviderRequest) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "model": request.model or self.model,
+            "max_tokens": request.max_output_tokens or self.max_tokens,
+            "messages": build_messages(request.messages),
+        }
+        if request.system_prompt:
+            params["system"] = request.system_prompt
+        if request.tools:
+            params["tools"] = build_tools(request.tools)
+        if self.thinking_budget and not continues_unthinking_loop(params["messages"]):
+            params["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget}
+        return params
+
+    def _error(self, exc: BaseException) -> ProviderError | None:
+        if isinstance(exc, ProviderError):
+            return exc
+        if isinstance(exc, anthropic.APIStatusError):
+            _, error_type, message = error_fields(exc.body)
+            text = message or exc.message
+            if exc.status_code < 400:
+                return self._event_error(error_type, text)
+            return status_error(
+                self.name,
+                exc.status_code,
+                code=None,
+                error_type=error_type,
+                message=text,
+                headers=exc.response.headers,
+                api_key=self._api_key,
+            )
+        if isinstance(exc, (anthropic.APIConnectionError, *TRANSPORT_ERRORS)):
+            return connection_error(self.name, exc, self._api_key)
+        if isinstance(exc, anthropic.APIError):
+            return ProviderError("retryable", f"{self.name}: {scrub(exc.message, self._api_key)}")
+        return None
+
+    def _event_error(self, error_type: str | None, message: str) -> ProviderError:
+        """An ``error`` event sent after HTTP 200, classified by its error type."""
+        kind, status = _EVENT_ERRORS.get(error_type or "", ("retryable", None))
+        if error_type == "invalid_request_error" and is_overflow_text(message):
+            kind = "overflow"
+        return ProviderError(
+            "overflow" if kind == "overflow" else "fatal" if kind == "fatal" else "retryable",
+            f"{self.name}: error event {error_type or 'unknown'}: {scrub(message, self._api_key)}",
+            status=status,
+            code=error_type,
+        )
+
+    def _raise(self, exc: Exception) -> ProviderError:
+        error = self._error(exc)
+        if error is None:
+            raise exc
+        return error
+
+    async def stream(self, request: ProviderRequest) -> AsyncIterator[StreamEvent]:
+        params = self._params(request)
+        if not self.stream_mode:
+            async for event in self._complete(params):
+                yield event
+            return
+        translator = _Translator(provider=self.name)
+        try:
+            events = await self._client.messages.create(**params, stream=True)
+        except BODY_DECODE_ERRORS as exc:  # the SDK could not decode a JSON body
+            raise malformed_error(self.name, exc, self._api_key) from None
+        except Exception as exc:
+            raise self._raise(exc) from None
+        async with events:
+            try:
+                media = await check_event_stream(self.name, events.response, self._api_key)
+            except Exception as exc:  # reading the body: a ProviderError, or a dropped line
+                raise self._raise(exc) from None
+            iterator = aiter(events)
+            received = 0
+            while True:
+                try:
+                    event = await anext(iterator)
+                    received += 1
+                except StopAsyncIteration:
+                    if not received:
+                        status = events.response.status_code
+                        error = no_events_error(self.name, status, media)
+                        if error is not None:
+                            raise error from None
+                    break
+                except DECODE_ERRORS as exc:  # the SDK could not decode an event
+                    raise malformed_error(self.name, exc, self._api_key) from None
+                except Exception as exc:
+                    raise self._raise(exc) from None
+                try:
+                    translated = translator.event(event)
+                except DECODE_ERRORS as exc:  # an event of a shape the API never sends
+                    raise malformed_error(self.name, exc, self._api_key) from None
+                for out in translated:
+                    if isinstance(out, MessageStop) and translator.stop_reason == OVERFLOW_STOP:
+                        raise self._overflow_stop()
+                    yield out
+                if translator.stopped:
+                    break
+        if not translator.stopped:
+            raise ProviderError("retryable", f"{self.name}: the stream ended before message_stop")
+
+    def _overflow_stop(self) -> ProviderError:
+        return ProviderError(
+            "overflow", f"{self.name}: the model stopped: {OVERFLOW_STOP}", code=OVERFLOW_STOP
+        )
+
+    async def _complete(self, params: dict[str, Any]) -> AsyncIterator[StreamEvent]:
+        try:
+            response = await self._client.messages.create(**params)
+        except BODY_DECODE_ERRORS as exc:  # the SDK could not decode a JSON body
+            raise malformed_error(self.name, exc, self._api_key) from None
+        except Exception as exc:
+            raise self._raise(exc) from None
+        if isinstance(response, str):  # the SDK hands over a body that is not JSON as text
+            raise not_a_response(self.name, response, self._api_key)
+        usage = _usage(_merge_usage({}, _get(response, "usage")))
+        yield MessageStart(
+            response_id=str(_get(response, "id") or ""), model=str(_get(response, "model") or "")
+        )
+        for index, block in enumerate(_get(response, "content") or ()):
+            kind = _get(block, "type")
+            if kind == "text":
+                text = _get(block, "text")
+                if text:
+                    yield TextDelta(index=index, text=text)
+            elif kind == "thinking":
+                yield ThinkingDelta(index=index, thinking=_get(block, "thinking") or "")
+                yield SignatureDelta(index=index, signature=_get(block, "signature") or "")
+            elif kind == "redacted_thinking":
+                yield RedactedThinking(index=index, data=_get(block, "data") or "")
+            elif kind == "tool_use":
+                yield ToolCallStart(
+                    index=index,
+                    id=str(_get(block, "id") or ""),
+                    name=str(_get(block, "name") or ""),
+                )
+                yield ToolCallDelta(index=index, arguments=_compact(_get(block, "input") or {}))
+            else:
+                continue
+            yield BlockStop(index=index)
+        yield UsageUpdate(usage=usage)
+        reason = _get(response, "stop_reason") or "end_turn"
+        if reason == OVERFLOW_STOP:
+            raise self._overflow_stop()
+        yield MessageStop(stop_reason=str(reason))

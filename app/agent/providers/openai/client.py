@@ -1,0 +1,214 @@
+"""OpenAI Chat Completions provider: the client (:class:`OpenAIProvider`).
+
+A stream that ends without a ``finish_reason`` (connection dropped, server crashed) raises a
+retryable :class:`ProviderError`: the attempt is a failed one and is never stored as
+replayable.
+
+Stream faults are the provider's (docs/providers.md, "Stream faults"): a chunk that is not
+valid JSON or not the chunk shape (``choices`` that is not a list) is ``retryable``
+(``code: malformed_stream``); a 200 whose body is not an event stream (an HTML page; a body of
+another type from which no event arrived) is ``fatal`` (``code: not_an_event_stream``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import openai
+
+from .._http import (
+    BODY_DECODE_ERRORS,
+    DECODE_ERRORS,
+    TRANSPORT_ERRORS,
+    check_event_stream,
+    connection_error,
+    error_fields,
+    is_overflow_text,
+    malformed_error,
+    no_events_error,
+    not_a_response,
+    scrub,
+    status_error,
+)
+from ..base import ProviderError, ProviderRequest, StreamEvent, UsageUpdate
+from .request import build_messages, build_tools
+from .stream import _get, _Translator, _usage
+
+
+class OpenAIProvider:
+    """Chat Completions over the official ``openai`` SDK (``max_retries=0``: the agent retries)."""
+
+    def __init__(
+        self,
+        api_key: str,
+        base_url: str | None = None,
+        model: str = "",
+        timeout: float = 600.0,
+        name: str = "openai",
+        *,
+        stream: bool = True,
+    ) -> None:
+        self.name = name
+        self.model = model
+        self.stream_mode = stream
+        self._api_key = api_key
+        # Official OpenAI wants ``max_completion_tokens`` (reasoning models refuse
+        # ``max_tokens``); compatible servers mostly know only ``max_tokens``.
+        self._max_tokens_field = "max_completion_tokens" if base_url is None else "max_tokens"
+        self._client = openai.AsyncOpenAI(
+            api_key=api_key, base_url=base_url, timeout=timeout, max_retries=0
+        )
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+    def _params(self, request: ProviderRequest) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "model": request.model or self.model,
+            "messages": build_messages(request.system_prompt, request.messages),
+        }
+        if request.tools:
+            params["tools"] = build_tools(request.tools)
+        if request.max_output_tokens is not None:
+            params[self._max_tokens_field] = request.max_output_tokens
+        return params
+
+    def _error(self, exc: BaseException) -> ProviderError | None:
+        """``exc`` classified, or ``None`` for an exception that is not a provider failure."""
+        if isinstance(exc, ProviderError):
+            return exc
+        if isinstance(exc, openai.APIStatusError):
+            code, error_type, message = error_fields(exc.body)
+            return status_error(
+                self.name,
+                exc.status_code,
+                code=code,
+                error_type=error_type,
+                message=message or exc.message,
+                headers=exc.response.headers,
+                api_key=self._api_key,
+            )
+        if isinstance(exc, (openai.APIConnectionError, *TRANSPORT_ERRORS)):
+            return connection_error(self.name, exc, self._api_key)
+        if isinstance(exc, openai.APIError):
+            # An error object inside an HTTP 200 stream (vLLM, LiteLLM, OpenRouter...): the
+            # server failed half-way, which a retry may fix, unless the prompt did not fit.
+            code, error_type, message = error_fields(exc.body)
+            text = scrub(message or exc.message, self._api_key)
+            overflow = code == "context_length_exceeded" or is_overflow_text(text)
+            return ProviderError(
+                "overflow" if overflow else "retryable",
+                f"{self.name}: error in the stream: {text}",
+                code=code or error_type,
+            )
+        return None
+
+    async def _call(self, params: dict[str, Any], *, stream: bool) -> Any:
+        try:
+            if stream:
+                return await self._client.chat.completions.create(
+                    **params, stream=True, stream_options={"include_usage": True}
+                )
+            return await self._client.chat.completions.create(**params)
+        except BODY_DECODE_ERRORS as exc:  # the SDK could not decode a JSON body
+            raise malformed_error(self.name, exc, self._api_key) from None
+        except Exception as exc:
+            error = self._error(exc)
+            if error is None:
+                raise
+            raise error from None
+
+    def _chunk(self, translator: _Translator, chunk: Any) -> list[StreamEvent]:
+        """The events of one chunk; a chunk that is not the documented shape is malformed."""
+        try:
+            if not hasattr(chunk, "model_extra") and not isinstance(chunk, dict):
+                raise ValueError(f"a chunk that is not an object: {chunk!r:.80}")
+            choices = _get(chunk, "choices")
+            if choices is not None and not isinstance(choices, list):
+                raise ValueError(f"choices is not a list: {choices!r:.80}")
+            events = translator.start(_get(chunk, "id"), _get(chunk, "model"))
+            usage = _usage(_get(chunk, "usage"))
+            for choice in choices or ():
+                if (_get(choice, "index") or 0) != 0:
+                    continue  # n > 1 is never requested
+                events += translator.choice(choice, _get(choice, "delta"))
+            if usage is not None:
+                events.append(UsageUpdate(usage=usage))
+        except DECODE_ERRORS as exc:
+            raise malformed_error(self.name, exc, self._api_key) from None
+        return events
+
+    async def stream(self, request: ProviderRequest) -> AsyncIterator[StreamEvent]:
+        params = self._params(request)
+        if not self.stream_mode:
+            async for event in self._complete(params):
+                yield event
+            return
+        translator = _Translator()
+        chunks = await self._call(params, stream=True)
+        async with chunks:
+            try:
+                media = await check_event_stream(self.name, chunks.response, self._api_key)
+            except Exception as exc:  # reading the body: a ProviderError, or a dropped line
+                error = self._error(exc)
+                if error is None:
+                    raise
+                raise error from None
+            iterator = aiter(chunks)
+            received = 0
+            while True:
+                try:
+                    chunk = await anext(iterator)
+                    received += 1
+                except StopAsyncIteration:
+                    if not received:
+                        status = chunks.response.status_code
+                        error = no_events_error(self.name, status, media)
+                        if error is not None:
+                            raise error from None
+                    break
+                except DECODE_ERRORS as exc:  # the SDK could not decode an event
+                    raise malformed_error(self.name, exc, self._api_key) from None
+                except Exception as exc:
+                    error = self._error(exc)
+                    if error is None:
+                        raise
+                    raise error from None
+                for event in self._chunk(translator, chunk):
+                    yield event
+        if translator.finish_reason is None:
+            raise ProviderError(
+                "retryable", f"{self.name}: the stream ended before a finish_reason"
+            )
+        for event in translator.stop():
+            yield event
+
+    async def _complete(self, params: dict[str, Any]) -> AsyncIterator[StreamEvent]:
+        response = await self._call(params, stream=False)
+        if isinstance(response, str):  # the SDK hands over a body that is not JSON as text
+            raise not_a_response(self.name, response, self._api_key)
+        translator = _Translator()
+        for event in translator.start(_get(response, "id"), _get(response, "model")):
+            yield event
+        try:
+            choices = _get(response, "choices") or []
+            if not isinstance(choices, list):
+                raise ValueError(f"choices is not a list: {choices!r:.80}")
+            if not choices:
+                raise ProviderError(
+                    "retryable", f"{self.name}: the response has no choices", code="no_choices"
+                )
+            choice = choices[0]
+            events = translator.choice(choice, _get(choice, "message"))
+            usage = _usage(_get(response, "usage"))
+        except DECODE_ERRORS as exc:
+            raise malformed_error(self.name, exc, self._api_key) from None
+        for event in events:
+            yield event
+        if usage is not None:
+            yield UsageUpdate(usage=usage)
+        if translator.finish_reason is None:
+            translator.finish_reason = "tool_calls" if translator.calls else "stop"
+        for event in translator.stop():
+            yield event

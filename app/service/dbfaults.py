@@ -1,0 +1,136 @@
+"""What the run service does when the database fails (docs/faults.md).
+
+- :class:`DatabaseDown`: a refusal answered ``503 database-unavailable`` with ``Retry-After``,
+  from a :class:`~app.store.faults.DbFault`.
+- :class:`OutcomeNotStored`: a run finished but its outcome could not be written within
+  ``outcome_retry_seconds``: the client is told so (503, ``stored: false``), and the run record
+  is then marked ``interrupted`` with a reason naming the outage once the database is back
+  (:func:`app.store.outages.mark_unstored`).
+- :func:`retry_after_busy`: the ``Retry-After`` of a ``409 run-in-progress``, from the
+  conversation's recent run durations.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from app.clock import Clock
+from app.errors import CarryoverError
+from app.store.faults import DbFault, classify, retry_transient
+from app.store.outages import mark_unstored, recent_run_durations
+from app.store.repository import Repository
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: recent finished runs whose durations give a busy conversation's Retry-After
+RECENT_RUNS = 5
+#: the Retry-After of a busy conversation without any finished run yet (seconds)
+DEFAULT_BUSY_RETRY_AFTER = 1
+
+
+class DatabaseDown(CarryoverError):
+    """The database could not be used: 503 ``database-unavailable`` with ``Retry-After``."""
+
+    slug = "database-unavailable"
+    status = 503
+
+    def __init__(self, fault: DbFault, detail: str | None = None, **extras: object) -> None:
+        super().__init__(
+            detail or f"the database is not available ({fault.kind.replace('_', ' ')})",
+            headers={"Retry-After": str(fault.retry_after)},
+            **extras,
+        )
+        self.fault = fault
+
+
+class OutcomeNotStored(DatabaseDown):
+    """A run ended, but its outcome could not be written: nothing of it is stored."""
+
+    def __init__(self, run_id: str, status: str, fault: DbFault, waited: float) -> None:
+        super().__init__(
+            fault,
+            f"run {run_id} ended {status}, but its outcome could not be stored: the database "
+            f"stayed unavailable ({fault.kind.replace('_', ' ')}) for {waited:.0f} s. Nothing "
+            "of the run is stored (the prompts neither); the run is recorded interrupted once "
+            "the database is back. Send the prompts again then.",
+            run_id=run_id,
+            stored=False,
+        )
+        self.run_id = run_id
+        self.run_status = status
+        self.waited = waited
+
+
+async def retry_write(
+    run_id: str, write: Callable[[], Awaitable[T]], *, seconds: float, clock: Clock
+) -> T:
+    """A write of a run's outcome (idempotent under its lease fence), retried with backoff
+    while the database fails transiently, for at most ``seconds``."""
+
+    def on_retry(fault: DbFault, attempt: int, delay: float) -> None:
+        log.warning(
+            "recording run %s failed (%s: %s); trying again in %.2f s (attempt %d)",
+            run_id,
+            fault.kind,
+            fault.detail,
+            delay,
+            attempt,
+        )
+
+    return await retry_transient(
+        write,
+        attempts=None if seconds > 0 else 1,
+        deadline=seconds if seconds > 0 else None,
+        max_delay=1.0,
+        clock=clock.monotonic,
+        on_retry=on_retry,
+    )
+
+
+def outage_reason(exc: OutcomeNotStored) -> dict[str, object]:
+    """The ``error`` of a run whose outcome could not be stored."""
+    return {
+        "kind": "internal",
+        "message": (
+            f"the run ended {exc.run_status} but its outcome could not be stored: the database "
+            f"was unavailable ({exc.fault.kind.replace('_', ' ')}) for {exc.waited:.0f} s"
+        ),
+        "status": None,
+        "code": "database_unavailable",
+    }
+
+
+async def retry_after_busy(
+    repo: Repository, tenant: str, conv_id: str, *, lease_seconds: float
+) -> int:
+    """Seconds a client refused with ``409 run-in-progress`` should wait: the median duration
+    of the conversation's last :data:`RECENT_RUNS` finished runs, clamped to
+    ``[1, lease_seconds]``; :data:`DEFAULT_BUSY_RETRY_AFTER` when none finished yet or the
+    database cannot say."""
+    try:
+        durations = await recent_run_durations(repo, tenant, conv_id, limit=RECENT_RUNS)
+    except Exception as exc:
+        if classify(exc) is None:
+            raise
+        return DEFAULT_BUSY_RETRY_AFTER
+    if not durations:
+        return DEFAULT_BUSY_RETRY_AFTER
+    median = statistics.median(durations)
+    upper = max(1, int(lease_seconds + 0.999))
+    return min(upper, max(1, round(median + 0.499)))
+
+
+__all__ = [
+    "DEFAULT_BUSY_RETRY_AFTER",
+    "DatabaseDown",
+    "OutcomeNotStored",
+    "mark_unstored",
+    "outage_reason",
+    "retry_after_busy",
+    "retry_write",
+]

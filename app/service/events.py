@@ -1,0 +1,344 @@
+"""A run's events, durable and resumable (issue 13).
+
+:class:`EventRecorder` takes the events of one run of this process as the agent reports them,
+numbers them (``seq`` from 1), coalesces text, thinking and tool-argument deltas (the parts of
+one block arriving within :data:`COALESCE_SECONDS` of its first become one event), hands each
+numbered event to the run's live stream (the POST's SSE), and writes them in batches: every
+:data:`FLUSH_SECONDS` while the run goes, and the rest with the ``run.finished`` marker in the
+transaction that records the run's outcome. So a run costs one event statement per
+:data:`FLUSH_SECONDS` of its duration plus none at its end (the last batch rides along), never
+one per token; a run shorter than the flush interval writes its events in its finish.
+
+:class:`EventFeed` reads them back for ``GET …/runs/{id}/events`` from any replica: from the
+database, after a ``seq``, polling every ``event_poll_seconds`` while the run is in flight (short
+polling: see docs/runs.md), until ``run.finished``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from app.agent.codec import dump_message
+from app.agent.events import (
+    CompactionCompleted,
+    Delta,
+    MessageCompleted,
+    RunEvent,
+    ToolFinished,
+    ToolStarted,
+)
+from app.agent.providers import base as provider_events
+from app.clock import Clock
+from app.errors import CarryoverError
+from app.store.errors import run_not_found
+from app.store.events import EventRow
+from app.store.repository import Repository, RunRecord
+
+if TYPE_CHECKING:
+    from .types import ActiveRun
+
+log = logging.getLogger(__name__)
+
+#: delta parts of one block arriving within this many seconds of its first are one event
+COALESCE_SECONDS = 0.05
+#: how often a running run's events are written (the rest are written with its outcome)
+FLUSH_SECONDS = 0.25
+#: events read per query
+READ_BATCH = 256
+#: deltas that are parts of one block, coalesced
+_COALESCED = ("text", "thinking", "tool_call_arguments")
+
+
+@dataclass(frozen=True)
+class StreamedEvent:
+    """One numbered event of a run: ``event`` is the SSE event name, ``data`` its payload
+    (``None`` for ``run.finished``, which is rendered from the run's record or outcome)."""
+
+    seq: int
+    event: str
+    data: Any
+
+
+class EventsExpired(CarryoverError):
+    """The run's events are no longer kept (past their retention, or never recorded)."""
+
+    slug = "events-expired"
+    status = 410
+
+    def __init__(self, run_id: str, retention_seconds: int) -> None:
+        super().__init__(
+            f"the events of run {run_id} are no longer kept (they are kept "
+            f"{retention_seconds} s after they were written); its record still is",
+            run_id=run_id,
+        )
+
+
+def event_payload(event: RunEvent) -> tuple[str, Any] | None:
+    """A run event as its SSE event name and JSON payload (None: not streamed)."""
+    match event:
+        case Delta(event=provider_events.TextDelta(index=i, text=text)):
+            return "delta", {"kind": "text", "index": i, "text": text}
+        case Delta(event=provider_events.ThinkingDelta(index=i, thinking=text)):
+            return "delta", {"kind": "thinking", "index": i, "text": text}
+        case Delta(event=provider_events.ToolCallStart(index=i, id=call_id, name=name)):
+            return "delta", {"kind": "tool_call", "index": i, "id": call_id, "name": name}
+        case Delta(event=provider_events.ToolCallDelta(index=i, arguments=args)):
+            return "delta", {"kind": "tool_call_arguments", "index": i, "text": args}
+        case Delta():
+            return None
+        case MessageCompleted(message=message):
+            return "message", dump_message(message)
+        case ToolStarted(call=call):
+            return "tool.started", call.model_dump(mode="json")
+        case ToolFinished(result=result):
+            return "tool.finished", dump_message(result)
+        case CompactionCompleted(compaction=compaction):
+            return "compaction", compaction.model_dump(mode="json")
+    return None
+
+
+@dataclass
+class _Pending:
+    kind: str
+    index: int
+    since: float
+    parts: list[str] = field(default_factory=list)
+
+
+class EventRecorder:
+    """The events of one run of this process: numbered, coalesced, streamed live, stored."""
+
+    def __init__(
+        self,
+        repo: Repository,
+        clock: Clock,
+        tenant: str,
+        conversation_id: str,
+        run_id: str,
+        live: asyncio.Queue[StreamedEvent | None] | None = None,
+        *,
+        coalesce_seconds: float = COALESCE_SECONDS,
+        flush_seconds: float = FLUSH_SECONDS,
+    ) -> None:
+        self.repo = repo
+        self.clock = clock
+        self.key = (tenant, conversation_id, run_id)
+        self.live = live
+        self.coalesce_seconds = coalesce_seconds
+        self.flush_seconds = flush_seconds
+        self.seq = 0
+        self.finished_seq: int | None = None
+        self._pending: _Pending | None = None
+        self._unwritten: list[EventRow] = []
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, data: dict[str, Any], *, background: bool = True) -> None:
+        """``run.started`` (seq 1); with ``background``, the writer of batches starts."""
+        self._emit("run.started", data)
+        if background:
+            self._task = asyncio.create_task(self._keep_writing(), name=f"events-{self.key[2]}")
+
+    def add(self, event: RunEvent) -> None:
+        payload = event_payload(event)
+        if payload is None:
+            return
+        name, data = payload
+        if name == "delta" and data["kind"] in _COALESCED:
+            now = self.clock.monotonic()
+            pending = self._pending
+            if (
+                pending is not None
+                and pending.kind == data["kind"]
+                and pending.index == data["index"]
+                and now - pending.since < self.coalesce_seconds
+            ):
+                pending.parts.append(data["text"])
+                return
+            self._seal()
+            self._pending = _Pending(data["kind"], data["index"], now, [data["text"]])
+            return
+        self._seal()
+        self._emit(name, data)
+
+    def seal_if_due(self) -> None:
+        """Emit a coalesced delta whose window has passed (the writer calls it)."""
+        pending = self._pending
+        if pending is not None and self.clock.monotonic() - pending.since >= self.coalesce_seconds:
+            self._seal()
+
+    def _seal(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            text = "".join(pending.parts)
+            self._emit("delta", {"kind": pending.kind, "index": pending.index, "text": text})
+
+    def _emit(self, name: str, data: Any, *, live: bool = True) -> int:
+        self.seq += 1
+        tenant, conversation_id, run_id = self.key
+        self._unwritten.append(
+            EventRow(tenant, conversation_id, run_id, self.seq, name, data, self.clock.now())
+        )
+        if live and self.live is not None:
+            self.live.put_nowait(StreamedEvent(self.seq, name, data))
+        return self.seq
+
+    async def _keep_writing(self) -> None:
+        last = self.clock.monotonic()
+        while True:
+            await asyncio.sleep(self.coalesce_seconds)
+            self.seal_if_due()
+            if self.clock.monotonic() - last >= self.flush_seconds:
+                last = self.clock.monotonic()
+                await self.write()
+
+    async def write(self) -> None:
+        """Write the events not written yet, as one batch (kept for later when it fails)."""
+        async with self._lock:
+            rows, self._unwritten = self._unwritten, []
+            if not rows:
+                return
+            try:
+                await self.repo.append_events(rows)
+            except Exception as exc:  # the database may be away: they go with the outcome
+                log.warning("writing events of run %s failed (%s)", self.key[2], exc)
+                self._unwritten = rows + self._unwritten
+
+    async def close(self) -> list[EventRow]:
+        """Stop writing in the background, and return the events not yet written, ending with
+        the ``run.finished`` marker: the run's finish writes them with its outcome."""
+        if self.finished_seq is None:
+            async with self._lock:  # never cancel a batch being written
+                if self._task is not None:
+                    self._task.cancel()
+            if self._task is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+                self._task = None
+            self._seal()
+            self.finished_seq = self._emit("run.finished", None, live=False)
+        return list(self._unwritten)
+
+    def abandon(self) -> None:
+        """The run ended without a finish (a bug or a cancelled loop): stop the writer."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+
+def start_recorder(repo: Repository, clock: Clock, active: ActiveRun) -> EventRecorder:
+    """The recorder of a run that just took its lease: ``run.started`` is its first event."""
+    run = active.started.run
+    recorder = EventRecorder(
+        repo, clock, active.tenant, active.conversation_id, active.run_id, active.events
+    )
+    recorder.start(
+        {
+            "run_id": active.run_id,
+            "conversation_id": active.conversation_id,
+            "base_etag": run.base_etag if run is not None else None,
+        }
+    )
+    return recorder
+
+
+class EventFeed:
+    """``GET …/runs/{id}/events``: a run's stored events after a seq, live until its end."""
+
+    def __init__(self, repo: Repository, clock: Clock, retention_seconds: int, poll: float):
+        self.repo = repo
+        self.clock = clock
+        self.retention_seconds = retention_seconds
+        self.poll = poll
+
+    async def open(
+        self, tenant: str, conversation_id: str, run_id: str, after: int
+    ) -> AsyncIterator[StreamedEvent]:
+        """Check (404 for no such run, 410 for events no longer kept), then the events.
+
+        The checks run before the first event is produced, so that a refusal is a problem
+        answer and not a broken stream."""
+        record = await self.repo.get_run(tenant, conversation_id, run_id)
+        if record is None:
+            raise run_not_found(conversation_id, run_id)
+        bounds = await self.repo.event_bounds(tenant, conversation_id, run_id)
+        finished_at = record.run.finished_at
+        cutoff = self.clock.now() - timedelta(seconds=self.retention_seconds)
+        ended = record.run.status != "running"
+        if (bounds is not None and bounds[0] > after + 1) or (
+            ended and (bounds is None or (finished_at is not None and finished_at < cutoff))
+        ):
+            raise EventsExpired(run_id, self.retention_seconds)
+        return self._follow(tenant, conversation_id, run_id, after)
+
+    async def _follow(
+        self, tenant: str, conversation_id: str, run_id: str, after: int
+    ) -> AsyncIterator[StreamedEvent]:
+        last = after
+        while True:
+            rows = await self.repo.read_events(
+                tenant, conversation_id, run_id, after=last, limit=READ_BATCH
+            )
+            for row in rows:
+                yield StreamedEvent(row.seq, row.event, row.data)
+                last = row.seq
+                if row.event == "run.finished":
+                    return
+            if rows:
+                continue
+            # Nothing new. The run's status first, then the events once more: an outcome
+            # commits with the run's last events and marker, so after a finished status the
+            # next read has them all.
+            record = await self.repo.get_run(tenant, conversation_id, run_id)
+            if record is None:
+                return  # the conversation was deleted meanwhile
+            if record.run.status == "running":
+                await asyncio.sleep(self.poll)
+                continue
+            rows = await self.repo.read_events(
+                tenant, conversation_id, run_id, after=last, limit=READ_BATCH
+            )
+            for row in rows:
+                yield StreamedEvent(row.seq, row.event, row.data)
+                last = row.seq
+                if row.event == "run.finished":
+                    return
+            if rows:
+                continue
+            # Ended without its own finish (interrupted: its process died): the end is said
+            # here, numbered after the last stored event.
+            bounds = await self.repo.event_bounds(tenant, conversation_id, run_id)
+            stored_end = bounds[1] if bounds else 0
+            if last >= stored_end:
+                tail = await self.repo.read_events(
+                    tenant, conversation_id, run_id, after=stored_end - 1, limit=1
+                )
+                if tail and tail[0].event == "run.finished":
+                    return  # the reader had it all already
+            if last <= stored_end:
+                yield StreamedEvent(stored_end + 1, "run.finished", None)
+            return
+
+    async def record(self, tenant: str, conversation_id: str, run_id: str) -> RunRecord:
+        record = await self.repo.get_run(tenant, conversation_id, run_id)
+        if record is None:
+            raise run_not_found(conversation_id, run_id)
+        return record
+
+
+__all__ = [
+    "COALESCE_SECONDS",
+    "FLUSH_SECONDS",
+    "EventFeed",
+    "EventRecorder",
+    "EventsExpired",
+    "StreamedEvent",
+    "event_payload",
+    "start_recorder",
+]

@@ -1,0 +1,159 @@
+"""Webhook deliveries (issue 13), signed as Standard Webhooks (https://www.standardwebhooks.com).
+
+The outbox rows are written with the run's outcome (:mod:`app.store.webhooks`); a
+:class:`WebhookWorker` on every replica (unless ``CARRYOVER_WEBHOOK_WORKER=false``) claims due
+rows with a lease, POSTs them, and settles them: a 2xx is delivered; any other answer, a
+timeout or a connection error is tried again after ``webhook_backoff_seconds`` doubling per
+attempt, up to ``webhook_max_attempts``, then the delivery is ``failed``. At least once: a
+worker that dies after sending and before settling leaves the row to be sent again once its
+lease expired — receivers deduplicate on ``webhook-id``, which every attempt repeats.
+
+The body is ``{"type": "run.<status>", "timestamp": …, "data": <run record without context>}``,
+rendered from the stored (immutable) run record, so every attempt sends the same bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from app.clock import Clock
+from app.config import Settings
+from app.store.repository import Repository, RunRecord
+from app.store.tables import Webhook, WebhookDelivery
+
+log = logging.getLogger(__name__)
+
+#: deliveries claimed at once by one worker
+CLAIM_BATCH = 16
+SECRET_PREFIX = "whsec_"
+
+Render = Callable[[RunRecord], dict[str, Any]]
+
+
+def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
+    """The ``webhook-signature`` value: ``v1,`` and the base64 HMAC-SHA256, keyed with the
+    secret's bytes (base64 after ``whsec_``), of ``"{msg_id}.{timestamp}.{body}"``."""
+    key = base64.b64decode(secret.removeprefix(SECRET_PREFIX))
+    signed = f"{msg_id}.{timestamp}.".encode() + body
+    digest = hmac.new(key, signed, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(digest).decode()
+
+
+def verify(secret: str, headers: dict[str, str], body: bytes) -> bool:
+    """A receiver's check (for tests and as documentation): any ``v1`` signature matches."""
+    expected = sign(secret, headers["webhook-id"], int(headers["webhook-timestamp"]), body)
+    return any(
+        hmac.compare_digest(candidate, expected)
+        for candidate in headers["webhook-signature"].split()
+    )
+
+
+class WebhookWorker:
+    def __init__(self, repo: Repository, settings: Settings, clock: Clock, render: Render):
+        self.repo = repo
+        self.settings = settings
+        self.clock = clock
+        self.render = render
+        self.owner = f"webhooks-{uuid.uuid4().hex[:12]}"
+        self._task: asyncio.Task[None] | None = None
+        self._http: httpx.AsyncClient | None = None
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._http = httpx.AsyncClient(
+                timeout=self.settings.webhook_timeout_seconds, follow_redirects=False
+            )
+            self._task = asyncio.create_task(self._loop(), name="carryover-webhooks")
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                while await self.deliver_due():
+                    pass
+            except Exception:  # the database may be away for a moment: next poll
+                log.exception("delivering webhooks failed")
+            await asyncio.sleep(self.settings.webhook_poll_seconds)
+
+    async def deliver_due(self) -> int:
+        """Claim and send one batch of due deliveries; how many were claimed."""
+        claimed = await self.repo.claim_deliveries(
+            self.owner,
+            lease_seconds=self.settings.webhook_timeout_seconds + 30,
+            limit=CLAIM_BATCH,
+        )
+        if claimed:
+            await asyncio.gather(*(self._deliver(d, hook) for d, hook in claimed))
+        return len(claimed)
+
+    async def body(self, delivery: WebhookDelivery) -> bytes:
+        record = await self.repo.get_run(delivery.tenant, delivery.conversation_id, delivery.run_id)
+        data = (
+            self.render(record)
+            if record is not None
+            else {  # the conversation was deleted since
+                "run_id": delivery.run_id,
+                "conversation_id": delivery.conversation_id,
+                "status": delivery.event.removeprefix("run."),
+            }
+        )
+        payload = {
+            "type": delivery.event,
+            "timestamp": delivery.created_at.isoformat().replace("+00:00", "Z"),
+            "data": data,
+        }
+        return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+
+    async def _deliver(self, delivery: WebhookDelivery, hook: Webhook) -> None:
+        error: str | None = None
+        try:
+            body = await self.body(delivery)
+            timestamp = int(self.clock.now().timestamp())
+            headers = {
+                "content-type": "application/json",
+                "user-agent": "carryover-webhooks",
+                "webhook-id": delivery.id,
+                "webhook-timestamp": str(timestamp),
+                "webhook-signature": sign(hook.secret, delivery.id, timestamp, body),
+            }
+            assert self._http is not None
+            answer = await self._http.post(hook.url, content=body, headers=headers)
+            if not 200 <= answer.status_code < 300:
+                error = f"HTTP {answer.status_code}"
+        except httpx.TimeoutException:
+            error = "timeout"
+        except httpx.HTTPError as exc:
+            error = f"{type(exc).__name__}: {exc}"[:500]
+        status = await self.repo.settle_delivery(
+            delivery.id,
+            self.owner,
+            delivered=error is None,
+            error=error,
+            max_attempts=self.settings.webhook_max_attempts,
+            backoff_seconds=self.settings.webhook_backoff_seconds,
+        )
+        if error is not None:
+            log.warning("webhook %s to %s failed (%s): %s", delivery.id, hook.url, error, status)
+
+
+__all__ = ["CLAIM_BATCH", "WebhookWorker", "sign", "verify"]

@@ -1,0 +1,140 @@
+"""A run's events, durable (issue 13): written in batches as the run goes, the last batch and
+the ``run.finished`` marker in the transaction that records the run's outcome
+(:meth:`~app.store.runs.RunStore.finish_run`); read in order after a sequence number; purged
+after their retention in bounded batches (the run record and the transcript stay)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, func, select, tuple_
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from ._sql import StoreBase, child_key
+from .db import read_transaction, write_transaction
+from .tables import run_events
+
+#: rows deleted per purge statement, and statements per purge at most
+PURGE_BATCH = 1000
+PURGE_BATCHES = 10
+
+
+@dataclass(frozen=True)
+class EventRow:
+    """One stored event of a run (``data`` is ``None`` for ``run.finished``)."""
+
+    tenant: str
+    conversation_id: str
+    run_id: str
+    seq: int
+    event: str
+    data: Any
+    created_at: datetime
+
+    def values(self) -> dict[str, Any]:
+        return {
+            "tenant": self.tenant,
+            "conversation_id": self.conversation_id,
+            "run_id": self.run_id,
+            "seq": self.seq,
+            "event": self.event,
+            "data": self.data,
+            "created_at": self.created_at,
+        }
+
+
+async def insert_events(conn: AsyncConnection, rows: Sequence[EventRow]) -> None:
+    """One multi-row statement for any number of events (nothing for none).
+
+    An event already stored is left as it is: a batch whose commit was not confirmed (the
+    connection broke) is written again with the outcome, and must not make it fail."""
+    if not rows:
+        return
+    stmt: Any
+    if conn.dialect.name == "postgresql":
+        stmt = pg_insert(run_events).on_conflict_do_nothing()
+    else:
+        stmt = sqlite_insert(run_events).on_conflict_do_nothing()
+    await conn.execute(stmt, [row.values() for row in rows])
+
+
+class EventStore(StoreBase):
+    async def append_events(self, rows: Sequence[EventRow]) -> None:
+        """A batch of a running run's events, in one short transaction."""
+        if not rows:
+            return
+        async with write_transaction(self.engine) as conn:
+            await insert_events(conn, rows)
+
+    async def read_events(
+        self, tenant: str, conv_id: str, run_id: str, *, after: int, limit: int
+    ) -> list[EventRow]:
+        """Up to ``limit`` events of a run with ``seq > after``, in order (the primary key)."""
+        async with read_transaction(self.engine) as conn:
+            rows = (
+                await conn.execute(
+                    select(run_events)
+                    .where(
+                        *child_key(run_events, tenant, conv_id),
+                        run_events.c.run_id == run_id,
+                        run_events.c.seq > after,
+                    )
+                    .order_by(run_events.c.seq)
+                    .limit(limit)
+                )
+            ).mappings()
+            return [EventRow(**row) for row in rows]
+
+    async def event_bounds(self, tenant: str, conv_id: str, run_id: str) -> tuple[int, int] | None:
+        """The first and last stored ``seq`` of a run (``None`` when none is stored)."""
+        async with read_transaction(self.engine) as conn:
+            row = (
+                await conn.execute(
+                    select(func.min(run_events.c.seq), func.max(run_events.c.seq)).where(
+                        *child_key(run_events, tenant, conv_id), run_events.c.run_id == run_id
+                    )
+                )
+            ).first()
+        if row is None or row[0] is None:
+            return None
+        return int(row[0]), int(row[1])
+
+    async def purge_events(self, retention_seconds: float) -> int:
+        """Delete events written more than ``retention_seconds`` ago, oldest first, at most
+        ``PURGE_BATCH`` rows a statement and ``PURGE_BATCHES`` statements a call (the rest
+        waits for the next call). Returns how many were deleted."""
+        cutoff = self.clock.now() - timedelta(seconds=retention_seconds)
+        key = tuple_(
+            run_events.c.tenant,
+            run_events.c.conversation_id,
+            run_events.c.run_id,
+            run_events.c.seq,
+        )
+        deleted = 0
+        for _ in range(PURGE_BATCHES):
+            batch = (
+                select(
+                    run_events.c.tenant,
+                    run_events.c.conversation_id,
+                    run_events.c.run_id,
+                    run_events.c.seq,
+                )
+                .where(run_events.c.created_at < cutoff)
+                .order_by(run_events.c.created_at)
+                .limit(PURGE_BATCH)
+            )
+            async with write_transaction(self.engine) as conn:
+                done = await conn.execute(delete(run_events).where(key.in_(batch)))
+            count = int(done.rowcount or 0)
+            deleted += count
+            if count < PURGE_BATCH:
+                break
+        return deleted
+
+
+__all__ = ["PURGE_BATCH", "PURGE_BATCHES", "EventRow", "EventStore", "insert_events"]

@@ -1,0 +1,397 @@
+"""The run queue of a conversation (docs/runs.md "Queued runs", "Fair waiting").
+
+A queued run is a row of ``runs`` with status ``queued`` and its arrival number ``queue_seq``,
+so an acknowledged queued run survives the process that accepted it. Runs leave the queue in
+arrival order: the head is *claimed* — made ``running`` under a lease of the claiming process,
+the conversation's ``active_run_id`` set and its context read — in one write transaction under
+the conversation's lock, the same one that starts any run, so two replicas never both start it
+and no request overtakes the queue.
+
+Two kinds of queued runs:
+
+- *held*: its client holds the request open (``if_busy: wait``, or ``enqueue`` without
+  ``Prefer: respond-async``). ``lease_owner``/``lease_expires_at`` name the holder's process,
+  which renews them and is the only one to claim it (it streams or answers the run). A
+  waiter also has ``wait_until``: past it, or once its holder's process died, it is dropped
+  (its client got, or will never read, a 409). A held ``enqueue`` run whose holder died becomes
+  a background run: it was acknowledged as queued.
+- *background*: no holder (``Prefer: respond-async``). Any process claims it once it is the head
+  and the conversation is free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import and_, insert, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.agent.messages import UserMessage
+from app.clock import Clock
+from app.etag import IfMatch, if_match_holds
+
+from ._sql import StoreBase, child_key, conversation_key, read_context
+from ._turns import (
+    ASYNC_ANSWER_KEY,
+    answer_async,
+    async_answer,
+    drop_queued,
+    live,
+    next_queue_seq,
+    queue_ahead,
+    queued,
+    take_free,
+)
+from .db import read_transaction, write_transaction
+from .errors import PreconditionFailed, conversation_not_found
+from .idempotency import IdempotencyClaim, IdempotentReplay, claimed, insert_claim
+from .runs import STALE_RUN, OnFailure, StartedRun, _run_values
+from .tables import Conversation, Run, conversations, runs
+
+#: how many conversations with queued runs one sweep looks at
+READY_BATCH = 100
+
+
+@dataclass(frozen=True)
+class Queued:
+    """What :meth:`QueueStore.enqueue_run` did.
+
+    ``run``: the request's run as recorded (``queued``, or ``running`` when it was claimed at
+    once: then ``started`` is it). ``started`` may also be another run: the head of the queue,
+    left by a process that went away, which this process claimed on the way and must run.
+    ``busy``: refused (``if_busy: reject``) because of this run. ``replay``: the key's answer.
+    """
+
+    run: Run | None = None
+    started: StartedRun | None = None
+    busy: str | None = None
+    replay: IdempotentReplay | None = None
+
+
+@dataclass(frozen=True)
+class QueueState:
+    """A read of where a queued run stands (a waiter polls it, then tries to claim)."""
+
+    status: str | None  # the run's status; None once it was dropped
+    claimable: bool  # the conversation looks free and the head is this run or a background one
+
+
+class QueueStore(StoreBase):
+    async def enqueue_run(
+        self,
+        tenant: str,
+        conv_id: str,
+        *,
+        run_id: str,
+        if_match: IfMatch | None,
+        prompts: Sequence[UserMessage],
+        agent: str,
+        on_failure: OnFailure,
+        owner: str,
+        lease_seconds: float,
+        held: bool,
+        wait_seconds: float | None = None,
+        reject_if_busy: bool = False,
+        idempotency: IdempotencyClaim | None = None,
+        respond_async: bool = False,
+    ) -> Queued:
+        """Queue a run at the end of the conversation's queue and, when its turn is now, claim
+        it — one write transaction.
+
+        Refusals first, as for any run: :class:`NotFound`, the key's answer (or its refusals),
+        :class:`PreconditionFailed` when ``if_match`` does not hold *now* (a queued run then
+        runs on whatever context its predecessors leave). ``held``: the request's client waits
+        for it (this process claims it); ``wait_seconds``: an ``if_busy: wait`` bound;
+        ``reject_if_busy``: nothing is queued when the conversation is busy or has a queue.
+        ``respond_async``: the key's answer is kept at once (repeats answer the run's record).
+        """
+        async with write_transaction(self.engine) as conn:
+            locked = await _lock(conn, tenant, conv_id, self.clock)
+            if locked is None:
+                raise conversation_not_found(conv_id)
+            conv, now = locked
+            if idempotency is not None:
+                replay = await claimed(conn, tenant, conv_id, idempotency, now)
+                if replay is not None:
+                    return Queued(replay=replay)
+            if if_match is not None and not if_match_holds(
+                if_match, conv.incarnation, conv.version
+            ):
+                raise PreconditionFailed(STALE_RUN, current_etag=conv.etag)
+            if reject_if_busy:
+                busy, _ = await take_free(conn, tenant, conv_id, conv.active_run_id, now)
+                busy = busy or await queue_ahead(conn, tenant, conv_id, now)
+                if busy is not None:
+                    return Queued(busy=busy)
+
+            values = _run_values(
+                tenant,
+                conv_id,
+                run_id,
+                base_etag=conv.etag,
+                prompts=prompts,
+                agent=agent,
+                on_failure=on_failure,
+                now=now,
+            )
+            values.update(
+                status="queued",
+                queue_seq=await next_queue_seq(conn, tenant, conv_id),
+                wait_until=None if wait_seconds is None else now + timedelta(seconds=wait_seconds),
+            )
+            if held:
+                values.update(
+                    lease_owner=owner, lease_expires_at=now + timedelta(seconds=lease_seconds)
+                )
+            await conn.execute(insert(runs).values(values))
+            if idempotency is not None:
+                await insert_claim(conn, tenant, conv_id, run_id, idempotency, now)
+                if respond_async:
+                    await answer_async(conn, tenant, conv_id, run_id)
+            started = await _claim(
+                conn, conv, now, owner=owner, lease_seconds=lease_seconds, mine=run_id
+            )
+        mine = Run(**values)
+        if started is not None and started.run is not None and started.run.run_id == run_id:
+            mine = started.run
+        return Queued(run=mine, started=started)
+
+    async def claim_next(
+        self, tenant: str, conv_id: str, *, owner: str, lease_seconds: float, mine: str | None
+    ) -> StartedRun | None:
+        """Claim the head of the conversation's queue when the conversation is free: the run
+        ``mine`` (a request of this process that waits for it) or a background run. None when
+        it is not this process's turn to start anything."""
+        async with write_transaction(self.engine) as conn:
+            locked = await _lock(conn, tenant, conv_id, self.clock)
+            if locked is None:
+                return None
+            conv, now = locked
+            return await _claim(
+                conn, conv, now, owner=owner, lease_seconds=lease_seconds, mine=mine
+            )
+
+    async def has_queue(self, tenant: str, conv_id: str) -> bool:
+        """A read: are runs queued on the conversation (that may still run)?"""
+        async with read_transaction(self.engine) as conn:
+            return await queue_ahead(conn, tenant, conv_id, self.clock.now()) is not None
+
+    async def queue_state(self, tenant: str, conv_id: str, run_id: str) -> QueueState:
+        """A read: the queued run's status, and whether a claim by its holder would start
+        something now (the waiter only tries to claim then: waiting costs reads, not writes)."""
+        now = self.clock.now()
+        async with read_transaction(self.engine) as conn:
+            status = (
+                await conn.execute(
+                    select(runs.c.status).where(
+                        *child_key(runs, tenant, conv_id), runs.c.run_id == run_id
+                    )
+                )
+            ).scalar_one_or_none()
+            if status != "queued":
+                return QueueState(status=status, claimable=False)
+            active = (
+                await conn.execute(
+                    select(conversations.c.active_run_id).where(*conversation_key(tenant, conv_id))
+                )
+            ).scalar_one_or_none()
+            if active is not None:
+                holder = (
+                    await conn.execute(
+                        select(runs.c.status, runs.c.lease_expires_at).where(
+                            *child_key(runs, tenant, conv_id), runs.c.run_id == active
+                        )
+                    )
+                ).first()
+                if (
+                    holder is not None
+                    and holder.status == "running"
+                    and holder.lease_expires_at is not None
+                    and holder.lease_expires_at > now
+                ):
+                    return QueueState(status=status, claimable=False)
+            head = (
+                await conn.execute(
+                    select(runs.c.run_id, runs.c.lease_owner, runs.c.lease_expires_at)
+                    .where(*queued(tenant, conv_id), live(now))
+                    .order_by(runs.c.queue_seq)
+                    .limit(1)
+                )
+            ).first()
+        claimable = head is not None and (
+            head.run_id == run_id
+            or head.lease_owner is None
+            or head.lease_expires_at is None
+            or head.lease_expires_at <= now
+        )
+        return QueueState(status=status, claimable=claimable)
+
+    async def leave_queue(self, tenant: str, conv_id: str, run_id: str) -> bool:
+        """The request of a held queued run gives up (its bound passed, or its server stops):
+        the run is removed, as if refused. False when it is no longer queued."""
+        async with write_transaction(self.engine) as conn:
+            return await drop_queued(conn, tenant, conv_id, run_id)
+
+    async def release_hold(self, tenant: str, conv_id: str, run_id: str) -> bool:
+        """The client of a held ``enqueue`` run went away: the run stays queued, as a
+        background run any process claims. False when it is no longer queued."""
+        async with write_transaction(self.engine) as conn:
+            done = await conn.execute(
+                update(runs)
+                .where(
+                    *child_key(runs, tenant, conv_id),
+                    runs.c.run_id == run_id,
+                    runs.c.status == "queued",
+                )
+                .values(lease_owner=None, lease_expires_at=None)
+            )
+            if done.rowcount:
+                await answer_async(conn, tenant, conv_id, run_id)
+        return bool(done.rowcount)
+
+    async def renew_holds(
+        self, run_ids: Sequence[str], *, owner: str, lease_seconds: float
+    ) -> frozenset[str]:
+        """Extend the holds of this process's waiting requests, in one statement; returns the
+        runs still queued and held by it."""
+        if not run_ids:
+            return frozenset()
+        async with write_transaction(self.engine) as conn:
+            rows = (
+                await conn.execute(
+                    update(runs)
+                    .where(
+                        runs.c.run_id.in_(list(run_ids)),
+                        runs.c.lease_owner == owner,
+                        runs.c.status == "queued",
+                    )
+                    .values(lease_expires_at=self.clock.now() + timedelta(seconds=lease_seconds))
+                    .returning(runs.c.run_id)
+                )
+            ).all()
+        return frozenset(row.run_id for row in rows)
+
+    async def ready_queues(self, *, limit: int = READY_BATCH) -> list[tuple[str, str]]:
+        """Conversations where a claim would likely start a queued run that no client holds
+        (a background run, or one whose holder's process died) — a read. The sweep claims their
+        heads, so that a queue goes on when the process that accepted it died."""
+        now = self.clock.now()
+        holder = runs.alias("holder")
+        free = or_(
+            conversations.c.active_run_id.is_(None),
+            holder.c.run_id.is_(None),
+            holder.c.status != "running",
+            holder.c.lease_expires_at <= now,
+        )
+        unheld = or_(runs.c.lease_owner.is_(None), runs.c.lease_expires_at <= now)
+        async with read_transaction(self.engine) as conn:
+            rows = (
+                await conn.execute(
+                    select(runs.c.tenant, runs.c.conversation_id)
+                    .select_from(
+                        runs.join(
+                            conversations,
+                            and_(
+                                conversations.c.tenant == runs.c.tenant,
+                                conversations.c.id == runs.c.conversation_id,
+                            ),
+                        ).outerjoin(
+                            holder,
+                            and_(
+                                holder.c.tenant == conversations.c.tenant,
+                                holder.c.conversation_id == conversations.c.id,
+                                holder.c.run_id == conversations.c.active_run_id,
+                            ),
+                        )
+                    )
+                    .where(runs.c.status == "queued", unheld, free)
+                    .group_by(runs.c.tenant, runs.c.conversation_id)
+                    .order_by(runs.c.tenant, runs.c.conversation_id)
+                    .limit(limit)
+                )
+            ).all()
+        return [(row.tenant, row.conversation_id) for row in rows]
+
+
+async def _lock(
+    conn: AsyncConnection, tenant: str, conv_id: str, clock: Clock
+) -> tuple[Conversation, datetime] | None:
+    """The conversation's row, locked (PostgreSQL; SQLite writers are serialised), and the time
+    once the lock is held: waiting for it must not eat into a lease. None when it is gone."""
+    stmt = select(conversations).where(*conversation_key(tenant, conv_id))
+    if conn.dialect.name == "postgresql":
+        stmt = stmt.with_for_update()
+    found = (await conn.execute(stmt)).mappings().first()
+    if found is None:
+        return None
+    return Conversation(**found), clock.now()
+
+
+async def _claim(
+    conn: AsyncConnection,
+    conv: Conversation,
+    now: datetime,
+    *,
+    owner: str,
+    lease_seconds: float,
+    mine: str | None,
+) -> StartedRun | None:
+    """Under the conversation's lock: start the head of its queue if it is this process's to
+    start (see the module's docstring), dropping waiters that gave up on the way."""
+    tenant, conv_id = conv.tenant, conv.id
+    busy, interrupted = await take_free(conn, tenant, conv_id, conv.active_run_id, now)
+    if busy is not None:
+        return None
+    while True:
+        head = (
+            (
+                await conn.execute(
+                    select(runs).where(*queued(tenant, conv_id)).order_by(runs.c.queue_seq).limit(1)
+                )
+            )
+            .mappings()
+            .first()
+        )
+        if head is None:
+            return StartedRun(interrupted=interrupted) if interrupted else None
+        held = head["lease_owner"] is not None
+        alive = held and head["lease_expires_at"] is not None and head["lease_expires_at"] > now
+        gave_up = head["wait_until"] is not None and head["wait_until"] <= now
+        if head["run_id"] != mine and (gave_up or (head["wait_until"] is not None and not alive)):
+            await drop_queued(conn, tenant, conv_id, head["run_id"])
+            continue
+        if alive and head["run_id"] != mine:
+            return None  # its holder starts it
+        if held and not alive:  # its client's process died: it is a background run now
+            await answer_async(conn, tenant, conv_id, head["run_id"])
+        break
+    claimed_values = {
+        "status": "running",
+        "base_etag": conv.etag,
+        "lease_owner": owner,
+        "lease_expires_at": now + timedelta(seconds=lease_seconds),
+        "queue_seq": None,
+        "wait_until": None,
+    }
+    await conn.execute(
+        update(runs)
+        .where(
+            *child_key(runs, tenant, conv_id),
+            runs.c.run_id == head["run_id"],
+            runs.c.status == "queued",
+        )
+        .values(claimed_values)
+    )
+    await conn.execute(
+        update(conversations)
+        .where(*conversation_key(tenant, conv_id))
+        .values(active_run_id=head["run_id"])
+    )
+    loaded = await read_context(conn, conv)
+    run = Run(**{**head, **claimed_values})
+    return StartedRun(run=run, loaded=loaded, interrupted=interrupted)
+
+
+__all__ = ["ASYNC_ANSWER_KEY", "READY_BATCH", "QueueState", "QueueStore", "Queued", "async_answer"]
