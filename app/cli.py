@@ -47,8 +47,8 @@ from .config import (
     default_settings,
     get_settings,
     is_loopback,
-    validation_messages,
 )
+from .config_check import settings_errors
 from .observability import RedactSecrets, banner_line, configure_logging, logging_config
 
 if TYPE_CHECKING:
@@ -137,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     chat.add_parser(commands)
     cli_conversations.add_parser(commands)
+    from . import cli_ops
+
+    cli_ops.add_parsers(commands)
     return parser
 
 
@@ -169,8 +172,23 @@ def load_settings(**overrides: Any) -> Settings:
     try:
         return Settings(**given) if given else get_settings()
     except ValidationError as exc:
-        lines = "".join(f"\n  {message}" for message in validation_messages(exc))
+        lines = "".join(f"\n  {message}" for message in settings_errors(exc))
         raise CliError(f"invalid configuration:{lines}", status=2) from None
+
+
+def check_startup(settings: Settings) -> list[str]:
+    """Resolve every tool and key now (app.config_check): a broken one stops ``serve`` with
+    status 2, before the port is bound. What can wait is returned, to be logged."""
+    from .config_check import check
+
+    found = check(settings)
+    if found.errors:
+        lines = "".join(f"\n  {message}" for message in found.errors)
+        raise CliError(f"invalid configuration:{lines}", status=2)
+    return found.warnings + [
+        f"agent profile {name!r} cannot run: {why}; /readyz answers 503 until it is set"
+        for name, why in sorted(found.unready.items())
+    ]
 
 
 # --- migrations ------------------------------------------------------------------------------
@@ -259,6 +277,7 @@ def banner(settings: Settings, db_keys: int | None = 0) -> str:
 
 def serve(args: argparse.Namespace) -> int:
     settings = load_settings(host=args.host, port=args.port, workers=args.workers)
+    warnings = check_startup(settings)
     db_keys: int | None = None
     if settings.exposure_problem():
         # Not safe on this host unless the database holds keys: ask it before migrating.
@@ -269,6 +288,8 @@ def serve(args: argparse.Namespace) -> int:
     secrets = settings.secret_values()
     configure_logging(settings.log_level, settings.log_format, secrets)
     logging.captureWarnings(True)  # a library's warning is a log line, in the log's format
+    for warning in warnings:
+        logging.getLogger("carryover.config").warning("%s", warning)
     _migrate(settings)
     if db_keys is None:
         db_keys = _count_keys(settings, missing_ok=True)
@@ -488,8 +509,10 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from . import cli_ops
+
     try:
-        return COMMANDS[args.command](args)
+        return {**COMMANDS, **cli_ops.COMMANDS}[args.command](args)
     except CliError as exc:
         # JSON logs stay JSON to the last line (the settings may be what failed: read the
         # variable itself)
@@ -502,4 +525,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # ``python -m app.cli``: run the module as ``app.cli`` (not ``__main__``), so app.cli_ops
+    # and this share one CliError
+    from app.cli import main as _main
+
+    sys.exit(_main())

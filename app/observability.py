@@ -39,6 +39,8 @@ from prometheus_client import (
 )
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app import telemetry
+
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 RUN_STATUSES = frozenset({"completed", "failed", "cancelled", "conflicted", "interrupted"})
@@ -51,13 +53,43 @@ HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTI
 OTHER = "other"
 UNMATCHED_ROUTE = "<unmatched>"
 MAX_TOOL_LABELS = 64
+MAX_AGENT_LABELS = 32
+#: the agent of a run another process started and this one found dead (its row is not read)
+UNKNOWN_AGENT = "unknown"
+TOKEN_KINDS = ("input", "output", "cache_read", "cache_write")
+QUOTA_LIMITS = frozenset({"tokens_per_day", "runs_per_minute", "concurrent_runs"})
 
-RUNS = Counter("carryover_runs", "Runs that ended, by status.", ["status"], registry=REGISTRY)
+RUNS = Counter(
+    "carryover_runs",
+    "Runs that ended, by status and agent.",
+    ["status", "agent"],
+    registry=REGISTRY,
+)
 RUN_DURATION = Histogram(
     "carryover_run_duration_seconds",
-    "Wall time of a run, from start to its recorded end.",
-    ["status"],
+    "Wall time of a run, from start to its recorded end, by status and agent.",
+    ["status", "agent"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800),
+    registry=REGISTRY,
+)
+PROVIDER_REQUEST_DURATION = Histogram(
+    "carryover_provider_request_duration_seconds",
+    "Time of one provider request (an attempt, until its stream ended), by provider and outcome.",
+    ["provider", "outcome"],
+    buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600),
+    registry=REGISTRY,
+)
+TOKENS = Counter(
+    "carryover_tokens",
+    "Tokens of provider requests (compactions' included), by provider and kind "
+    "(input counts cached input too; cache_read and cache_write are parts of it).",
+    ["provider", "kind"],
+    registry=REGISTRY,
+)
+QUOTA_REFUSALS = Counter(
+    "carryover_quota_refusals",
+    "Runs refused for a spent tenant quota, by limit.",
+    ["limit"],
     registry=REGISTRY,
 )
 RUNS_IN_PROGRESS = Gauge(
@@ -96,6 +128,7 @@ HTTP_DURATION = Histogram(
 )
 
 _tool_labels: set[str] = set()
+_agent_labels: set[str] = set()
 
 
 def _bounded(value: str, allowed: frozenset[str]) -> str:
@@ -113,10 +146,47 @@ def _tool_label(name: str) -> str:
     return OTHER
 
 
-def observe_run(status: str, seconds: float) -> None:
-    status = _bounded(status, RUN_STATUSES)
-    RUNS.labels(status=status).inc()
-    RUN_DURATION.labels(status=status).observe(max(0.0, seconds))
+def _agent_label(name: str) -> str:
+    # Profile names come from configuration: the first few are kept, later ones fold.
+    if name in _agent_labels or name == UNKNOWN_AGENT:
+        return name
+    if len(_agent_labels) < MAX_AGENT_LABELS and re.fullmatch(r"[A-Za-z0-9._-]{1,64}", name):
+        _agent_labels.add(name)
+        return name
+    return OTHER
+
+
+def observe_run(status: str, seconds: float, agent: str = "default") -> None:
+    status, agent = _bounded(status, RUN_STATUSES), _agent_label(agent)
+    RUNS.labels(status=status, agent=agent).inc()
+    RUN_DURATION.labels(status=status, agent=agent).observe(max(0.0, seconds))
+
+
+def observe_interrupted(count: int = 1) -> None:
+    """Runs of a dead process found and marked interrupted (their agent is not read)."""
+    RUNS.labels(status="interrupted", agent=UNKNOWN_AGENT).inc(count)
+
+
+def observe_provider_request(provider: str, outcome: str, seconds: float) -> None:
+    PROVIDER_REQUEST_DURATION.labels(
+        provider=_bounded(provider, PROVIDERS), outcome=_bounded(outcome, ATTEMPT_OUTCOMES)
+    ).observe(max(0.0, seconds))
+
+
+telemetry.on_provider_request(observe_provider_request)
+
+
+def observe_tokens(
+    provider: str, input: int = 0, output: int = 0, cache_read: int = 0, cache_write: int = 0
+) -> None:
+    provider = _bounded(provider, PROVIDERS)
+    for kind, count in zip(TOKEN_KINDS, (input, output, cache_read, cache_write), strict=True):
+        if count > 0:
+            TOKENS.labels(provider=provider, kind=kind).inc(count)
+
+
+def observe_quota_refusal(limit: str) -> None:
+    QUOTA_REFUSALS.labels(limit=_bounded(limit, QUOTA_LIMITS)).inc()
 
 
 def observe_provider_attempt(provider: str, outcome: str) -> None:

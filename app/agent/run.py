@@ -31,6 +31,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import ParamSpec, TypeVar
 
+from app import telemetry
+
 from . import compaction
 from .assembly import AttemptBuilder
 from .events import (
@@ -412,31 +414,45 @@ class Agent:
         retries = 0
         while True:
             builder = AttemptBuilder(provider=self.provider.name, model=self.config.model)
-            try:
-                async for event in self.provider.stream(request):
-                    builder.feed(event)
-                    if state is not None:
-                        await emit(Delta(event))
-                if not builder.complete:
-                    raise ProviderError("retryable", "the stream ended before the message did")
-            except ProviderError as exc:
-                will_retry = exc.kind == "retryable" and retries < policy.max_retries
-                if not will_retry and retries:
-                    exc.message = (
-                        f"{exc.message} (after {retries} {'retry' if retries == 1 else 'retries'})"
-                    )
-                if state is not None and (builder.has_content or not will_retry):
-                    await self._record(state, emit, builder.failed(_error(exc)))
-                if will_retry:
+            delay: float | None = None
+            # one span per provider request (each retry is one), the backoff outside it
+            with telemetry.chat_span(
+                self.provider.name, request.model or self.config.model, request.messages
+            ) as attempt_span:
+                try:
+                    async for event in self.provider.stream(request):
+                        builder.feed(event)
+                        if state is not None:
+                            await emit(Delta(event))
+                    if not builder.complete:
+                        raise ProviderError("retryable", "the stream ended before the message did")
+                except ProviderError as exc:
+                    will_retry = exc.kind == "retryable" and retries < policy.max_retries
+                    if not will_retry and retries:
+                        exc.message = (
+                            f"{exc.message} "
+                            f"(after {retries} {'retry' if retries == 1 else 'retries'})"
+                        )
+                    failed = builder.failed(_error(exc))
+                    telemetry.record_response(attempt_span, failed)
+                    if state is not None and (builder.has_content or not will_retry):
+                        await self._record(state, emit, failed)
+                    if not will_retry:
+                        raise
                     retries += 1
-                    await asyncio.sleep(policy.delay(retries, exc.retry_after))
-                    continue
-                raise
-            except asyncio.CancelledError:
-                if state is not None:
-                    await _shielded(self._record(state, emit, builder.failed(CANCELLED)))
-                raise
-            message = builder.message()
+                    delay = policy.delay(retries, exc.retry_after)
+                except asyncio.CancelledError:
+                    cancelled = builder.failed(CANCELLED)
+                    telemetry.record_response(attempt_span, cancelled)
+                    if state is not None:
+                        await _shielded(self._record(state, emit, cancelled))
+                    raise
+                else:
+                    message = builder.message()
+                    telemetry.record_response(attempt_span, message)
+            if delay is not None:
+                await asyncio.sleep(delay)
+                continue
             if state is not None:
                 await self._record(state, emit, message)
             return message
@@ -475,6 +491,15 @@ class Agent:
     # --- compaction ----------------------------------------------------------------------
 
     async def _compact(
+        self, state: _State, emit: _Emitter, reason: CompactionReason, *, keep_last: bool
+    ) -> None:
+        with telemetry.compaction_span(reason) as span:
+            done = len(state.compactions)
+            await self._fold_history(state, emit, reason, keep_last=keep_last)
+            if len(state.compactions) > done:
+                telemetry.record_compaction(span, state.compactions[-1])
+
+    async def _fold_history(
         self, state: _State, emit: _Emitter, reason: CompactionReason, *, keep_last: bool
     ) -> None:
         cfg = self.config

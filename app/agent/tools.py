@@ -18,6 +18,8 @@ from typing import Any, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
+from app import telemetry
+
 from .messages import TextBlock, ToolCallBlock, ToolResultMessage
 from .providers.base import ToolSpec
 
@@ -174,7 +176,9 @@ async def run_batch(
     results: list[ToolResultMessage | None] = [None] * len(calls)
 
     async def one(i: int, call: ToolCallBlock) -> None:
-        result = await registry.call(call)
+        with telemetry.tool_span(call.name, call.id) as span:
+            result = await registry.call(call)
+            telemetry.record_tool_result(span, result.is_error)
         results[i] = result
         await on_done(i, result)
 

@@ -13,7 +13,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from app import __version__
+from app import __version__, telemetry
 from app.clock import SYSTEM_CLOCK, Clock
 from app.config import Settings, default_settings, get_settings
 from app.observability import MetricsMiddleware
@@ -32,8 +32,8 @@ from .handlers import install_problem_handlers
 from .limits import BodyLimitMiddleware
 from .links import install_links
 from .problems import METHOD_NOT_ALLOWED, document_problem_types, problem_response
-from .routes import conversations, events, health, runs, transcript
-from .views import record_view
+from .routes import conversations, events, health, runs, transcript, usage
+from .views import record_view, run_problem_slug
 
 DESCRIPTION = """\
 Carryover stores each conversation's state and continues it run after run: it loads the
@@ -138,9 +138,11 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = make_engine(settings.database_url)
+        telemetry.instrument_engine(engine)
         pool = agents or AgentPool(settings)
         repo = Repository(engine, clock)
         manager = RunManager(repo, pool, settings, clock)
+        manager.problem_slug = run_problem_slug
         keys = KeyStore(engine, clock)
         auth = Authenticator(settings.api_keys, keys, settings.api_key_cache_seconds)
         app.state.services = Services(
@@ -177,7 +179,7 @@ def create_app(
     install_links(app)
     install_parameter_schemas(app, settings.max_page_size, settings)
 
-    for module in (conversations, runs, events, transcript, health):
+    for module in (conversations, runs, events, transcript, health, usage):
         app.include_router(module.router)
 
     # Outermost last: metrics → CORS → authentication → body limit → routes. CORS answers
@@ -202,6 +204,8 @@ def create_app(
             expose_headers=["ETag", "Location", "Retry-After", "Idempotent-Replayed"],
         )
     app.add_middleware(MetricsMiddleware)
+    telemetry.configure()
+    telemetry.instrument_app(app)
     return app
 
 

@@ -308,6 +308,11 @@ class Run(BaseModel):
     created_at: datetime
     finished_at: datetime | None
     duration_ms: int | None
+    trace_id: str | None = Field(
+        default=None,
+        description="The OpenTelemetry trace the run was started in (32 hex digits; an "
+        "incoming traceparent's trace), null when tracing is off (docs/operations.md)",
+    )
 
 
 class RunPage(BaseModel):
@@ -352,6 +357,11 @@ class Readiness(BaseModel):
     database: bool
     schema_revision: str | None
     expected_revision: str
+    unready_profiles: dict[str, str] = Field(
+        default_factory=dict,
+        description="Agent profiles that cannot run, each with why (e.g. its key's variable "
+        "is unset); any makes the service not ready.",
+    )
 
 
 # --- export / import (docs/conversations.md) ------------------------------------------------

@@ -54,6 +54,12 @@ def run_problem(error: AttemptError | None, status: str) -> RunProblem | None:
     )
 
 
+def run_problem_slug(error: AttemptError | None, status: str) -> str | None:
+    """The slug of :func:`run_problem`'s type (the run's log line names it)."""
+    problem = run_problem(error, status)
+    return problem.type.rsplit("/", 1)[-1] if problem is not None else None
+
+
 @dataclass(frozen=True)
 class RunView:
     """One run as answered over HTTP (``context`` left out of listings and minimal answers)."""
@@ -101,6 +107,7 @@ def run_view(finished: FinishedRun) -> RunView:
             created_at=run.created_at,
             finished_at=outcome.finished_at,
             duration_ms=_duration(run.created_at, outcome.finished_at),
+            trace_id=run.trace_id,
         )
     )
 
@@ -131,6 +138,7 @@ def record_view(record: RunRecord) -> RunView:
                 "created_at": run.created_at,
                 "finished_at": run.finished_at,
                 "duration_ms": _duration(run.created_at, run.finished_at),
+                "trace_id": run.trace_id,
             }
         )
     )

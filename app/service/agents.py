@@ -136,6 +136,7 @@ class AgentPool:
     """The configured agents, built lazily and shared by every request."""
 
     def __init__(self, settings: Settings) -> None:
+        self._settings = settings
         self._profiles = {
             name: with_key(profile, settings) for name, profile in settings.profiles().items()
         }
@@ -156,6 +157,18 @@ class AgentPool:
                 profile, max_answer_chars=self._max_answer_chars
             )
         return agent
+
+    def unready(self) -> dict[str, str]:
+        """Profiles that cannot run for want of a key, each with why (``/readyz``); an agent
+        installed with :meth:`put` is ready."""
+        from app.config_check import key_problem
+
+        found = {}
+        for name, profile in self._profiles.items():
+            problem = None if name in self._agents else key_problem(profile, self._settings)
+            if problem is not None:
+                found[name] = problem
+        return found
 
     def put(self, name: str, agent: Agent) -> None:
         """Install a ready agent under a profile name (tests use fakes this way)."""

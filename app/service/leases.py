@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.clock import Clock
 from app.config import Settings
-from app.observability import RUNS, RUNS_IN_PROGRESS
+from app.observability import RUNS_IN_PROGRESS, observe_interrupted
 from app.store.db import make_engine
 from app.store.faults import classify
 from app.store.repository import Repository
@@ -211,7 +211,7 @@ class LeaseKeeping:
                         )
                     if interrupted:
                         log.warning("marked %d run(s) of a dead process interrupted", interrupted)
-                        RUNS.labels(status="interrupted").inc(interrupted)
+                        observe_interrupted(interrupted)
                 # app/service/queue.py: renew the holds of waiting requests; start the next
                 # queued runs (not during the grace: a claim interrupts an expired holder)
                 async with asyncio.timeout(self.settings.lease_seconds):

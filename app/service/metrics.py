@@ -4,26 +4,46 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from app.agent.messages import AssistantMessage, ToolResultMessage
+from app.agent.messages import AssistantMessage, ToolResultMessage, Usage
 from app.agent.records import Result
 from app.observability import (
     observe_compaction,
     observe_provider_attempt,
     observe_run,
+    observe_tokens,
     observe_tool_call,
 )
 
 
+def _tokens(provider: str, usage: Usage) -> None:
+    observe_tokens(
+        provider,
+        input=usage.input_tokens,
+        output=usage.output_tokens,
+        cache_read=usage.cache_read_tokens,
+        cache_write=usage.cache_write_tokens,
+    )
+
+
 def observe_result(
-    status: str, result: Result, started: datetime, finished: datetime | None
+    status: str,
+    result: Result,
+    started: datetime,
+    finished: datetime | None,
+    agent: str = "default",
 ) -> None:
     seconds = (finished - started).total_seconds() if finished is not None else 0.0
-    observe_run(status, max(0.0, seconds))
+    observe_run(status, max(0.0, seconds), agent)
+    provider = ""
     for message in result.new_messages:
         if isinstance(message, AssistantMessage):
             outcome = "ok" if message.error is None else message.error.kind
             observe_provider_attempt(message.provider, outcome)
+            _tokens(message.provider, message.usage)
+            provider = message.provider
         elif isinstance(message, ToolResultMessage):
             observe_tool_call(message.tool_name, "error" if message.is_error else "ok")
     for compaction in result.compactions:
         observe_compaction(compaction.reason)
+        # a compaction's summary request is made by the run's provider
+        _tokens(provider or (result.final.provider if result.final else ""), compaction.usage)

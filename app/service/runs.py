@@ -15,16 +15,19 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from app import telemetry
 from app.agent.events import CompactionCompleted, RunEvent
 from app.agent.messages import AttemptError, Context
 from app.agent.records import Result
 from app.agent.run import Agent
 from app.clock import SYSTEM_CLOCK, Clock
 from app.config import Settings
+from app.errors import CarryoverError
 from app.etag import IfMatch
-from app.observability import RUNS
+from app.observability import observe_interrupted, observe_quota_refusal
 from app.store.errors import run_not_found
 from app.store.faults import classify
+from app.store.quotas import QuotaExceeded
 from app.store.repository import (
     IdempotencyClaim,
     Loaded,
@@ -34,7 +37,7 @@ from app.store.repository import (
     StartedRun,
 )
 
-from . import pending
+from . import pending, runlog
 from .agents import AgentPool
 from .bounds import RunDeadline
 from .cache import ContextCache
@@ -75,6 +78,9 @@ class RunManager(LeaseKeeping, Queueing):
         self.waiting: dict[str, Any] = {}  # held queued runs of this process (app.service.queue)
         self._claims: set[asyncio.Task[None]] = set()
         self.queues: set[tuple[str, str]] = set()
+        #: the problem slug of a run that ended with ``error`` / ``status`` (the API sets it:
+        #: the problem registry is the API's), for the run's log line
+        self.problem_slug: Callable[[AttemptError | None, str], str | None] = _no_problem
 
     # --- runs --------------------------------------------------------------------------------
 
@@ -89,11 +95,47 @@ class RunManager(LeaseKeeping, Queueing):
         stream: bool = False,
         respond_async: bool = False,
     ) -> ActiveRun | Replayed | QueuedRun | EndedUnrun:
-        """Take the conversation's lease and start the run; refusals raise before.
+        """Take the conversation's lease and start the run; refusals raise before (each one
+        logged).
 
         ``if_busy: wait|enqueue`` and ``respond_async`` go through the conversation's queue
         (:mod:`app.service.queue`): a background request may answer :class:`QueuedRun`, a
         held one that was cancelled while queued :class:`EndedUnrun`."""
+        try:
+            return await self._start(
+                tenant,
+                conversation_id,
+                request,
+                if_match=if_match,
+                idempotency=idempotency,
+                stream=stream,
+                respond_async=respond_async,
+            )
+        except CarryoverError as exc:
+            if isinstance(exc, QuotaExceeded):
+                observe_quota_refusal(exc.limit)
+            runlog.run_refused(
+                conversation_id=conversation_id,
+                tenant=tenant,
+                agent=request.agent,
+                problem=exc.slug,
+                http_status=exc.status,
+                detail=exc.detail,
+                trace_id=telemetry.current_trace_id(),
+            )
+            raise
+
+    async def _start(
+        self,
+        tenant: str,
+        conversation_id: str,
+        request: RunRequest,
+        *,
+        if_match: IfMatch | None,
+        idempotency: Idempotency | None,
+        stream: bool,
+        respond_async: bool,
+    ) -> ActiveRun | Replayed | QueuedRun | EndedUnrun:
         if self.closing:
             raise ShuttingDown
         agent = self.agents.get(request.agent)
@@ -133,6 +175,7 @@ class RunManager(LeaseKeeping, Queueing):
                 idempotency=claim,
                 cached=self.contexts.lookup,
                 check=pending.checker(agent, request),
+                trace_id=telemetry.current_trace_id(),
             )
             if started.replay is not None:
                 return Replayed(started.replay.status_code, started.replay.response)
@@ -186,8 +229,15 @@ class RunManager(LeaseKeeping, Queueing):
         if started.loaded is not None and started.run is not None:
             self.contexts.keep(started.run.tenant, started.run.conversation_id, started.loaded)
         if started.interrupted is not None:
-            log.warning("run %s of a dead process was marked interrupted", started.interrupted)
-            RUNS.labels(status="interrupted").inc()
+            run = started.run
+            runlog.run_taken_over(
+                interrupted_run_id=started.interrupted,
+                run_id=run.run_id if run is not None else "",
+                conversation_id=run.conversation_id if run is not None else "",
+                tenant=run.tenant if run is not None else "",
+                trace_id=telemetry.current_trace_id(),
+            )
+            observe_interrupted()
 
     async def _execute(
         self,
@@ -195,6 +245,18 @@ class RunManager(LeaseKeeping, Queueing):
         agent: Agent | None,
         request: RunRequest,
         idempotency: Idempotency | None,
+    ) -> None:
+        # the run's span: the agent's spans and the writes of its outcome nest in it
+        with telemetry.agent_span(request.agent, active.conversation_id, active.run_id) as span:
+            await self._execute_in(active, agent, request, idempotency, span)
+
+    async def _execute_in(
+        self,
+        active: ActiveRun,
+        agent: Agent | None,
+        request: RunRequest,
+        idempotency: Idempotency | None,
+        run_span: Any,
     ) -> None:
         loaded = active.started.loaded
         assert loaded is not None
@@ -213,6 +275,7 @@ class RunManager(LeaseKeeping, Queueing):
                 log.exception("run %s failed unexpectedly", active.run_id)
                 result = _internal(loaded.context, exc)
             active.finishing = True
+            telemetry.record_run(run_span, result.status, result.usage)
             finish = asyncio.ensure_future(
                 self._finish(
                     active, loaded, result, request.on_failure, idempotency, request=request
@@ -314,13 +377,31 @@ class RunManager(LeaseKeeping, Queueing):
             raise OutcomeNotStored(active.run_id, result.status, fault, waited) from exc
         self.contexts.saved(active.tenant, active.conversation_id, outcome)
         finished = FinishedRun(run, result, outcome)
+        seconds = (
+            (outcome.finished_at - run.created_at).total_seconds()
+            if outcome.finished_at is not None
+            else 0.0
+        )
+        runlog.run_ended(
+            run_id=active.run_id,
+            conversation_id=active.conversation_id,
+            tenant=active.tenant,
+            agent=run.agent,
+            status=outcome.status,
+            seconds=seconds,
+            result=result,
+            problem=self.problem_slug(result.error, outcome.status),
+            trace_id=run.trace_id,
+        )
         if outcome.status == "interrupted":
             # It lost its lease: another process marked it interrupted (and counted it).
             log.warning(
                 "run %s finished after its lease was lost; nothing was stored", active.run_id
             )
         else:
-            observe_result(outcome.status, result, run.created_at, outcome.finished_at)
+            observe_result(
+                outcome.status, result, run.created_at, outcome.finished_at, agent=run.agent
+            )
             if idempotency is not None:
                 status_code, body = idempotency.answer(finished)
                 try:
@@ -379,7 +460,7 @@ class RunManager(LeaseKeeping, Queueing):
                 continue
             if marked:
                 log.warning("run %s was marked interrupted: %s", active.run_id, error["message"])
-                RUNS.labels(status="interrupted").inc()
+                observe_interrupted()
             return
 
     async def wait(
@@ -401,7 +482,15 @@ class RunManager(LeaseKeeping, Queueing):
         run's record as it is now (still ``running``, typically)."""
         await self.repo.request_cancel(tenant, conversation_id, run_id)
         active = self.active.get(run_id)
-        if active is not None and active.tenant == tenant:
+        here = active is not None and active.tenant == tenant
+        runlog.run_cancel_requested(
+            run_id=run_id,
+            conversation_id=conversation_id,
+            tenant=tenant,
+            here=here,
+            trace_id=telemetry.current_trace_id(),
+        )
+        if active is not None and here:
             self.stop(active)
         return await self.record(tenant, conversation_id, run_id)
 
@@ -441,6 +530,7 @@ class RunManager(LeaseKeeping, Queueing):
             owner=self.owner,
             lease_seconds=self.settings.lease_seconds,
             cached=self.contexts.lookup,
+            trace_id=telemetry.current_trace_id(),
         )
         if started.active_run_id is not None:
             retry_after = await self._busy_retry_after(tenant, conversation_id)
@@ -452,7 +542,11 @@ class RunManager(LeaseKeeping, Queueing):
         active.recorder = start_recorder(self.repo, self.clock, active)
         try:
             try:
-                result = await agent.compact(started.loaded.context, tokens=started.loaded.tokens)
+                with telemetry.agent_span(agent_name, conversation_id, run_id) as span:
+                    result = await agent.compact(
+                        started.loaded.context, tokens=started.loaded.tokens
+                    )
+                    telemetry.record_run(span, result.status, result.usage)
             except Exception as exc:
                 log.exception("compaction %s failed unexpectedly", run_id)
                 result = _internal(started.loaded.context, exc)
@@ -466,6 +560,10 @@ class RunManager(LeaseKeeping, Queueing):
             self._unregister(run_id)
             active.recorder.abandon()
             self._conversation_freed(tenant, conversation_id)
+
+
+def _no_problem(error: AttemptError | None, status: str) -> str | None:
+    return None if error is None and status in ("completed", "requires_action") else status
 
 
 def _settle(target: asyncio.Future[FinishedRun], source: asyncio.Future[FinishedRun]) -> None:

@@ -56,6 +56,7 @@ from .errors import (
 )
 from .events import EventRow, insert_events
 from .idempotency import IdempotencyClaim, IdempotentReplay, claimed, insert_claim
+from .quotas import admit, settle
 from .records import insert_audit
 from .tables import (
     Conversation,
@@ -162,6 +163,7 @@ class RunStore(StoreBase):
         idempotency: IdempotencyClaim | None = None,
         cached: CachedContext | None = None,
         check: Callable[[Context], None] | None = None,
+        trace_id: str | None = None,
     ) -> StartedRun:
         """Take the conversation's run lease and load its context, in one write transaction.
 
@@ -214,6 +216,9 @@ class RunStore(StoreBase):
             if ahead is not None:  # runs queued before this request go first
                 return StartedRun(active_run_id=ahead, interrupted=interrupted)
 
+            # the tenant's quota, under the same locks (app/store/quotas.py): refused, nothing
+            # of this transaction is written
+            await admit(conn, tenant, now)
             await conn.execute(
                 update(conversations)
                 .where(*conversation_key(tenant, conv_id))
@@ -230,7 +235,9 @@ class RunStore(StoreBase):
                 now=now,
             )
             values.update(
-                lease_owner=owner, lease_expires_at=now + timedelta(seconds=lease_seconds)
+                lease_owner=owner,
+                lease_expires_at=now + timedelta(seconds=lease_seconds),
+                trace_id=trace_id,
             )
             await conn.execute(insert(runs).values(values))
             if idempotency is not None:
@@ -425,6 +432,7 @@ class RunStore(StoreBase):
                 raise _NotRunning  # rolls the transaction back
 
             await insert_audit(conn, tenant, conv_id, run_id, result)
+            await settle(conn, tenant, now, result.usage)
             first_seq = row.transcript_seq - len(entries) + 1
             await insert_transcript(conn, tenant, conv_id, run_id, first_seq, entries, now)
             await insert_events(conn, events)

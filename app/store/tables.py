@@ -193,6 +193,8 @@ class Run(SQLModel, table=True):
         Index("ix_runs_status_lease", "status", "lease_expires_at"),
         # a conversation's queue in arrival order (app/store/queue.py)
         Index("ix_runs_queue", "tenant", "conversation_id", "queue_seq"),
+        # runs per minute of a tenant (app/store/quotas.py)
+        Index("ix_runs_tenant_created", "tenant", "created_at"),
     )
 
     tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
@@ -222,6 +224,8 @@ class Run(SQLModel, table=True):
     # ``lease_expires_at`` set (the holder's process renews them); a background one has none.
     queue_seq: int | None = Field(default=None, sa_type=BigInteger)
     wait_until: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    #: the OpenTelemetry trace the run was started in (32 hex digits), when tracing is on
+    trace_id: str | None = Field(default=None, max_length=32)
 
 
 class RunNewMessage(SQLModel, table=True):
@@ -400,6 +404,31 @@ class WebhookDelivery(SQLModel, table=True):
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
+class TenantQuota(SQLModel, table=True):
+    """A tenant's quotas (``carryover quotas set``); a limit left null does not apply."""
+
+    __tablename__ = "tenant_quotas"
+
+    tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
+    tokens_per_day: int | None = None
+    runs_per_minute: int | None = None
+    concurrent_runs: int | None = None
+    updated_at: datetime = Field(sa_type=UTCDateTime)
+
+
+class TenantUsage(SQLModel, table=True):
+    """A tenant's totals of one UTC day: runs started, tokens settled when runs ended."""
+
+    __tablename__ = "tenant_usage"
+
+    tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
+    day: str = Field(primary_key=True, max_length=10)  # YYYY-MM-DD, UTC
+    runs: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+
+
 metadata = SQLModel.metadata
 
 
@@ -421,3 +450,5 @@ api_keys = _table("api_keys")
 run_events = _table("run_events")
 webhooks = _table("webhooks")
 webhook_deliveries = _table("webhook_deliveries")
+tenant_quotas = _table("tenant_quotas")
+tenant_usage = _table("tenant_usage")

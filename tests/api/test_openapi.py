@@ -18,7 +18,7 @@ import pytest
 from fastapi.routing import APIRoute
 
 from app.api.app import create_app, openapi_document
-from app.api.routes import conversations, events, health, runs, transcript
+from app.api.routes import conversations, events, health, runs, transcript, usage
 from app.cli import default_settings, openapi_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,6 +46,7 @@ OPERATIONS = {
     ("get", "/healthz"): "healthz",
     ("get", "/readyz"): "readyz",
     ("get", "/metrics"): "metrics",
+    ("get", "/usage"): "get_usage",
 }
 
 
@@ -172,7 +173,7 @@ def test_every_route_is_documented_with_a_readable_operation_id(
 ) -> None:
     routes = {
         (method.lower(), route.path)
-        for module in (conversations, runs, events, transcript, health)
+        for module in (conversations, runs, events, transcript, health, usage)
         for route in module.router.routes
         if isinstance(route, APIRoute) and route.include_in_schema
         for method in route.methods

@@ -39,6 +39,7 @@ RUN_FIELDS = {
     "created_at",
     "finished_at",
     "duration_ms",
+    "trace_id",
 }
 
 

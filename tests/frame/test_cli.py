@@ -194,8 +194,8 @@ def test_serve_reports_invalid_configuration(
     assert main(["serve"]) == 2
     err = capsys.readouterr().err
     assert "invalid configuration" in err
-    assert "compact_at: compact_at is a share of the context window" in err
-    assert "provider: unknown provider 'nope'" in err
+    assert "CARRYOVER_COMPACT_AT='1.5': CARRYOVER_COMPACT_AT is a share of the context" in err
+    assert "CARRYOVER_PROVIDER='nope': unknown provider 'nope'" in err
     assert calls.served == []
 
 

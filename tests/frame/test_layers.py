@@ -2,13 +2,13 @@
 layer or the layers below it. Read from the source (an AST walk, no import), so a module that
 would import an upper layer lazily, inside a function or under ``TYPE_CHECKING``, counts too.
 
-    base     app.clock, app.errors, app.etag      (import nothing of app but each other)
+    base     app.clock, app.errors, app.etag, app.telemetry  (import nothing of app but each other)
     agent    app.agent
-    config   app.config, app.observability        (beside the layers: settings and metrics)
+    config   app.config, app.config_check, app.observability  (settings and metrics)
     store    app.store
     service  app.service
     api      app.api
-    top      app.cli, app.chat, app.__main__, app (package)
+    top      app.cli, app.cli_ops, app.chat, app.__main__, app (package)
 
 ``app.chat`` (the terminal client) is a client of the HTTP API: besides the package it imports
 nothing of ``app`` at all, whatever its rank allows.
@@ -31,8 +31,10 @@ LAYERS = {
     "app.clock": "base",
     "app.errors": "base",
     "app.etag": "base",
+    "app.telemetry": "base",
     "app.agent": "agent",
     "app.config": "config",
+    "app.config_check": "config",
     "app.observability": "config",
     "app.store": "store",
     "app.service": "service",
@@ -41,6 +43,7 @@ LAYERS = {
     "app.chat": "top",
     "app.cli_webhooks": "top",
     "app.cli_conversations": "top",
+    "app.cli_ops": "top",
     "app.__main__": "top",
 }
 #: the package itself (``__version__``) is below everything

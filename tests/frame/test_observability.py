@@ -57,13 +57,18 @@ def test_render_metrics_is_prometheus_text() -> None:
 def test_metrics_do_not_use_the_global_registry() -> None:
     observe_run("completed", 0.1)
     global_registry = prometheus_client.REGISTRY
-    assert global_registry.get_sample_value("carryover_runs_total", {"status": "completed"}) is None
+    assert (
+        global_registry.get_sample_value(
+            "carryover_runs_total", {"status": "completed", "agent": "default"}
+        )
+        is None
+    )
 
 
 def test_each_observation_counts_under_its_labels() -> None:
     attempts = "carryover_provider_attempts_total"
     before = {
-        "run": sample("carryover_runs_total", status="failed"),
+        "run": sample("carryover_runs_total", status="failed", agent="default"),
         "attempt": sample(attempts, provider="openai", outcome="overflow"),
         "tool": sample("carryover_tool_calls_total", tool="time_now", outcome="ok"),
         "compaction": sample("carryover_compactions_total", reason="overflow"),
@@ -72,19 +77,19 @@ def test_each_observation_counts_under_its_labels() -> None:
     observe_provider_attempt("openai", "overflow")
     observe_tool_call("time_now", "ok")
     observe_compaction("overflow")
-    assert sample("carryover_runs_total", status="failed") == before["run"] + 1
+    assert sample("carryover_runs_total", status="failed", agent="default") == before["run"] + 1
     assert sample(attempts, provider="openai", outcome="overflow") == before["attempt"] + 1
     assert sample("carryover_tool_calls_total", tool="time_now", outcome="ok") == before["tool"] + 1
     assert sample("carryover_compactions_total", reason="overflow") == before["compaction"] + 1
 
 
 def test_unexpected_label_values_fold_into_other() -> None:
-    before = sample("carryover_runs_total", status="other")
+    before = sample("carryover_runs_total", status="other", agent="default")
     observe_run("conversation-c-123", 1.0)
     observe_provider_attempt("sk-secret-provider", "weird")
     observe_compaction("because")
     observe_http("BREW", "/x", 200, 0.1)
-    assert sample("carryover_runs_total", status="other") == before + 1
+    assert sample("carryover_runs_total", status="other", agent="default") == before + 1
     text = render_metrics()[0].decode()
     for value in ("conversation-c-123", "sk-secret-provider", "weird", "because", "BREW"):
         assert value not in text

@@ -96,8 +96,10 @@ async def test_every_route_but_the_public_ones_needs_a_key(
     tenants: Tenants, database_url: str
 ) -> None:
     requests = guarded_requests(tenants.app)
-    # all of SPEC §4 but the health checks, and /metrics (public only when configured so)
-    assert len(requests) == 13
+    # all of SPEC §4 but the health checks, /metrics (public only when configured so), and
+    # GET /usage (docs/operations.md)
+    assert len(requests) == 15
+    assert ("GET", "/usage") in requests
     assert ("GET", "/metrics") in requests
     await tenants.acme.post("/conversations", json={"id": "conv-1"})
     before = await snapshot(database_url)

@@ -27,19 +27,22 @@ async def healthz() -> Health:
     operation_id="readyz",
 )
 async def readyz(svc: ServicesDep) -> Response:
-    """Ready when the database answers and its schema is at the head revision."""
+    """Ready when the database answers, its schema is at the head revision and every agent
+    profile can run (none lacks its provider key)."""
     expected = head_revision()
     try:
         revision = await current_revision(svc.engine)
         reachable = True
     except Exception:
         revision, reachable = None, False
-    ready = reachable and revision == expected
+    unready = svc.agents.unready()
+    ready = reachable and revision == expected and not unready
     body = Readiness(
         status="ready" if ready else "not_ready",
         database=reachable,
         schema_revision=revision,
         expected_revision=expected,
+        unready_profiles=unready,
     )
     return JSONResponse(body.model_dump(mode="json"), status_code=200 if ready else 503)
 

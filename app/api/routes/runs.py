@@ -59,6 +59,7 @@ from ..problems import (
 )
 from ..schemas import Run, RunCreate, RunPage
 from ..views import record_view, request_hash, run_request, run_view
+from .usage import QUOTA_RESPONSE
 
 router = APIRouter(tags=["runs"])
 
@@ -175,6 +176,7 @@ def _idempotency_key(value: str | None) -> str | None:
             },
         },
         **problem_responses(400, 404, PRECONDITION_FAILED, 413, 422),
+        **QUOTA_RESPONSE,
     },
     operation_id="create_run",
 )
@@ -433,6 +435,7 @@ class CompactRequest(BaseModel):
             },
         },
         **problem_responses(400, 404, PRECONDITION_FAILED, 422),
+        **QUOTA_RESPONSE,
     },
     operation_id="compact_conversation",
 )
