@@ -1,6 +1,6 @@
 """Configuration: environment variables (prefix ``CARRYOVER_``) and a TOML file of agent profiles.
 
-The environment describes the service and the ``default`` agent profile (SPEC §6). A TOML file
+The environment describes the service and the ``default`` agent profile (contract §6). A TOML file
 named by ``CARRYOVER_CONFIG_FILE`` may add named profiles, or replace ``default``::
 
     [agents.default]
@@ -608,7 +608,7 @@ class Settings(_ProfileFields, BaseSettings):
         return _mask_url(self.database_url)
 
     def exposure_problem(self, host: str | None = None, db_keys: int = 0) -> str | None:
-        """Why serving on ``host`` would be unsafe, or ``None`` when it is fine (SPEC §6: with no
+        """Why serving on ``host`` would be unsafe, or ``None`` when it is fine (contract §6: with no
         API keys configured the server only listens on loopback). ``db_keys``: how many active
         keys the database holds (``carryover keys create``)."""
         host = self.host if host is None else host

@@ -218,7 +218,7 @@ def repo(engine: AsyncEngine) -> Repository:
 @pytest.fixture(autouse=True)
 def every_result_is_replayable(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every Result any test produces — through the agent, the service or HTTP — keeps a
-    storable context (SPEC §1, docs/tools.md): replayable, except that it may end with pending
+    storable context (contract §1, docs/tools.md): replayable, except that it may end with pending
     calls, and then ``required_action`` lists exactly them; a ``requires_action`` run has some."""
     from app.agent.records import Result
     from app.agent.replay import validate_context, validate_storable

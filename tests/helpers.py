@@ -1,6 +1,6 @@
 """Helpers shared by the test packages: problem answers, message bodies, bounded waits.
 
-- :func:`assert_problem`: an RFC 9457 problem answer of one status and type (SPEC §5), checked
+- :func:`assert_problem`: an RFC 9457 problem answer of one status and type (contract §5), checked
   field by field; its body.
 - :func:`user` / :func:`user_texts`: a user message as the API writes it, and the texts of the
   user messages of a list.

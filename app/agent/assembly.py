@@ -1,6 +1,6 @@
 """Fold a provider's stream events into one assistant message, complete or partial.
 
-One builder serves every provider, so "what arrived before the end" (SPEC §1) means the same
+One builder serves every provider, so "what arrived before the end" (contract §1) means the same
 thing for all of them: a stream that fails or is cancelled half-way still gives an assistant
 message with ``stop_reason`` ``error`` or ``aborted``, its ``error`` and the partial content.
 """

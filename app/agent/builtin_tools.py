@@ -1,4 +1,4 @@
-"""Example tools shipped with Carryover (SPEC §6): ``time_now``, ``wait`` and ``fail``."""
+"""Example tools shipped with Carryover (contract §6): ``time_now``, ``wait`` and ``fail``."""
 
 from __future__ import annotations
 

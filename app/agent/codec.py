@@ -1,4 +1,4 @@
-"""Lossless JSON codec for contexts and messages (SPEC §1).
+"""Lossless JSON codec for contexts and messages (contract §1).
 
 ``dump_*`` gives plain JSON values in which every field is present (empty strings stay empty
 strings); ``load_*`` rebuilds the immutable values and refuses anything it does not know with a

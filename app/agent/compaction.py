@@ -1,4 +1,4 @@
-"""Compaction: fold the oldest messages into the summary (SPEC §2).
+"""Compaction: fold the oldest messages into the summary (contract §2).
 
 Pure functions; :mod:`app.agent.run` decides when to compact and asks the provider for the
 summary. Cuts are made only at safe points — never between a tool call and its result, so what

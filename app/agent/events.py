@@ -1,4 +1,4 @@
-"""Events a run reports while it goes, for streaming to clients (SPEC §4 server-sent events)."""
+"""Events a run reports while it goes, for streaming to clients (contract §4 server-sent events)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Messages, content blocks and the Context: the continuation state of a conversation.
 
-Every message and every block carries a ``type`` tag (SPEC §1). The values are immutable
+Every message and every block carries a ``type`` tag (contract §1). The values are immutable
 pydantic models: sequences are tuples, and ``model_config`` freezes every instance, so a
 Context handed to :class:`~app.agent.run.Agent` can never be changed by it. The JSON codec
 lives in :mod:`app.agent.codec`; these classes only describe the shape.
@@ -20,7 +20,7 @@ class _Value(BaseModel):
     """Base of every wire value: immutable and strict about unknown fields.
 
     Unknown fields are refused rather than dropped: dropping a field would change what the
-    next provider request sees, which is exactly the loss SPEC §1 forbids.
+    next provider request sees, which is exactly the loss contract §1 forbids.
     """
 
     # Always dumped whole (``model_dump`` with nothing excluded), so the schema of an answer

@@ -291,7 +291,7 @@ def split_prompts(
 ) -> tuple[tuple[ToolResultMessage, ...], tuple[UserMessage, ...]]:
     """Split a request's ``prompts`` into the leading ``tool_result`` messages and the rest.
 
-    For the HTTP layer, whose ``prompts`` begin with the client results (SPEC §7). A
+    For the HTTP layer, whose ``prompts`` begin with the client results (contract §7). A
     ``tool_result`` after a user message raises :class:`UnexpectedAnswer` (results come first).
     """
     results: list[ToolResultMessage] = []

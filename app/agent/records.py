@@ -1,4 +1,4 @@
-"""What a run takes and gives back: Input, Result and the compaction record (SPEC §2).
+"""What a run takes and gives back: Input, Result and the compaction record (contract §2).
 
 Only ``Result.context`` is continuation state. ``new_messages``, ``final`` and ``compactions``
 are run records, kept for audit and display.
@@ -77,7 +77,7 @@ class Input(_Value):
 
 
 class Result(_Value):
-    """The outcome of one run. A failed or cancelled run returns one too (SPEC §3)."""
+    """The outcome of one run. A failed or cancelled run returns one too (contract §3)."""
 
     status: RunStatus
     context: Context

@@ -1,4 +1,4 @@
-"""The replayability rules of SPEC §1: what a provider will accept as history.
+"""The replayability rules of contract §1: what a provider will accept as history.
 
 - every ``tool_call`` is answered by exactly one ``tool_result`` before the next user or
   assistant message;

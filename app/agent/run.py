@@ -1,4 +1,4 @@
-"""``Agent.run``: one run of the agent on a context and new prompts (SPEC §2, §3).
+"""``Agent.run``: one run of the agent on a context and new prompts (contract §2, §3).
 
 The run goes through fixed stages, and where it ends decides what its Result holds:
 
@@ -234,7 +234,7 @@ class Agent:
         on_event: EventSink | None = None,
         tokens: TokenTally | None = None,
     ) -> Result:
-        """Compact now (SPEC §4 ``POST …/compact``): fold all but the current turn.
+        """Compact now (contract §4 ``POST …/compact``): fold all but the current turn.
 
         ``tokens``: the running tally of ``context.messages``, as in ``Input.tokens``."""
         return await self._guarded(context, (), "manual", on_event, tokens)
@@ -478,7 +478,7 @@ class Agent:
             await run_batch(self.config.tools, calls, on_done)
         finally:
             # Results arrive in any order; they are recorded in call order. On cancellation the
-            # finished ones stay (SPEC §3.4) and the unfinished ones are closed as interrupted,
+            # finished ones stay (contract §3.4) and the unfinished ones are closed as interrupted,
             # so the context keeps no unanswered call but pending ones (docs/tools.md).
             finished = [
                 interrupted_result(c) if done.get(i) is None else done[i]
@@ -577,7 +577,7 @@ def _fold(
 
 
 def for_provider(messages: tuple[AnyMessage, ...], provider: str) -> tuple[AnyMessage, ...]:
-    """Drop opaque fields another provider issued (SPEC §1); they would be refused.
+    """Drop opaque fields another provider issued (contract §1); they would be refused.
 
     Only a message that holds something to strip (reasoning blocks, ``provider_data``) is
     copied; every other message is passed on as the same object.

@@ -1,4 +1,4 @@
-"""Who is calling (SPEC §6): ``Authorization: Bearer <key>``, each key bound to one tenant.
+"""Who is calling (contract §6): ``Authorization: Bearer <key>``, each key bound to one tenant.
 
 Keys come from two places, and either kind is accepted:
 

@@ -1,4 +1,4 @@
-"""Configured content limits (SPEC §6): checked before anything is written.
+"""Configured content limits (contract §6): checked before anything is written.
 
 The body size is enforced by :class:`BodyLimitMiddleware` while the body streams in; the rest
 here, on the parsed values. Exceeding one is a 413 or 422 problem naming the limit.

@@ -1,4 +1,4 @@
-"""Every error the service answers, as RFC 9457 ``application/problem+json`` (SPEC §4).
+"""Every error the service answers, as RFC 9457 ``application/problem+json`` (contract §4).
 
 One registry: each kind of problem is a :class:`ProblemType` below, with a stable type URI
 ``https://carryover.dev/problems/<slug>`` — the problems requests are answered with, and the
@@ -190,7 +190,7 @@ def validation_error(errors: Sequence[Mapping[str, str]], detail: str | None = N
 
 
 def invalid_context(message_index: int | None, detail: str) -> Problem:
-    """422: an uploaded Context breaks the model or the replay rules (SPEC §1)."""
+    """422: an uploaded Context breaks the model or the replay rules (contract §1)."""
     return Problem(INVALID_CONTEXT, detail, message_index=message_index)
 
 

@@ -1,4 +1,4 @@
-"""Request and response bodies of the HTTP API (SPEC §4).
+"""Request and response bodies of the HTTP API (contract §4).
 
 Messages and the Context are the agent's own pydantic models (:mod:`app.agent.messages`), so the
 OpenAPI document describes exactly what the codec accepts: a discriminated union on ``type``
@@ -200,8 +200,8 @@ RunInput = Annotated[
 
 
 class RunCreate(_Body):
-    """Run the agent on new prompts (SPEC §4), answering any pending tool calls first
-    (SPEC §7, docs/tools.md)."""
+    """Run the agent on new prompts (contract §4), answering any pending tool calls first
+    (contract §7, docs/tools.md)."""
 
     prompts: list[RunInput] = Field(
         default_factory=list,

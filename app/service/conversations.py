@@ -1,4 +1,4 @@
-"""Conversations as use cases (SPEC §4): create, list, get, delete; read and replace the
+"""Conversations as use cases (contract §4): create, list, get, delete; read and replace the
 context; the transcript; compact now. Each takes parsed values and returns plain results."""
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ class ShuttingDown(CarryoverError):
 
 
 class UnreplayableContext(CarryoverError):
-    """A context that no provider could be sent (SPEC §1): 422, naming the message."""
+    """A context that no provider could be sent (contract §1): 422, naming the message."""
 
     slug = "unreplayable-context"
     status = 422

@@ -1,4 +1,4 @@
-"""Client tools and approvals in the run service (docs/tools.md, SPEC §7).
+"""Client tools and approvals in the run service (docs/tools.md, contract §7).
 
 The agent decides (:mod:`app.agent.pending`); this module maps its decisions onto a run of the
 service:

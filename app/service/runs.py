@@ -1,4 +1,4 @@
-"""A run as one unit of work: lease → load → agent → conditional save (SPEC §4 steps 1-5).
+"""A run as one unit of work: lease → load → agent → conditional save (contract §4 steps 1-5).
 
 :class:`RunManager` is per process. It starts runs as tasks of their own — so a run goes on
 when the client that asked for it goes away, unless told otherwise — and keeps their leases

@@ -1,4 +1,4 @@
-"""Carryover's storage: every table and every query (SPEC §5). See docs/architecture.md.
+"""Carryover's storage: every table and every query (contract §5). See docs/architecture.md.
 
 - :mod:`.db` builds engines and opens read / write transactions;
 - :mod:`.tables` declares the tables, ``alembic/`` (at the repository root) their Alembic

@@ -1,7 +1,7 @@
 """What a run changes, computed without I/O: the context rows to delete and insert, and the
 transcript entries to append.
 
-The agent's contract (SPEC §2, §3) is ``result.messages == (base.messages + appended)[F:]``
+The agent's contract (contract §2, §3) is ``result.messages == (base.messages + appended)[F:]``
 where ``F`` is the number of messages its compactions folded. So storing a result only ever
 deletes a prefix and appends: :func:`plan_context_write` turns that into one range delete and the
 inserts of the appended messages, and :func:`run_transcript` lists what the transcript records.

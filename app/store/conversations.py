@@ -1,4 +1,4 @@
-"""The conversation aggregate: conversations and their stored context (SPEC §4, §5).
+"""The conversation aggregate: conversations and their stored context (contract §4, §5).
 
 Writes are conditional in the database, never read-then-write: a stored context is replaced by
 ``UPDATE conversations … WHERE incarnation = … AND version = …`` (the If-Match of

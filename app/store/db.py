@@ -1,4 +1,4 @@
-"""Engines and transactions for the two supported databases (SPEC §5).
+"""Engines and transactions for the two supported databases (contract §5).
 
 - SQLite (the embedded default, ``sqlite:///./carryover.db``) runs on aiosqlite in WAL mode with
   foreign keys on and a busy timeout. pysqlite's own transaction handling is switched off so that

@@ -1,4 +1,4 @@
-"""What the store refuses (SPEC §4). Each error carries its problem type (``slug``, ``status``):
+"""What the store refuses (contract §4). Each error carries its problem type (``slug``, ``status``):
 the API's one exception handler answers it, no route translates it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Idempotency keys of run requests (SPEC §4): claimed with the run's lease, answered once the
+"""Idempotency keys of run requests (contract §4): claimed with the run's lease, answered once the
 run's outcome is recorded, kept for ``idempotency_ttl_seconds`` and then purged."""
 
 from __future__ import annotations

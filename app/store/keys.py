@@ -1,4 +1,4 @@
-"""API keys kept in the database (SPEC §6: ``carryover keys create --tenant NAME``).
+"""API keys kept in the database (contract §6: ``carryover keys create --tenant NAME``).
 
 A key is ``co_`` followed by 43 URL-safe characters from :func:`secrets.token_urlsafe` (256
 random bits). It is shown once, when created; the table keeps only its SHA-256 (hex) and a

@@ -1,4 +1,4 @@
-"""Run leases (SPEC §4): a running run's lease is renewed by its process; a lease that expired
+"""Run leases (contract §4): a running run's lease is renewed by its process; a lease that expired
 means the process died, and its run is marked ``interrupted`` (by a sweep, or by the next run
 that takes the conversation over)."""
 

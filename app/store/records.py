@@ -1,5 +1,5 @@
 """What runs leave behind, read back: run records with their audit rows (new messages, final,
-compactions) and the append-only transcript (SPEC §4)."""
+compactions) and the append-only transcript (contract §4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The run aggregate (SPEC §4 steps 1-5): a run takes the conversation's lease and reads its
+"""The run aggregate (contract §4 steps 1-5): a run takes the conversation's lease and reads its
 context in one transaction, and records its outcome in one transaction.
 
 A conversation's messages are rows keyed by an ever-growing ``position``. Compaction folds a

@@ -1,4 +1,4 @@
-"""The tables (SPEC §5). The tenant is part of every key.
+"""The tables (contract §5). The tenant is part of every key.
 
 Message bodies and other JSON values are stored as JSON *text* (``JSONText``), not as a
 database JSON type: PostgreSQL's ``jsonb`` would reorder keys and normalise numbers, and the
@@ -80,7 +80,7 @@ def utcnow() -> datetime:
     return SYSTEM_CLOCK.now()
 
 
-# Key lengths. Conversation ids are at most 128 characters (SPEC §4).
+# Key lengths. Conversation ids are at most 128 characters (contract §4).
 TENANT_LEN = 128
 CONVERSATION_ID_LEN = 128
 RUN_ID_LEN = 36

@@ -1,4 +1,4 @@
-"""Hypothesis strategies for every wire value of SPEC §1: blocks, messages and contexts.
+"""Hypothesis strategies for every wire value of contract §1: blocks, messages and contexts.
 
 Strings come from the whole of Unicode minus lone surrogates (they cannot be UTF-8 encoded, so
 no JSON text on the wire can carry them): NUL, astral characters, line/paragraph separators,
@@ -410,7 +410,7 @@ def _turn(draw: st.DrawFn) -> list[Any]:
 
 @st.composite
 def replayable_contexts(draw: st.DrawFn, max_turns: int = 3) -> Context:
-    """Contexts that satisfy every replay rule of SPEC §1."""
+    """Contexts that satisfy every replay rule of contract §1."""
     messages_: list[Any] = []
     for _ in range(draw(st.integers(min_value=0, max_value=max_turns))):
         messages_.extend(draw(_turn()))

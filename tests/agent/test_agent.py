@@ -234,7 +234,7 @@ async def test_one_agent_serves_many_contexts_concurrently() -> None:
         assert f"I saw {seen} message" in result.final.content[0].text  # type: ignore[union-attr]
 
 
-# --- echo directives (SPEC §6) ------------------------------------------------------------
+# --- echo directives (contract §6) ------------------------------------------------------------
 
 
 async def test_echo_tool_directive_sends_raw_arguments_verbatim_then_quotes_the_result() -> None:

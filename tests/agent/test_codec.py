@@ -1,4 +1,4 @@
-"""SPEC §1 — the lossless JSON codec.
+"""contract §1 — the lossless JSON codec.
 
 Round trips (dump → JSON text → load gives back an equal value, and the same JSON), empty
 strings kept as present keys, raw tool-call arguments byte for byte, big images; and refusals:

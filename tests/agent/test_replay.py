@@ -1,4 +1,4 @@
-"""SPEC §1 — the replayability validator: every rule, and the index it names."""
+"""contract §1 — the replayability validator: every rule, and the index it names."""
 
 from __future__ import annotations
 

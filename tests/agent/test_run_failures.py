@@ -1,4 +1,4 @@
-"""SPEC §3 — failed and cancelled runs. One test per line of the contract, named after it,
+"""contract §3 — failed and cancelled runs. One test per line of the contract, named after it,
 plus cancellation during a provider stream and during a tool batch."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def history(turns: int) -> Context:
 
 
 def assert_replayable(result: Result) -> None:
-    """The invariant every Result in the suite keeps (SPEC §1): replayable, or storable when
+    """The invariant every Result in the suite keeps (contract §1): replayable, or storable when
     it ends with pending calls (docs/tools.md)."""
     validate_context(result.context, allow_open_batch=result.required_action is not None)
 

@@ -1,4 +1,4 @@
-"""SPEC §2 — tools: schemas from type hints, loading by import path, calls that never raise,
+"""contract §2 — tools: schemas from type hints, loading by import path, calls that never raise,
 and batches that run concurrently with results in call order.
 
 Concurrency is proven with events, never with wall-clock timings: tools that each wait for the

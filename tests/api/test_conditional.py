@@ -1,4 +1,4 @@
-"""Conditional requests through HTTP (SPEC §4, RFC 9110 §13): ``If-Match`` with ``*``, lists
+"""Conditional requests through HTTP (contract §4, RFC 9110 §13): ``If-Match`` with ``*``, lists
 and weak tags, 404 before 412, ETags that never repeat, ``If-None-Match`` on GET context, and
 a 400 for a malformed header — on every route that takes them."""
 

@@ -1,4 +1,4 @@
-"""GET and PUT ``/conversations/{id}/context`` (SPEC §1, §4): the Context with its ETag,
+"""GET and PUT ``/conversations/{id}/context`` (contract §1, §4): the Context with its ETag,
 replace with ``If-Match``, create with ``If-None-Match: *``, 428 without either, 412 when
 stale, 422 for a context that cannot be replayed or does not parse, and lossless storage."""
 

@@ -1,4 +1,4 @@
-"""Conversations through HTTP (SPEC §4): create (generated or client id), list (cursor paged),
+"""Conversations through HTTP (contract §4): create (generated or client id), list (cursor paged),
 get (ETag, counts, timestamps, active run) and delete (with every record)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Liveness, readiness and metrics through HTTP (SPEC §4): ``/healthz`` says the process is up,
+"""Liveness, readiness and metrics through HTTP (contract §4): ``/healthz`` says the process is up,
 ``/readyz`` whether the database answers with its schema at head, ``/metrics`` is Prometheus
 text that counts what the service did."""
 

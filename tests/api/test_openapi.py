@@ -1,4 +1,4 @@
-"""The committed OpenAPI document (SPEC §4): equal to what the app serves, deterministic, free
+"""The committed OpenAPI document (contract §4): equal to what the app serves, deterministic, free
 of secrets, and saying what generated clients need — every route, readable operation ids,
 the conditional and preference request headers, and the ETag and Location response headers."""
 
@@ -277,7 +277,7 @@ def test_request_bodies_are_the_wire_models(document: dict[str, Any]) -> None:
     run_create = schemas["RunCreate"]
     prompt = run_create["properties"]["prompts"]["items"]
     assert {"type": "string"} in prompt["anyOf"]
-    # a user message, or (SPEC §7) a tool_result answering a pending client call
+    # a user message, or (contract §7) a tool_result answering a pending client call
     [union] = [p for p in prompt["anyOf"] if "oneOf" in p]
     assert union["discriminator"]["mapping"] == {
         "user": "#/components/schemas/UserMessage-Input",

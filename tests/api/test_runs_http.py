@@ -1,4 +1,4 @@
-"""Runs through HTTP (SPEC §3, §4): POST …/runs and its answer, Prefer: return=minimal, bare
+"""Runs through HTTP (contract §3, §4): POST …/runs and its answer, Prefer: return=minimal, bare
 string prompts, on_failure keep/discard, run records (list, get), compaction now, a run that
 conflicts with a PUT during it, busy conversations, cancel, streaming and Idempotency-Key."""
 

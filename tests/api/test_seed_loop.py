@@ -1,5 +1,5 @@
 """The seed's loop through HTTP: store Result.Context, replace the snapshot, and the second
-run sees the first (SPEC §4, seed "Continuing a conversation")."""
+run sees the first (contract §4, seed "Continuing a conversation")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The transcript through HTTP (SPEC §4): append-only, cursor-paged, never rewritten by
+"""The transcript through HTTP (contract §4): append-only, cursor-paged, never rewritten by
 compaction; every prompt, attempt (failed ones flagged), tool result, compaction and context
 replacement, each with its run id, sequence number and time."""
 

@@ -1,4 +1,4 @@
-"""A client generated from the committed OpenAPI document drives a live server (SPEC §4).
+"""A client generated from the committed OpenAPI document drives a live server (contract §4).
 
 ``openapi-python-client`` generates a Python package from ``openapi/openapi.json`` (offline);
 ``carryover serve`` runs as a subprocess on a free loopback port with a temporary SQLite

@@ -164,7 +164,7 @@ async def test_openai_tools_with_raw_arguments_over_several_runs(
     openai_fake: O.OpenAIFake,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # the default profile, configured the way SPEC §6 says: CARRYOVER_* and OPENAI_API_KEY
+    # the default profile, configured the way contract §6 says: CARRYOVER_* and OPENAI_API_KEY
     monkeypatch.setenv("CARRYOVER_PROVIDER", "openai")
     monkeypatch.setenv("CARRYOVER_MODEL", GPT)
     monkeypatch.setenv("CARRYOVER_BASE_URL", openai_fake.base_url)

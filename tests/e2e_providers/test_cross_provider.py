@@ -1,4 +1,4 @@
-"""One conversation, two providers (issue 4.3, SPEC §1 "Replayable"): run 1 on the Anthropic
+"""One conversation, two providers (issue 4.3, contract §1 "Replayable"): run 1 on the Anthropic
 profile with thinking, run 2 on the OpenAI profile, run 3 back on Anthropic, run 4 on OpenAI.
 
 The stored context keeps every block as issued. Each request carries only what its provider

@@ -293,7 +293,7 @@ async def stored_context(
 ) -> tuple[dict[str, Any], str]:
     """The stored context, checked replayable with the agent's own validator, and its ETag.
 
-    ``allow_open_batch``: the one exception SPEC §1 allows, a tool batch cut short by a failure
+    ``allow_open_batch``: the one exception contract §1 allows, a tool batch cut short by a failure
     or cancellation (the next run closes it).
     """
     from app.agent.codec import load_context

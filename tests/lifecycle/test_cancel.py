@@ -1,4 +1,4 @@
-"""Cancelling runs: from another process (SPEC §4 ``POST …/cancel`` "from any replica") and by a
+"""Cancelling runs: from another process (contract §4 ``POST …/cancel`` "from any replica") and by a
 client that goes away (``on_disconnect``), streaming or not."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Several server processes, one database, many clients on one conversation (SPEC §4 step 2):
+"""Several server processes, one database, many clients on one conversation (contract §4 step 2):
 ``if_busy: wait`` loses nothing and duplicates nothing; ``if_busy: reject`` answers either a
 completed run or a 409 naming the active run; ``carryover serve --workers 2`` on both engines."""
 

@@ -1,4 +1,4 @@
-"""Processes that die, stop or are paused in the middle of runs (SPEC §4: a run whose process
+"""Processes that die, stop or are paused in the middle of runs (contract §4: a run whose process
 died is found by its expired lease and marked ``interrupted``; the conversation is usable again
 as soon as that lease has expired; its stored context is never partial)."""
 

@@ -1,4 +1,4 @@
-"""``Idempotency-Key`` on ``POST …/runs`` across server processes (SPEC §4): the same key and
+"""``Idempotency-Key`` on ``POST …/runs`` across server processes (contract §4): the same key and
 body replay the first answer without running again; another body is a 422; while the first
 still runs, a 409; keys are scoped to the caller (tenant) and the conversation, and kept for
 ``CARRYOVER_IDEMPOTENCY_TTL_SECONDS`` — then purged by the lease keeper."""

@@ -1,4 +1,4 @@
-"""The run as server-sent events (SPEC §4): ``run.started`` first, each message as it is
+"""The run as server-sent events (contract §4): ``run.started`` first, each message as it is
 completed (the prompt first), deltas before the message they build, ``tool.started`` before
 ``tool.finished``, compactions, and ``run.finished`` last with the same body as the JSON answer
 and the new ETag."""

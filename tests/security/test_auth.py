@@ -1,4 +1,4 @@
-"""Authentication (SPEC §6): ``Authorization: Bearer`` keys bound to tenants, from
+"""Authentication (contract §6): ``Authorization: Bearer`` keys bound to tenants, from
 ``CARRYOVER_API_KEYS`` or the database (``carryover keys create``); every route but the health
 checks needs one once keys are configured; a revoked key stops working within seconds."""
 
@@ -96,7 +96,7 @@ async def test_every_route_but_the_public_ones_needs_a_key(
     tenants: Tenants, database_url: str
 ) -> None:
     requests = guarded_requests(tenants.app)
-    # all of SPEC §4 but the health checks, /metrics (public only when configured so), and
+    # all of contract §4 but the health checks, /metrics (public only when configured so), and
     # GET /usage (docs/operations.md)
     assert len(requests) == 15
     assert ("GET", "/usage") in requests

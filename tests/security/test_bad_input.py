@@ -1,4 +1,4 @@
-"""Never a 500 for bad input (SPEC §6): malformed JSON, wrong types, unknown block types,
+"""Never a 500 for bad input (contract §6): malformed JSON, wrong types, unknown block types,
 invalid base64, overlong or ill-formed ids, bad cursors, bad header values and non-JSON
 content types each give a problem whose detail says what and where — and write nothing."""
 

@@ -1,4 +1,4 @@
-"""Configured limits (SPEC §6): body size (413), decoded image size, prompts per run, text
+"""Configured limits (contract §6): body size (413), decoded image size, prompts per run, text
 length, messages of an uploaded context and page sizes (422 ``limit-exceeded`` naming the
 limit). Each refused request leaves the stored state exactly as it was. Image URLs are stored
 and passed to the provider, never fetched by the server."""

@@ -217,7 +217,7 @@ def filter_case(context: Any, case: Any) -> bool:
     - A negative case that leaves out or spoils the ``Authorization`` header: the configured
       key is put back into it, so it is not negative any more (``ignored_auth`` sends every
       authenticated request again without the key and with a wrong one instead).
-    - A context that breaks the replay rules (SPEC §1: every tool_result answers a pending
+    - A context that breaks the replay rules (contract §1: every tool_result answers a pending
       tool_call, ...), which a schema cannot state, sent as valid: the server refuses it, 422
       ``unreplayable-context``, as the operation documents.
     """

@@ -1,4 +1,4 @@
-"""Secrets never leave (SPEC §6): provider keys and API keys appear in no log record, error,
+"""Secrets never leave (contract §6): provider keys and API keys appear in no log record, error,
 problem body, run record, transcript or metric — including when a provider echoes the key
 back in its error, when a run fails, and when a caller presents a wrong or mangled key."""
 

@@ -1,5 +1,5 @@
 """A conversation belongs to its tenant and is invisible (404) to every other one, on every
-route (SPEC §6): metadata, context GET/PUT, runs POST/list/get, transcript, listing, cancel,
+route (contract §6): metadata, context GET/PUT, runs POST/list/get, transcript, listing, cancel,
 compact, delete and Idempotency-Key replay. Another tenant may use the same conversation id:
 it is a different conversation."""
 

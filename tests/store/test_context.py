@@ -1,4 +1,4 @@
-"""Stored contexts: lossless round trips and conditional replacement (SPEC §1, §4)."""
+"""Stored contexts: lossless round trips and conditional replacement (contract §1, §4)."""
 
 from __future__ import annotations
 

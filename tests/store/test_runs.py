@@ -1,5 +1,5 @@
 """Runs: one write transaction that stores the result conditionally, finishes the run row,
-fills the audit tables and appends to the transcript (SPEC §4 "A run", §5)."""
+fills the audit tables and appends to the transcript (contract §4 "A run", §5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A run's write is O(what changed), not O(conversation) (SPEC §5; acceptance point).
+"""A run's write is O(what changed), not O(conversation) (contract §5; acceptance point).
 
 ``finish_run`` on a conversation of 10 messages and on one of 5,000 must execute the same SQL
 statements and write the same number of rows. Counted with SQLAlchemy's cursor events, not timed.

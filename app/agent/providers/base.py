@@ -3,7 +3,7 @@
 A provider turns a :class:`ProviderRequest` into a stream of :class:`StreamEvent` values. It
 does not assemble messages itself: :class:`app.agent.assembly.AttemptBuilder` folds the events
 into an :class:`~app.agent.messages.AssistantMessage`, so a stream cut half-way still yields the
-partial attempt the run record needs (SPEC §1, §3). Failures are raised as
+partial attempt the run record needs (contract §1, §3). Failures are raised as
 :class:`ProviderError` with a ``kind`` the run loop acts on:
 
 - ``overflow``  — the request did not fit the context window: compact, then retry;
@@ -56,7 +56,7 @@ class ToolSpec:
 
 @dataclass(frozen=True)
 class ProviderRequest:
-    """One model call. ``messages`` already hold the summary projection (SPEC §1).
+    """One model call. ``messages`` already hold the summary projection (contract §1).
 
     ``purpose`` is ``"summary"`` when the agent asks for a compaction summary; providers send
     it like any request, the offline ``echo`` provider uses it to write a deterministic summary.

@@ -1,4 +1,4 @@
-"""The offline, deterministic ``echo`` provider (SPEC §6).
+"""The offline, deterministic ``echo`` provider (contract §6).
 
 Its answer is derived only from the request: how many messages it saw, whether a summary was
 present, and a quote of the last user text. Directives at the start of the last user text let

@@ -1,4 +1,4 @@
-"""Conversations and their context (SPEC §4): create, list, get, delete; GET/PUT context.
+"""Conversations and their context (contract §4): create, list, get, delete; GET/PUT context.
 
 Each route parses the request, calls :class:`~app.service.conversations.ConversationService`
 and renders its result; refusals are answered by the one problem handler."""

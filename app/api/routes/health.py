@@ -1,4 +1,4 @@
-"""Liveness, readiness and metrics (SPEC §4)."""
+"""Liveness, readiness and metrics (contract §4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Runs (SPEC §4): start one (JSON or server-sent events), list, get, cancel; compact now.
+"""Runs (contract §4): start one (JSON or server-sent events), list, get, cancel; compact now.
 
 Each route parses the request, calls :class:`~app.service.runs.RunManager` (or the
 conversation service) and renders its result with :mod:`app.api.views`; refusals are answered

@@ -1,4 +1,4 @@
-"""The append-only transcript (SPEC §4): never rewritten by compaction."""
+"""The append-only transcript (contract §4): never rewritten by compaction."""
 
 from __future__ import annotations
 
