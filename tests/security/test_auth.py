@@ -98,7 +98,7 @@ async def test_every_route_but_the_public_ones_needs_a_key(
     requests = guarded_requests(tenants.app)
     # all of contract §4 but the health checks, /metrics (public only when configured so), and
     # GET /usage (docs/operations.md)
-    assert len(requests) == 15
+    assert len(requests) == 19  # + PATCH, fork, export and import (docs/conversations.md)
     assert ("GET", "/usage") in requests
     assert ("GET", "/metrics") in requests
     await tenants.acme.post("/conversations", json={"id": "conv-1"})

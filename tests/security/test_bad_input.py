@@ -12,8 +12,6 @@ from typing import Any
 
 import pytest
 
-from app.api.deps import encode_cursor
-
 from ..helpers import assert_problem
 from .conftest import API_KEYS, AppClient, StartApp, http_client, snapshot
 
@@ -446,7 +444,7 @@ CASES: dict[str, Case] = {
     ),
     # --- methods and routes
     "an unknown method": Case(
-        "PATCH", f"/conversations/{CONV}", 405, "method-not-allowed", "PATCH is not allowed"
+        "PUT", f"/conversations/{CONV}", 405, "method-not-allowed", "PUT is not allowed"
     ),
     "an unknown route": Case(
         "GET", "/conversations/c1/nothing", 404, "not-found", "nothing at GET"
@@ -515,8 +513,10 @@ async def test_well_formed_but_unknown_preferences_are_ignored(prepared: AppClie
 async def test_a_cursor_the_api_issued_still_works(prepared: AppClient) -> None:
     for conv in ("c2", "c3"):
         await prepared.post("/conversations", json={"id": conv})
+    # newest first (docs/conversations.md): c3, then c2, through the cursor the API issued
     first = (await prepared.get("/conversations", params={"limit": 1})).json()
-    assert first["next_cursor"] == encode_cursor(CONV)
+    assert [c["id"] for c in first["items"]] == ["c3"]
+    assert first["next_cursor"].startswith("at.")
     second = await prepared.get(
         "/conversations", params={"limit": 1, "cursor": first["next_cursor"]}
     )
