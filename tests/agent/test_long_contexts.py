@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from app.agent import folding, tokens
 from app.agent import run as run_module
-from app.agent import tokens
 from app.agent.compaction import choose_cut, is_safe_cut
 from app.agent.messages import (
     AnyMessage,
@@ -319,14 +319,14 @@ async def test_compacting_a_long_context_runs_its_cpu_heavy_steps_in_a_worker_th
         return await echo_agent().run(Input(context=base, prompts=(prompt,)))
 
     with monkeypatch.context() as on_the_loop:
-        on_the_loop.setattr(run_module, "OFFLOAD_MESSAGES", 10**9)
+        on_the_loop.setattr(folding, "OFFLOAD_MESSAGES", 10**9)
         reference = await once()
     on_loop: dict[str, list[bool]] = {}
     for module, name in (
         (tokens, "heuristic_tokens"),
         (run_module.compaction, "choose_cut"),
         (run_module.compaction, "render"),
-        (run_module, "_fold"),
+        (folding, "_fold"),
         (run_module, "tally_of"),
     ):
         _spy(monkeypatch, module, name, on_loop.setdefault(name, []))

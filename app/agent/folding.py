@@ -1,0 +1,130 @@
+"""The compaction stage of :class:`~app.agent.run.Agent` (contract §4): choose a cut, ask the
+provider for a summary, fold the history into it. The pure parts live in
+:mod:`app.agent.compaction`; the CPU-heavy steps go to a worker thread through :func:`_offload`
+once the context holds :data:`OFFLOAD_MESSAGES` messages."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
+
+from app import telemetry
+
+from . import compaction
+from .events import CompactionCompleted
+from .messages import AssistantMessage, AttemptError, Context, Usage, text_of
+from .providers.base import ProviderError, ProviderRequest
+from .records import Compaction, CompactionReason
+from .state import AgentConfig, _Emitter, _error, _RunFailed, _State
+from .tokens import TokenTally, estimate_with
+
+#: From this many messages on, the steps whose cost grows with the context run in a thread.
+OFFLOAD_MESSAGES = 2_000
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+async def _offload(size: int, fn: Callable[_P, _T], *args: _P.args, **kw: _P.kwargs) -> _T:
+    """``fn(*args, **kw)``, in a worker thread when ``size`` (messages) makes it CPU-heavy."""
+    if size >= OFFLOAD_MESSAGES:
+        return await asyncio.to_thread(fn, *args, **kw)
+    return fn(*args, **kw)
+
+
+class _Folding:
+    """Mixin of :class:`~app.agent.run.Agent`: compacting the context of a run."""
+
+    config: AgentConfig
+
+    if TYPE_CHECKING:
+
+        async def _stream(
+            self, request: ProviderRequest, emit: _Emitter, state: _State | None
+        ) -> AssistantMessage: ...
+
+    async def _compact(
+        self, state: _State, emit: _Emitter, reason: CompactionReason, *, keep_last: bool
+    ) -> None:
+        with telemetry.compaction_span(reason) as span:
+            done = len(state.compactions)
+            await self._fold_history(state, emit, reason, keep_last=keep_last)
+            if len(state.compactions) > done:
+                telemetry.record_compaction(span, state.compactions[-1])
+
+    async def _fold_history(
+        self, state: _State, emit: _Emitter, reason: CompactionReason, *, keep_last: bool
+    ) -> None:
+        cfg = self.config
+        before = state.context
+        at = len(state.new_messages)  # it happens before the next run message (Compaction.at)
+        size = len(before.messages)
+        cut = await _offload(
+            size,
+            compaction.choose_cut,
+            before,
+            reason,
+            keep_tokens=int(cfg.keep_after_compaction * cfg.context_window),
+            keep_last=keep_last,
+        )
+        if cut is None:
+            if reason == "manual":
+                return  # nothing to fold: compacting now is a no-op, not an error
+            raise _RunFailed(
+                AttemptError(
+                    kind="overflow" if reason == "overflow" else "fatal",
+                    message="the context cannot be compacted further: nothing is left to fold",
+                    code="nothing_to_compact",
+                )
+            )
+        request = await _offload(
+            cut, compaction.summary_request, before.summary, before.messages[:cut], model=cfg.model
+        )
+        try:
+            answer = await self._stream(request, emit, None)
+        except ProviderError as exc:
+            raise _RunFailed(_error(exc, prefix="compaction failed: ")) from None
+        # NUL cannot be stored in a PostgreSQL text column; a summary never needs one.
+        summary = text_of(answer).replace("\x00", "").strip()
+        if not summary:
+            raise _RunFailed(
+                AttemptError(
+                    kind="fatal",
+                    message="compaction failed: the provider wrote an empty summary",
+                )
+            )
+        after, tally, record = await _offload(
+            size, _fold, before, state.tally, cut, summary, reason, at, answer.usage
+        )
+        state.context = after
+        state.tally = tally
+        state.compactions.append(record)
+        state.usage = state.usage + answer.usage
+        await emit(CompactionCompleted(record))
+
+
+def _fold(
+    before: Context,
+    tally: TokenTally,
+    cut: int,
+    summary: str,
+    reason: CompactionReason,
+    at: int,
+    usage: Usage,
+) -> tuple[Context, TokenTally, Compaction]:
+    """The context, tally and record after folding ``before.messages[:cut]`` into ``summary``."""
+    folded = before.messages[:cut]
+    after = before.model_copy(update={"summary": summary, "messages": before.messages[cut:]})
+    after_tally = tally.drop_prefix(folded)
+    record = Compaction(
+        reason=reason,
+        folded=folded,
+        previous_summary=before.summary,
+        summary=summary,
+        tokens_before=estimate_with(tally, before.system_prompt, before.summary),
+        tokens_after=estimate_with(after_tally, after.system_prompt, after.summary),
+        usage=usage,
+        at=at,
+    )
+    return after, after_tally, record

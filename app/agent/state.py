@@ -1,0 +1,143 @@
+"""The values one run of :class:`~app.agent.run.Agent` works with: its config, the plan
+:meth:`~app.agent.run.Agent.check` makes of an Input, the state the run builds up, and the small
+helpers every stage shares (the failure that ends a run, the event emitter)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+
+from .events import EventSink, RunEvent
+from .messages import AnyMessage, AssistantMessage, AttemptError, Context, Usage
+from .pending import RequiredAction, Resume, validate_approval_names
+from .providers.base import Provider, ProviderError, ToolSpec
+from .records import Compaction, Result, RunStatus
+from .retry import RetryPolicy
+from .tokens import TokenTally
+from .tools import ToolRegistry
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """How an agent runs. One config (and one Agent) serves any number of contexts."""
+
+    provider: Provider
+    model: str = ""
+    tools: ToolRegistry = field(default_factory=ToolRegistry)
+    context_window: int = 128_000
+    compact_at: float = 0.8
+    #: share of the window kept after a threshold compaction
+    keep_after_compaction: float = 0.4
+    max_turns: int = 32
+    max_overflow_retries: int = 2
+    max_output_tokens: int | None = None
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    #: server tools whose calls wait for the application's decision (docs/tools.md)
+    approval_required: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        validate_approval_names(self.approval_required, self.tools.tools, field="approval_required")
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What :meth:`Agent.check` makes of an Input: the tools offered to the model, the names
+    whose calls pause the run (client tools and approval-gated server tools), and how the
+    context's pending calls are answered."""
+
+    tools: tuple[ToolSpec, ...]
+    holds: frozenset[str] = frozenset()
+    resume: Resume | None = None
+
+
+class _RunFailed(Exception):
+    def __init__(self, error: AttemptError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+@dataclass
+class _State:
+    """What one run has produced so far; turned into a Result however the run ends."""
+
+    context: Context
+    tally: TokenTally  # always the tally of context.messages
+    new_messages: list[AnyMessage] = field(default_factory=list)
+    final: AssistantMessage | None = None
+    compactions: list[Compaction] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    admitted: bool = False
+    plan: RunPlan = field(default_factory=lambda: RunPlan(tools=()))
+    #: ids of the calls this run executes; on failure the unfinished ones are closed
+    closable: set[str] = field(default_factory=set)
+
+    def append(self, *messages: AnyMessage) -> None:
+        """Messages that join both the continuation state and the run record."""
+        self.context = self.context.model_copy(
+            update={"messages": (*self.context.messages, *messages)}
+        )
+        self.tally = self.tally.extend(messages)
+        self.new_messages.extend(messages)
+
+    def attempt(self, message: AssistantMessage) -> None:
+        """Every attempt is a run record; only a replayable one joins the context."""
+        self.final = message
+        self.usage = self.usage + message.usage
+        if message.replayable:
+            self.append(message)
+            self.closable.update(c.id for c in message.tool_calls if c.name not in self.plan.holds)
+        else:
+            self.new_messages.append(message)
+
+    def result(
+        self,
+        status: RunStatus,
+        error: AttemptError | None = None,
+        required: RequiredAction | None = None,
+    ) -> Result:
+        return Result(
+            status=status,
+            context=self.context,
+            new_messages=tuple(self.new_messages),
+            final=self.final,
+            compactions=tuple(self.compactions),
+            usage=self.usage,
+            error=error,
+            admitted=self.admitted,
+            required_action=required,
+        )
+
+
+CANCELLED = AttemptError(kind="aborted", message="the run was cancelled")
+
+
+def _error(exc: ProviderError, prefix: str = "") -> AttemptError:
+    return AttemptError(
+        kind=exc.kind, message=prefix + exc.message, status=exc.status, code=exc.code
+    )
+
+
+class _Emitter:
+    """Delivers run events; a failing sink never fails the run."""
+
+    def __init__(self, sink: EventSink | None) -> None:
+        self._sink = sink
+
+    async def __call__(self, event: RunEvent) -> None:
+        if self._sink is None:
+            return
+        try:
+            await self._sink(event)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a broken listener (e.g. a gone client) must not end the run
+            self._sink = None
+
+
+async def _shielded(awaitable: Awaitable[None]) -> None:
+    """Finish a bookkeeping await while the run is being cancelled."""
+    try:
+        await awaitable
+    except asyncio.CancelledError:
+        pass
