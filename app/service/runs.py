@@ -5,6 +5,9 @@ when the client that asked for it goes away, unless told otherwise — and keeps
 (:mod:`app.service.leases`). It takes a :class:`RunRequest` (not an HTTP body) and gives back
 plain results: a :class:`FinishedRun` (the run row, the agent's Result and what the store
 recorded), run records, or a :class:`Replayed` first answer. Rendering them is the API's.
+
+Its other halves are mixins: how a run ends in :mod:`app.service.finishing`, compacting now in
+:mod:`app.service.compacting`, the queue in :mod:`app.service.queue`.
 """
 
 from __future__ import annotations
@@ -13,11 +16,11 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from app import telemetry
-from app.agent.events import CompactionCompleted, RunEvent
-from app.agent.messages import AttemptError, Context
+from app.agent.events import RunEvent
+from app.agent.messages import AttemptError
 from app.agent.records import Result
 from app.agent.run import Agent
 from app.clock import SYSTEM_CLOCK, Clock
@@ -26,37 +29,29 @@ from app.errors import CarryoverError
 from app.etag import IfMatch
 from app.observability import observe_interrupted, observe_quota_refusal
 from app.store.errors import run_not_found
-from app.store.faults import classify
 from app.store.quotas import QuotaExceeded
-from app.store.repository import (
-    IdempotencyClaim,
-    Loaded,
-    OnFailure,
-    Repository,
-    RunRecord,
-    StartedRun,
-)
+from app.store.repository import IdempotencyClaim, Loaded, Repository, RunRecord, StartedRun
 
 from . import pending, runlog
 from .agents import AgentPool
 from .bounds import RunDeadline
 from .cache import ContextCache
-from .dbfaults import OutcomeNotStored, mark_unstored, outage_reason, retry_after_busy, retry_write
+from .compacting import Compacting
+from .dbfaults import OutcomeNotStored, retry_after_busy
 from .errors import Busy, ShuttingDown
 from .events import start_recorder
+from .finishing import Finishing, _cancelled, _internal, _settle
 from .leases import LeaseKeeping
-from .metrics import observe_result
 from .pages import Page
 from .queue import EndedUnrun, QueuedRun, Queueing
 from .types import ActiveRun, FinishedRun, Idempotency, Replayed, RunRequest
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 Disconnected = Callable[[], Awaitable[bool]]
 
 
-class RunManager(LeaseKeeping, Queueing):
+class RunManager(LeaseKeeping, Queueing, Finishing, Compacting):
     def __init__(
         self,
         repo: Repository,
@@ -323,146 +318,6 @@ class RunManager(LeaseKeeping, Queueing):
             result = await agent.run(pending.agent_input(loaded, request), on_event=on_event)
         return deadline.settle(result)
 
-    async def _finish(
-        self,
-        active: ActiveRun,
-        loaded: Loaded,
-        result: Result,
-        on_failure: OnFailure,
-        idempotency: Idempotency | None,
-        *,
-        request: RunRequest | None = None,
-    ) -> FinishedRun:
-        """Record the outcome (one transaction); then, for an idempotent request, render its
-        answer from the committed outcome and keep it (a second one)."""
-        # A run only appends and compacts (app/agent/run.py), so this says whether the context
-        # changed without comparing every message of a long conversation.
-        changed = bool(result.compactions) or (
-            len(result.context.messages) != len(loaded.context.messages)
-        )
-        ended_well = result.status in ("completed", "requires_action")
-        store = changed and (ended_well or on_failure == "keep")
-        run = active.started.run
-        assert run is not None
-        if active.recorder is not None:
-            pending.announce(active.recorder, result)
-        events = await active.recorder.close() if active.recorder is not None else ()
-        started_at = self.clock.monotonic()
-        try:
-            outcome = await self._retrying(
-                active.run_id,
-                lambda: self.repo.finish_run(
-                    active.tenant,
-                    active.conversation_id,
-                    active.run_id,
-                    base=loaded,
-                    result=result,
-                    store=store,
-                    events=events,
-                    answered=pending.answered(request) if request is not None else None,
-                ),
-            )
-        except Exception as exc:
-            fault = classify(exc)
-            if fault is None:
-                raise
-            log.error(
-                "run %s ended %s but its outcome could not be stored (database %s: %s)",
-                active.run_id,
-                result.status,
-                fault.kind,
-                fault.detail,
-            )
-            waited = self.clock.monotonic() - started_at
-            raise OutcomeNotStored(active.run_id, result.status, fault, waited) from exc
-        self.contexts.saved(active.tenant, active.conversation_id, outcome)
-        finished = FinishedRun(run, result, outcome)
-        seconds = (
-            (outcome.finished_at - run.created_at).total_seconds()
-            if outcome.finished_at is not None
-            else 0.0
-        )
-        runlog.run_ended(
-            run_id=active.run_id,
-            conversation_id=active.conversation_id,
-            tenant=active.tenant,
-            agent=run.agent,
-            status=outcome.status,
-            seconds=seconds,
-            result=result,
-            problem=self.problem_slug(result.error, outcome.status),
-            trace_id=run.trace_id,
-        )
-        if outcome.status == "interrupted":
-            # It lost its lease: another process marked it interrupted (and counted it).
-            log.warning(
-                "run %s finished after its lease was lost; nothing was stored", active.run_id
-            )
-        else:
-            observe_result(
-                outcome.status, result, run.created_at, outcome.finished_at, agent=run.agent
-            )
-            if idempotency is not None:
-                status_code, body = idempotency.answer(finished)
-                try:
-                    await self._retrying(
-                        active.run_id,
-                        lambda: self.repo.keep_answer(
-                            active.tenant,
-                            active.conversation_id,
-                            active.run_id,
-                            status_code=status_code,
-                            response=body,
-                        ),
-                    )
-                except Exception as exc:
-                    if classify(exc) is None:
-                        raise
-                    # The outcome is stored: the answer says so; only a replay of this key
-                    # cannot be answered from the database (docs/faults.md).
-                    log.error("run %s: its idempotent answer could not be kept", active.run_id)
-        return finished
-
-    async def _retrying(self, run_id: str, write: Callable[[], Awaitable[T]]) -> T:
-        """A write of a run's outcome, tried again while the database fails transiently (it
-        restarts, a connection is lost, SQLite is locked past its busy timeout), for at most
-        ``outcome_retry_seconds``; the lease is renewed meanwhile (the run is still this
-        process's). Each is one transaction fenced by the lease, so trying again loses
-        nothing (had a first attempt committed after all, the next one reads what it
-        recorded)."""
-        return await retry_write(
-            run_id, write, seconds=self.settings.outcome_retry_seconds, clock=self.clock
-        )
-
-    async def _record_unstored(self, active: ActiveRun, lost: OutcomeNotStored) -> None:
-        """End the record of a run whose outcome could not be stored: ``interrupted``, its
-        reason naming the outage, as soon as the database answers (the lease is renewed until
-        then, so no other process marks it with a vaguer reason). Given up when the process
-        stops: then its lease expires and any process marks it interrupted."""
-        error = outage_reason(lost)
-        delay = 0.05  # tried often: a client sending its prompts again races this mark
-        while not self.closing:
-            try:
-                marked = await mark_unstored(
-                    self.repo,
-                    active.tenant,
-                    active.conversation_id,
-                    active.run_id,
-                    self.owner,
-                    error,
-                )
-            except Exception as exc:
-                if classify(exc) is None:
-                    log.exception("run %s could not be marked interrupted", active.run_id)
-                    return
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.5)
-                continue
-            if marked:
-                log.warning("run %s was marked interrupted: %s", active.run_id, error["message"])
-                observe_interrupted()
-            return
-
     async def wait(
         self, active: ActiveRun, *, on_disconnect: str, disconnected: Disconnected | None
     ) -> FinishedRun:
@@ -510,87 +365,9 @@ class RunManager(LeaseKeeping, Queueing):
         )
         return Page.of(fetched, limit)
 
-    async def compact(
-        self, tenant: str, conversation_id: str, agent_name: str, if_match: IfMatch | None
-    ) -> FinishedRun:
-        """Compact now, as a run without prompts: it takes the lease like any run and leaves
-        a run record with its compaction."""
-        if self.closing:
-            raise ShuttingDown
-        agent = self.agents.get(agent_name)
-        run_id = str(uuid.uuid4())
-        started = await self.repo.start_run(
-            tenant,
-            conversation_id,
-            run_id=run_id,
-            if_match=if_match,
-            prompts=(),
-            agent=agent_name,
-            on_failure="keep",
-            owner=self.owner,
-            lease_seconds=self.settings.lease_seconds,
-            cached=self.contexts.lookup,
-            trace_id=telemetry.current_trace_id(),
-        )
-        if started.active_run_id is not None:
-            retry_after = await self._busy_retry_after(tenant, conversation_id)
-            raise Busy(started.active_run_id, retry_after=retry_after)
-        self._took_over(started)
-        assert started.loaded is not None
-        active = ActiveRun(tenant, conversation_id, run_id, started, None)
-        self._register(active)
-        active.recorder = start_recorder(self.repo, self.clock, active)
-        try:
-            try:
-                with telemetry.agent_span(agent_name, conversation_id, run_id) as span:
-                    result = await agent.compact(
-                        started.loaded.context, tokens=started.loaded.tokens
-                    )
-                    telemetry.record_run(span, result.status, result.usage)
-            except Exception as exc:
-                log.exception("compaction %s failed unexpectedly", run_id)
-                result = _internal(started.loaded.context, exc)
-            for compaction in result.compactions:
-                active.recorder.add(CompactionCompleted(compaction))
-            active.finishing = True
-            return await asyncio.shield(
-                self._finish(active, started.loaded, result, "keep", idempotency=None)
-            )
-        finally:
-            self._unregister(run_id)
-            active.recorder.abandon()
-            self._conversation_freed(tenant, conversation_id)
-
 
 def _no_problem(error: AttemptError | None, status: str) -> str | None:
     return None if error is None and status in ("completed", "requires_action") else status
-
-
-def _settle(target: asyncio.Future[FinishedRun], source: asyncio.Future[FinishedRun]) -> None:
-    if target.done():
-        return
-    if source.cancelled():
-        target.set_exception(RuntimeError("the run was aborted"))
-    elif (exc := source.exception()) is not None:
-        target.set_exception(exc)
-    else:
-        target.set_result(source.result())
-
-
-def _cancelled(context: Context) -> Result:
-    return Result(
-        status="cancelled",
-        context=context,
-        error=AttemptError(kind="aborted", message="the run was cancelled"),
-    )
-
-
-def _internal(context: Context, exc: Exception) -> Result:
-    return Result(
-        status="failed",
-        context=context,
-        error=AttemptError(kind="internal", message=f"internal error: {type(exc).__name__}"),
-    )
 
 
 __all__ = [

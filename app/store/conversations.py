@@ -3,26 +3,17 @@
 Writes are conditional in the database, never read-then-write: a stored context is replaced by
 ``UPDATE conversations … WHERE incarnation = … AND version = …`` (the If-Match of
 :mod:`app.etag` as SQL) and the rowcount says whether the caller's ETag was still current.
+
+Listing, searching and sweeping conversations are in :mod:`.listing` (a base of
+:class:`ConversationStore`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from collections.abc import Mapping
+from datetime import datetime
 
-from sqlalchemy import (
-    String,
-    and_,
-    delete,
-    func,
-    insert,
-    literal,
-    or_,
-    select,
-    tuple_,
-    update,
-)
+from sqlalchemy import String, delete, insert, literal, select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.agent.codec import dump_context, load_message
@@ -32,7 +23,6 @@ from app.etag import IfMatch, sql_if_match, version_etag
 
 from ._sql import (
     Loaded,
-    StoreBase,
     StoredRows,
     child_key,
     conversation_key,
@@ -47,32 +37,15 @@ from ._sql import (
 from .changes import TranscriptItem
 from .db import read_transaction, write_transaction
 from .errors import AlreadyExists, PreconditionFailed, UnsafeCut, conversation_not_found
+from .listing import ListingStore, Search
 from .metadata import write_metadata
-from .tables import (
-    Conversation,
-    UTCDateTime,
-    context_messages,
-    conversation_metadata,
-    conversations,
-    runs,
-)
+from .tables import Conversation, context_messages, conversation_metadata, conversations, runs
 
 #: the detail of a refused If-Match on a conversation
 STALE = "If-Match does not match the stored context"
 
 
-@dataclass(frozen=True)
-class Search:
-    """What a listing selects and how it is ordered (``GET /conversations``)."""
-
-    metadata: Sequence[tuple[str, str]] = ()  # (key, value) pairs: all must match
-    updated_after: datetime | None = None
-    updated_before: datetime | None = None
-    active: bool | None = None  # has a run in flight
-    descending: bool = True  # by (updated_at, id)
-
-
-class ConversationStore(StoreBase):
+class ConversationStore(ListingStore):
     """Create, read, list and delete conversations; read and replace their context."""
 
     async def create_conversation(
@@ -104,98 +77,6 @@ class ConversationStore(StoreBase):
     async def get_conversation(self, tenant: str, conv_id: str) -> Conversation | None:
         async with read_transaction(self.engine) as conn:
             return await read_conversation(conn, tenant, conv_id)
-
-    async def list_conversations(
-        self, tenant: str, *, after_id: str | None = None, limit: int = 50
-    ) -> list[Conversation]:
-        """A page of the tenant's conversations ordered by id, starting after ``after_id``."""
-        stmt = select(conversations).where(conversations.c.tenant == tenant)
-        if after_id is not None:
-            stmt = stmt.where(conversations.c.id > after_id)
-        stmt = stmt.order_by(conversations.c.id).limit(limit)
-        async with read_transaction(self.engine) as conn:
-            rows = (await conn.execute(stmt)).mappings().all()
-        return [Conversation(**row) for row in rows]
-
-    async def search_conversations(
-        self,
-        tenant: str,
-        search: Search,
-        *,
-        after: tuple[datetime, str] | None = None,
-        limit: int = 50,
-    ) -> list[Conversation]:
-        """A page of the tenant's conversations matching ``search``, ordered by
-        ``(updated_at, id)`` (descending unless asked otherwise), after the keyset ``after``.
-
-        Each metadata filter is an ``EXISTS`` on the ``(tenant, key, value)`` index; the order
-        and the keyset run on the ``(tenant, updated_at, id)`` index.
-        """
-        c = conversations.c
-        stmt = select(conversations).where(c.tenant == tenant)
-        for key, value in search.metadata:
-            m = conversation_metadata.c
-            # IN (…) rather than EXISTS: the planner may drive from the (tenant, key, value)
-            # index when the value is rare, or from the (tenant, updated_at, id) one when not
-            stmt = stmt.where(
-                c.id.in_(
-                    select(m.conversation_id).where(
-                        m.tenant == tenant, m.key == key, m.value == value
-                    )
-                )
-            )
-        if search.updated_after is not None:
-            stmt = stmt.where(c.updated_at > search.updated_after)
-        if search.updated_before is not None:
-            stmt = stmt.where(c.updated_at < search.updated_before)
-        if search.active is not None:
-            stmt = stmt.where(
-                c.active_run_id.is_not(None) if search.active else c.active_run_id.is_(None)
-            )
-        if after is not None:
-            at, conv_id = after
-            # a row-value comparison: one index range on both engines (an OR is not)
-            keyset = tuple_(c.updated_at, c.id)
-            bound = tuple_(literal(at, UTCDateTime()), literal(conv_id, String(128)))
-            stmt = stmt.where(keyset < bound if search.descending else keyset > bound)
-        order = (
-            (c.updated_at.desc(), c.id.desc())
-            if search.descending
-            else (c.updated_at.asc(), c.id.asc())
-        )
-        stmt = stmt.order_by(*order).limit(limit)
-        async with read_transaction(self.engine) as conn:
-            rows = (await conn.execute(stmt)).mappings().all()
-        return [Conversation(**row) for row in rows]
-
-    async def sweep_expired(self, *, default_seconds: int | None, batch: int) -> int:
-        """Delete up to ``batch`` expired conversations with every record (the foreign keys
-        cascade to all children); how many were deleted.
-
-        Expired: ``expires_at`` has passed, or, without one, ``default_seconds`` have passed
-        since ``updated_at`` (when a default is configured). A conversation with a run in flight
-        is left for a later sweep. The delete re-checks both conditions, so a conversation
-        that was patched or started a run since it was selected stays.
-        """
-        now = self.clock.now()
-        c = conversations.c
-        expired = and_(c.expires_at.is_not(None), c.expires_at <= now)
-        if default_seconds is not None:
-            cutoff = now - timedelta(seconds=default_seconds)
-            expired = or_(expired, and_(c.expires_at.is_(None), c.updated_at <= cutoff))
-        condition = and_(expired, c.active_run_id.is_(None))
-        async with write_transaction(self.engine) as conn:
-            found = (await conn.execute(select(c.tenant, c.id).where(condition).limit(batch))).all()
-            deleted = 0
-            by_tenant: dict[str, list[str]] = {}
-            for row in found:
-                by_tenant.setdefault(row.tenant, []).append(row.id)
-            for tenant, ids in by_tenant.items():
-                result = await conn.execute(
-                    delete(conversations).where(c.tenant == tenant, c.id.in_(ids), condition)
-                )
-                deleted += result.rowcount or 0
-        return deleted
 
     async def fork_conversation(
         self,
@@ -290,19 +171,6 @@ class ConversationStore(StoreBase):
                 conn, tenant, new_id, None, 1, [TranscriptItem("forked", False, forked)], now
             )
         return Conversation(**values)
-
-    async def run_counts(self, tenant: str, conv_ids: Sequence[str]) -> dict[str, int]:
-        """How many runs each of these conversations has."""
-        if not conv_ids:
-            return {}
-        stmt = (
-            select(runs.c.conversation_id, func.count())
-            .where(runs.c.tenant == tenant, runs.c.conversation_id.in_(list(conv_ids)))
-            .group_by(runs.c.conversation_id)
-        )
-        async with read_transaction(self.engine) as conn:
-            rows = (await conn.execute(stmt)).all()
-        return {row[0]: int(row[1]) for row in rows}
 
     async def delete_conversation(
         self, tenant: str, conv_id: str, expected_etag: IfMatch | None = None

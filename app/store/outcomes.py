@@ -1,0 +1,224 @@
+"""How a run's outcome is recorded: the one write transaction behind
+:meth:`~app.store.runs.RunStore.finish_run` (contract §4 step 5), and what a run that may no
+longer finish learns.
+
+Split out of :mod:`app.store.runs`; :class:`FinishingStore` is a base of
+:class:`~app.store.runs.RunStore`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from sqlalchemy import case, delete, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.agent.records import Result
+from app.agent.tokens import TokenTally
+from app.etag import version_etag
+
+from ._sql import (
+    Loaded,
+    StoreBase,
+    child_key,
+    conversation_key,
+    insert_messages,
+    insert_transcript,
+    read_conversation,
+)
+from .changes import ContextWrite, TranscriptItem
+from .db import write_transaction
+from .errors import NotFound, run_not_found
+from .events import EventRow, insert_events
+from .quotas import settle
+from .records import insert_audit
+from .tables import context_messages, conversations, runs
+from .webhooks import enqueue_deliveries
+
+RunStatus = Literal[
+    "queued",
+    "queued",
+    "running",
+    "completed",
+    "failed",
+    "cancelled",
+    "conflicted",
+    "interrupted",
+    "requires_action",
+]
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What :meth:`RunStore.finish_run` recorded."""
+
+    status: RunStatus
+    stored: bool  # did the run's context become the stored state
+    etag: str  # the stored state's ETag after the write (stored or not)
+    result_etag: str | None  # the ETag of the run's context, when stored
+    finished_at: datetime | None = None
+    #: what is stored now, when this run stored it (exactly the run's context): for a cache
+    saved: Loaded | None = None
+
+
+class _NotRunning(Exception):
+    """The run being finished is no longer ``running`` (or no longer exists)."""
+
+
+class FinishingStore(StoreBase):
+    """The write of a finished run's outcome (a base of :class:`~app.store.runs.RunStore`)."""
+
+    async def _finish_run(
+        self,
+        tenant: str,
+        conv_id: str,
+        run_id: str,
+        *,
+        base: Loaded,
+        result: Result,
+        store: bool,
+        plan: ContextWrite,
+        entries: Sequence[TranscriptItem],
+        tokens: TokenTally,
+        events: Sequence[EventRow] = (),
+    ) -> RunOutcome:
+        now = self.clock.now()
+        key = conversation_key(tenant, conv_id)
+        same_incarnation = conversations.c.incarnation == base.incarnation
+        returning = (conversations.c.version, conversations.c.transcript_seq)
+        release = case(
+            (conversations.c.active_run_id == run_id, None), else_=conversations.c.active_run_id
+        )
+
+        # Lock order, here as everywhere: the conversation row first, then the run row.
+        async with write_transaction(self.engine) as conn:
+            row = None
+            if store:
+                row = (
+                    await conn.execute(
+                        update(conversations)
+                        .where(*key, same_incarnation, conversations.c.version == base.version)
+                        .values(
+                            version=conversations.c.version + 1,
+                            system_prompt=result.context.system_prompt,
+                            summary=result.context.summary,
+                            next_position=plan.next_position,
+                            message_count=len(result.context.messages),
+                            transcript_seq=conversations.c.transcript_seq + len(entries),
+                            updated_at=now,
+                            active_run_id=release,
+                            token_tally=tokens.model_dump(mode="json"),
+                        )
+                        .returning(*returning)
+                    )
+                ).first()
+            stored = row is not None
+            if row is None:
+                # Not stored (discarded or stale): only allocate the transcript's seqs.
+                row = (
+                    await conn.execute(
+                        update(conversations)
+                        .where(*key, same_incarnation)
+                        .values(
+                            transcript_seq=conversations.c.transcript_seq + len(entries),
+                            active_run_id=release,
+                        )
+                        .returning(*returning)
+                    )
+                ).first()
+                if row is None:
+                    raise NotFound(f"conversation {conv_id!r} was deleted during the run")
+
+            if stored:
+                if plan.delete_before is not None:
+                    await conn.execute(
+                        delete(context_messages).where(
+                            *child_key(context_messages, tenant, conv_id),
+                            context_messages.c.position < plan.delete_before,
+                        )
+                    )
+                await insert_messages(conn, tenant, conv_id, plan.inserts)
+
+            status: RunStatus = result.status if stored or not store else "conflicted"
+            etag = version_etag(base.incarnation, row.version)
+            result_etag = etag if stored else None
+            finished = await conn.execute(
+                update(runs)
+                .where(
+                    *child_key(runs, tenant, conv_id),
+                    runs.c.run_id == run_id,
+                    runs.c.status == "running",
+                )
+                .values(
+                    status=status,
+                    stored=stored,
+                    result_etag=result_etag,
+                    usage=result.usage.model_dump(mode="json"),
+                    error=result.error.model_dump(mode="json") if result.error else None,
+                    required_action=(
+                        result.required_action.model_dump(mode="json")
+                        if status == "requires_action" and result.required_action
+                        else None
+                    ),
+                    finished_at=now,
+                    lease_expires_at=None,
+                )
+            )
+            if not finished.rowcount:
+                raise _NotRunning  # rolls the transaction back
+
+            await insert_audit(conn, tenant, conv_id, run_id, result)
+            await settle(conn, tenant, now, result.usage)
+            first_seq = row.transcript_seq - len(entries) + 1
+            await insert_transcript(conn, tenant, conv_id, run_id, first_seq, entries, now)
+            await insert_events(conn, events)
+            await enqueue_deliveries(conn, tenant, conv_id, run_id, status, now)
+        saved = None
+        if stored:
+            saved = Loaded(
+                context=result.context,
+                etag=etag,
+                version=row.version,
+                incarnation=base.incarnation,
+                first_position=plan.next_position - len(result.context.messages),
+                next_position=plan.next_position,
+                tokens=tokens,
+            )
+        return RunOutcome(
+            status=status,
+            stored=stored,
+            etag=etag,
+            result_etag=result_etag,
+            finished_at=now,
+            saved=saved,
+        )
+
+
+async def _no_longer_running(
+    conn: AsyncConnection, tenant: str, conv_id: str, run_id: str
+) -> RunOutcome:
+    """What a run that may no longer finish learns: how it was recorded (``interrupted``, or
+    its own outcome when a first attempt to finish did commit), and the stored ETag."""
+    run = (
+        await conn.execute(
+            select(runs.c.status, runs.c.stored, runs.c.result_etag, runs.c.finished_at).where(
+                *child_key(runs, tenant, conv_id), runs.c.run_id == run_id
+            )
+        )
+    ).first()
+    conv = await read_conversation(conn, tenant, conv_id)
+    if run is None or conv is None:
+        raise run_not_found(conv_id, run_id)
+    return RunOutcome(
+        status=run.status,
+        stored=run.stored,
+        etag=conv.etag,
+        result_etag=run.result_etag,
+        finished_at=run.finished_at,
+    )
+
+
+__all__ = ["FinishingStore", "RunOutcome", "RunStatus"]
