@@ -1,23 +1,20 @@
-"""Conversations and their context (contract §4): create, list, get, delete; GET/PUT context.
+"""Conversations and their context (contract §4): create, list, get, patch, delete; GET/PUT
+context. Fork, export and import are in :mod:`app.api.routes.portability` (included here), the
+metadata limits and filters in :mod:`app.api.routes.conversation_metadata`.
 
 Each route parses the request, calls :class:`~app.service.conversations.ConversationService`
 and renders its result; refusals are answered by the one problem handler."""
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Query, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
-from app.agent.codec import dump_message
 from app.agent.messages import Context
-from app.agent.replay import ReplayError, validate_storable
-from app.config import Settings
 from app.service.conversations import NotModified, Search
 from app.store.metadata import KEEP
 
@@ -39,28 +36,21 @@ from ..problems import (
     CONVERSATION_EXISTS,
     PRECONDITION_FAILED,
     PRECONDITION_REQUIRED,
-    RUN_IN_PROGRESS,
-    UNSAFE_CUT,
     UNSUPPORTED_MEDIA_TYPE,
     Problem,
-    limit_exceeded,
     problem_responses,
-    unreplayable_context,
-    validation_error,
 )
 from ..schemas import (
-    CONVERSATION_ID_PATTERN,
-    EXPORT_FORMAT,
     METADATA_KEY_PATTERN,
     Conversation,
     ConversationCreate,
-    ConversationExport,
-    ConversationFork,
     ConversationPage,
     ConversationPatch,
     Timestamp,
 )
 from ..views import conversation_body
+from . import portability
+from .conversation_metadata import check_metadata, document_metadata, metadata_filters
 
 router = APIRouter(tags=["conversations"])
 
@@ -95,79 +85,6 @@ async def create_conversation(
     response.headers["Location"] = f"/conversations/{info.conversation.id}"
     response.headers["ETag"] = info.conversation.etag
     return conversation_body(info)
-
-
-def check_metadata(
-    settings: Settings, metadata: Mapping[str, str | None], path: str, *, count: bool = True
-) -> None:
-    """The configured metadata limits (422 ``limit-exceeded``); the store checks the count
-    after a merge patch."""
-    if count and len(metadata) > settings.max_metadata_keys:
-        raise limit_exceeded("max_metadata_keys", settings.max_metadata_keys, len(metadata))
-    for key, value in metadata.items():
-        if len(key) > settings.max_metadata_key_chars:
-            raise limit_exceeded(
-                "max_metadata_key_chars", settings.max_metadata_key_chars, len(key)
-            )
-        if value is not None and len(value) > settings.max_metadata_value_chars:
-            raise limit_exceeded(
-                "max_metadata_value_chars", settings.max_metadata_value_chars, len(value)
-            )
-
-
-_METADATA_KEY = re.compile(METADATA_KEY_PATTERN)
-
-
-def document_metadata(document: dict[str, Any], settings: Settings) -> None:
-    """Write the configured metadata limits into every metadata object of the document (the
-    committed one is built from the default settings): the key pattern and length as
-    ``propertyNames``, no other keys, the value length, and the key count."""
-
-    def visit(node: Any) -> None:
-        if isinstance(node, dict):
-            pattern = node.get("patternProperties", {})
-            if METADATA_KEY_PATTERN in pattern:
-                node["additionalProperties"] = False
-                node["propertyNames"] = {
-                    "pattern": METADATA_KEY_PATTERN,
-                    "maxLength": settings.max_metadata_key_chars,
-                }
-                node["maxProperties"] = settings.max_metadata_keys
-                value = pattern[METADATA_KEY_PATTERN]
-                for option in value.get("anyOf", [value]):
-                    if option.get("type") == "string":
-                        option["maxLength"] = settings.max_metadata_value_chars
-            for child in node.values():
-                visit(child)
-        elif isinstance(node, list):
-            for child in node:
-                visit(child)
-
-    visit(document.get("components", {}))
-
-
-def metadata_filters(request: Request) -> list[tuple[str, str]]:
-    """The ``metadata.KEY=VALUE`` query parameters, in order (422 naming a bad one)."""
-    found: list[tuple[str, str]] = []
-    for name, value in request.query_params.multi_items():
-        if not name.startswith("metadata."):
-            continue
-        key = name.removeprefix("metadata.")
-        if not _METADATA_KEY.match(key):
-            raise validation_error(
-                [
-                    {
-                        "path": f"query.{name}",
-                        "message": f"metadata key must match {METADATA_KEY_PATTERN}",
-                    }
-                ]
-            )
-        if len(value) > 1024:
-            raise validation_error(
-                [{"path": f"query.{name}", "message": "at most 1024 characters"}]
-            )
-        found.append((key, value))
-    return found
 
 
 #: a listing's cursor: the keyset (updated_at in microseconds since the epoch, id) of the last
@@ -438,144 +355,9 @@ async def patch_conversation(
     return conversation_body(info)
 
 
-@router.post(
-    "/conversations/{conversation_id}/fork",
-    status_code=201,
-    response_model=Conversation,
-    responses={
-        201: {"headers": {"Location": LOCATION_HEADER, "ETag": ETAG_HEADER}},
-        **problem_responses(400, 404, CONVERSATION_EXISTS, PRECONDITION_FAILED, UNSAFE_CUT, 422),
-    },
-    operation_id="fork_conversation",
-)
-async def fork_conversation(
-    svc: ServicesDep,
-    tenant: TenantDep,
-    conversation_id: ConversationPath,
-    response: Response,
-    body: Annotated[ConversationFork | None, Body()] = None,
-    if_match: IfMatchHeader = None,
-) -> Conversation:
-    """A new conversation with this one's Context (or its first `messages`), its own ETag
-    chain, and a transcript starting with a `forked` entry (source id, source ETag, N). The
-    source is unchanged. `If-Match` forks only that version of the source."""
-    body = body or ConversationFork()
-    if body.metadata is not None:
-        check_metadata(svc.settings, body.metadata, "body.metadata")
-    info = await svc.conversations.fork(
-        tenant,
-        conversation_id,
-        body.id,
-        messages=body.messages,
-        metadata=body.metadata,
-        if_match=if_match_value(if_match),
-    )
-    response.headers["Location"] = f"/conversations/{info.conversation.id}"
-    response.headers["ETag"] = info.conversation.etag
-    return conversation_body(info)
+# Fork, export and import are this router's routes, after those above as they were declared
+# (the document's order of operations): the route objects themselves, not an included router,
+# so ``router.routes`` lists every conversation route.
+router.routes.extend(portability.router.routes)
 
-
-def _dumps(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
-
-
-_SECTIONS = ("message", "transcript", "run")
-_OPEN = (b',"messages":[', b',"transcript":[', b',"runs":[')
-_CLOSE = (b"]}", b"]", b"]")  # the messages close the context object too
-
-
-async def _export_stream(parts: AsyncIterator[tuple[str, Any]]) -> AsyncIterator[bytes]:
-    """The export document as JSON, written part by part (never whole in memory)."""
-    yield _dumps({"format": EXPORT_FORMAT, "format_version": 1})[:-1]
-    open_at = -1  # the index of the open section (none yet)
-    first = True
-
-    def advance(to: int) -> bytes:
-        nonlocal open_at, first
-        out = b""
-        while open_at < to:
-            if open_at >= 0:
-                out += _CLOSE[open_at]
-            open_at += 1
-            if open_at < len(_SECTIONS):
-                out += _OPEN[open_at]
-            first = True
-        return out
-
-    async for part, value in parts:
-        if part == "conversation":
-            yield b',"conversation":' + _dumps(value)
-        elif part == "context":
-            yield b',"context":' + _dumps(value)[:-1]  # its messages follow
-        else:
-            moved = advance(_SECTIONS.index(part))
-            yield moved + (b"" if first else b",") + _dumps(value)
-            first = False
-    yield advance(len(_SECTIONS)) + b"}"
-
-
-@router.get(
-    "/conversations/{conversation_id}/export",
-    response_model=ConversationExport,
-    responses=problem_responses(404, RUN_IN_PROGRESS, 422),
-    operation_id="export_conversation",
-)
-async def export_conversation(
-    svc: ServicesDep, tenant: TenantDep, conversation_id: ConversationPath
-) -> StreamingResponse:
-    """The whole conversation as one JSON document (format version, metadata, Context and
-    its ETag version, transcript, run records), streamed from paged reads of one snapshot.
-    409 while a run is in flight."""
-    parts = await svc.conversations.export(tenant, conversation_id)
-    return StreamingResponse(
-        _export_stream(parts),
-        media_type="application/json",
-        headers={"Content-Disposition": f'attachment; filename="{conversation_id}.json"'},
-    )
-
-
-@router.post(
-    "/conversations/import",
-    status_code=201,
-    response_model=Conversation,
-    responses={
-        201: {"headers": {"Location": LOCATION_HEADER, "ETag": ETAG_HEADER}},
-        **problem_responses(CONVERSATION_EXISTS, 422),
-    },
-    operation_id="import_conversation",
-)
-async def import_conversation(
-    svc: ServicesDep,
-    tenant: TenantDep,
-    response: Response,
-    document: ConversationExport,
-    id: Annotated[
-        str | None,
-        Query(
-            pattern=CONVERSATION_ID_PATTERN,
-            max_length=128,
-            description="Import under this id instead of the document's",
-        ),
-    ] = None,
-) -> Conversation:
-    """Restore an export, under its own id or `id`; 409 when that id is taken. All of it is
-    written, or nothing."""
-    check_metadata(svc.settings, document.conversation.metadata, "body.conversation.metadata")
-    check_context(svc.settings, document.context)
-    try:
-        validate_storable(document.context)
-    except ReplayError as exc:
-        raise unreplayable_context(exc.index, str(exc)) from None
-    data = document.model_dump()
-    data["context"]["messages"] = [dump_message(m) for m in document.context.messages]
-    for run, model in zip(data["runs"], document.runs, strict=True):
-        run["prompts"] = [dump_message(m) for m in model.prompts]
-        run["new_messages"] = [dump_message(m) for m in model.new_messages]
-        run["final"] = None if model.final is None else dump_message(model.final)
-        for stored, compaction in zip(run["compactions"], model.compactions, strict=True):
-            stored["folded"] = [dump_message(m) for m in compaction.folded]
-            stored["usage"] = compaction.usage.model_dump(mode="json")
-    info = await svc.conversations.import_document(tenant, id, data)
-    response.headers["Location"] = f"/conversations/{info.conversation.id}"
-    response.headers["ETag"] = info.conversation.etag
-    return conversation_body(info)
+__all__ = ["_list_cursor", "_parse_list_cursor", "check_metadata", "document_metadata", "router"]

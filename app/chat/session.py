@@ -1,250 +1,31 @@
-"""``carryover chat [ID] [--url URL] [--api-key KEY] [--agent NAME]``: talk to a running server
-from a terminal (docs/chat.md).
-
-A client of the HTTP API and nothing else: it imports no layer of the service (the layer
-contract, tests/frame/test_layers.py), so what it does any application can do. Each line typed
-is one run (``POST /conversations/{id}/runs`` with ``Accept: text/event-stream`` and
-``Prefer: return=minimal``); the answer is printed as its ``delta`` events arrive, tool calls and
-compactions as one short line each. Lines starting with ``/`` are sent as they are (the echo
-provider's ``/tool``, ``/sleep``, ``/fail``, ``/overflow``), except ``/quit``.
-
-Ctrl-C during a run cancels it (``POST …/runs/{run_id}/cancel``, the id from ``run.started``)
-and waits for its end; a second Ctrl-C stops waiting. Ctrl-C at the prompt clears the line, a
-second one in a row (or one right after a cancel) leaves, as do Ctrl-D and ``/quit``. A run that
-ends ``requires_action`` asks for each pending call: a decision for an approval call, a result
-text for a client tool call, and the next run sends them.
-
-Input is read with prompt_toolkit (line editing and history) when stdin is a terminal, plain
-lines otherwise; output is written with rich. Exit status: 0 on Ctrl-D or ``/quit``, 1 when the
-server cannot be reached or refuses the conversation, 2 for a bad argument.
-"""
+"""The chat itself (docs/chat.md): find or create the conversation, then one streamed run per
+line typed, Ctrl-C cancelling the run in progress, pending tool calls answered before the next
+line is sent."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
-import os
 import signal
-import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from .keyboard import Interrupted, Keyboard
+from .render import Screen, problem_text, shorten
+from .sse import server_events
+
 if TYPE_CHECKING:
     import httpx
-    from prompt_toolkit import PromptSession
     from rich.console import Console
 
-DEFAULT_URL = "http://127.0.0.1:8000"
-URL_VARIABLE = "CARRYOVER_URL"
-KEY_VARIABLE = "CARRYOVER_API_KEY"
 QUIT = "/quit"
-#: how much of a tool call's arguments or result one line shows
-SHOWN_CHARACTERS = 72
 #: how long an ordinary request may take; a streamed run has no read timeout (it may sleep)
 REQUEST_TIMEOUT_SECONDS = 30.0
 
 
 class ChatError(Exception):
     """A failure that ends the chat, reported as one line on stderr."""
-
-
-def add_parser(commands: Any) -> None:
-    """Register ``chat`` on the ``carryover`` subcommands (``commands`` is argparse's
-    ``_SubParsersAction``)."""
-    chat: argparse.ArgumentParser = commands.add_parser(
-        "chat",
-        help="talk to a running server from the terminal",
-        description="An interactive chat against a running Carryover server. Each line is a "
-        "run whose answer streams as it arrives; lines starting with '/' are sent as they are "
-        f"(e.g. the echo provider's /tool, /sleep, /fail, /overflow), except {QUIT}. Ctrl-C "
-        f"cancels the run in progress; Ctrl-D or {QUIT} leaves.",
-    )
-    chat.add_argument(
-        "id",
-        nargs="?",
-        help="the conversation to continue (created with this id when it does not exist); "
-        "without it, a new conversation whose id is printed",
-    )
-    chat.add_argument("--url", help=f"the server (default: ${URL_VARIABLE}, else {DEFAULT_URL})")
-    chat.add_argument(
-        "--api-key",
-        help=f"sent as 'Authorization: Bearer KEY' (default: ${KEY_VARIABLE}, else none)",
-    )
-    chat.add_argument("--agent", default="default", help="the agent profile to run")
-
-
-def command(args: argparse.Namespace) -> int:
-    """``carryover chat``: the exit status."""
-    url = (args.url or os.environ.get(URL_VARIABLE) or DEFAULT_URL).rstrip("/")
-    key = args.api_key or os.environ.get(KEY_VARIABLE) or None
-    if not url.startswith(("http://", "https://")):
-        print(
-            f"carryover chat: --url must be an http:// or https:// URL, got {url!r}",
-            file=sys.stderr,
-        )
-        return 2
-    try:
-        return asyncio.run(Chat(url, key, args.agent, args.id).main())
-    except ChatError as exc:
-        print(f"carryover chat: {exc}", file=sys.stderr)
-        return 1
-
-
-# --- server-sent events ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ServerEvent:
-    event: str
-    data: Any
-
-
-async def server_events(lines: AsyncIterator[str]) -> AsyncIterator[ServerEvent]:
-    """The events of a ``text/event-stream`` body given line by line (WHATWG HTML §9.2.6:
-    ``event:`` names it, ``data:`` lines are joined by newlines, a blank line dispatches, a
-    line starting with ``:`` is a comment). Each event's data is JSON here."""
-    name, data = "", list[str]()
-    async for line in lines:
-        if not line:
-            if data:
-                yield ServerEvent(name or "message", json.loads("\n".join(data)))
-            name, data = "", []
-            continue
-        if line.startswith(":"):
-            continue
-        key, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if key == "event":
-            name = value
-        elif key == "data":
-            data.append(value)
-    if data:
-        yield ServerEvent(name or "message", json.loads("\n".join(data)))
-
-
-# --- what is shown ---------------------------------------------------------------------------
-
-
-def shorten(text: str, limit: int = SHOWN_CHARACTERS) -> str:
-    """One line of at most ``limit`` characters."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
-
-
-def problem_text(response: httpx.Response) -> str:
-    """A refusal as one line: the problem's title and detail, else the status and body."""
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    if isinstance(body, dict) and body.get("title"):
-        detail = f": {body['detail']}" if body.get("detail") else ""
-        return f"{response.status_code} {body['title']}{detail}"
-    return f"{response.status_code} {shorten(response.text) or response.reason_phrase}"
-
-
-def _text_of(message: dict[str, Any]) -> str:
-    return "".join(
-        block.get("text", "") for block in message.get("content", []) if block.get("type") == "text"
-    )
-
-
-class Screen:
-    """Everything the chat prints, through one rich console: the streamed answer, one line per
-    tool call, result and compaction, and the end of a run when it did not complete."""
-
-    def __init__(self, console: Console) -> None:
-        self.console = console
-        self._open: str | None = None  # the kind of delta the current line is part of
-
-    def line(self, text: str, style: str = "") -> None:
-        self.end_line()
-        self.console.print(text, style=style or None, markup=False, highlight=False)
-
-    def end_line(self) -> None:
-        if self._open is not None:
-            self.console.print()
-            self._open = None
-
-    def delta(self, kind: str, text: str) -> None:
-        if self._open != kind:
-            self.end_line()
-            label, style = (
-                ("thinking: ", "dim italic") if kind == "thinking" else ("agent: ", "bold")
-            )
-            self.console.print(label, style=style, end="", markup=False, highlight=False)
-            self._open = kind
-        shade = "dim italic" if kind == "thinking" else None
-        self.console.print(text, style=shade, end="", markup=False, highlight=False, soft_wrap=True)
-
-    def event(self, event: ServerEvent) -> None:
-        data = event.data
-        if event.event == "delta":
-            if data.get("kind") in ("text", "thinking") and data.get("text"):
-                self.delta(data["kind"], data["text"])
-        elif event.event == "tool.started":
-            self.line(f"  [tool] {data['name']}({shorten(data.get('arguments', ''))})", "cyan")
-        elif event.event == "tool.finished":
-            verb = "failed" if data.get("is_error") else "returned"
-            style = "red" if data.get("is_error") else "cyan"
-            self.line(f"  [tool] {data['tool_name']} {verb}: {shorten(_text_of(data))}", style)
-        elif event.event == "compaction":
-            folded = len(data.get("folded", []))
-            self.line(
-                f"  [compaction] {data.get('reason', '')}: folded {folded} message"
-                f"{'s' if folded != 1 else ''}, {data.get('tokens_before', '?')} -> "
-                f"{data.get('tokens_after', '?')} tokens",
-                "magenta",
-            )
-
-    def finished(self, run: dict[str, Any]) -> None:
-        self.end_line()
-        status = run.get("status")
-        if status == "completed":
-            return
-        error = run.get("error") or {}
-        why = f": {error.get('title', '')} - {error.get('detail', '')}" if error else ""
-        style = "yellow" if status in ("cancelled", "requires_action") else "red"
-        self.line(f"[run {run.get('run_id', '')} {status}{why}]", style)
-
-
-# --- input -----------------------------------------------------------------------------------
-
-
-class Interrupted(Exception):
-    """Ctrl-C at the prompt."""
-
-
-class Keyboard:
-    """Lines from the user: prompt_toolkit on a terminal (editing, history), plain lines
-    otherwise. ``read`` raises :class:`EOFError` on Ctrl-D and :class:`Interrupted` on
-    Ctrl-C."""
-
-    def __init__(self) -> None:
-        self._session: PromptSession[str] | None = None
-        if sys.stdin.isatty() and sys.stdout.isatty():
-            from prompt_toolkit import PromptSession
-
-            self._session = PromptSession()
-
-    async def read(self, prompt: str) -> str:
-        if self._session is None:
-            print(prompt, end="", flush=True)
-            line: str = await asyncio.to_thread(sys.stdin.readline)
-            if not line:
-                raise EOFError
-            return line.rstrip("\n")
-        try:
-            typed: str = await self._session.prompt_async(prompt)
-            return typed
-        except KeyboardInterrupt:
-            raise Interrupted from None
-
-
-# --- the chat --------------------------------------------------------------------------------
 
 
 @dataclass
@@ -286,7 +67,7 @@ class Chat:
     def _client(self) -> httpx.AsyncClient:
         import httpx
 
-        from . import __version__
+        from .. import __version__
 
         headers = {"User-Agent": f"carryover-chat/{__version__}"}
         if self.api_key:

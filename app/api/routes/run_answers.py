@@ -1,0 +1,174 @@
+"""How a run request is answered (docs/runs.md): the event-stream description of the document,
+the small header helpers, the 202 answers of background mode and the server-sent events of a
+streamed run. Used by :mod:`app.api.routes.runs`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from app.service.runs import ActiveRun, Replayed, RunManager
+from app.store.records import RunRecord
+
+from ..deps import prefers_minimal
+from ..handlers import stream_problem
+from ..problems import BAD_HEADER, Problem
+from ..views import record_view, run_view
+
+SSE_DESCRIPTION = (
+    'With `Accept: text/event-stream` or `"stream": true`: server-sent events `run.started`, '
+    "`delta` (text, thinking and tool-call parts), `message` (each completed message), "
+    "`tool.started`, `tool.finished`, `compaction`, `run.requires_action` (a run that paused: "
+    "its `required_action`, right before `run.finished`), and last `run.finished` carrying "
+    "the same body as the JSON answer — or, when the outcome could not be stored, `error` "
+    "carrying the problem (e.g. `database-unavailable` with `stored: false`)."
+)
+
+
+#: one server-sent event, as OpenAPI 3.1 describes an event stream (the schema of each event)
+SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "event": {
+            "type": "string",
+            "enum": [
+                "run.started",
+                "delta",
+                "message",
+                "tool.started",
+                "tool.finished",
+                "compaction",
+                "run.requires_action",
+                "run.finished",
+                "error",
+            ],
+        },
+        "id": {
+            "type": "string",
+            "pattern": "^[1-9][0-9]*$",
+            "description": "The event's sequence number in its run (1 for run.started), as SSE "
+            "sends every field: as text. "
+            "resume after it at GET …/runs/{run_id}/events with Last-Event-ID (an error "
+            "event has none)",
+        },
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "description": "The event's JSON payload; for run.finished, the Run; for "
+            "run.requires_action, the RequiredAction; for error (instead of run.finished, when "
+            "the run's outcome could not be stored), a problem",
+        },
+    },
+    "required": ["event", "data"],
+}
+
+
+def _location(conversation_id: str, run_id: str) -> str:
+    return f"/conversations/{conversation_id}/runs/{run_id}"
+
+
+def _minimal(prefer: str | None) -> bool:
+    return prefers_minimal(prefer)  # 400 bad-header for a Prefer that breaks RFC 7240's grammar
+
+
+def _preference_applied(minimal: bool) -> dict[str, str]:
+    """RFC 7240 §3: say that ``return=minimal`` was honoured."""
+    return {"Preference-Applied": "return=minimal"} if minimal else {}
+
+
+def _idempotency_key(value: str | None) -> str | None:
+    if value is None:
+        return None
+    key = value.strip()
+    if key.startswith('"') and key.endswith('"') and len(key) >= 2:
+        key = key[1:-1]  # the draft defines the key as an sf-string
+    if not key or not all(0x20 <= ord(c) < 0x7F for c in key):
+        raise Problem(
+            BAD_HEADER,
+            "Idempotency-Key must be a non-empty string of visible ASCII",
+            header="Idempotency-Key",
+        )
+    return key
+
+
+# --- background mode (docs/runs.md) ----------------------------------------------------------
+
+
+def _accepted(record: RunRecord, respond_async: bool, minimal: bool) -> Response:
+    """202 Accepted: the run (``running`` or ``queued``) goes on whatever the client does."""
+    applied = ["respond-async"] if respond_async else []
+    if minimal:
+        applied.append("return=minimal")
+    headers = {"Location": _location(record.run.conversation_id, record.run.run_id)}
+    if applied:
+        headers["Preference-Applied"] = ", ".join(applied)
+    return JSONResponse(record_view(record).body(), status_code=202, headers=headers)
+
+
+async def _async_replay(
+    manager: RunManager, tenant: str, conversation_id: str, replay: Replayed, minimal: bool
+) -> Response:
+    """A repeat of a background request: the run's record as it is now — 202 while it is
+    queued or running, 200 once it ended."""
+    run_id = str(replay.body["run_id"])
+    record = await manager.record(tenant, conversation_id, run_id)
+    headers = {"Idempotent-Replayed": "true", "Location": _location(conversation_id, run_id)}
+    if record.run.status in ("queued", "running"):
+        response = _accepted(record, True, minimal)
+        response.headers.update(headers)
+        return response
+    return JSONResponse(record_view(record).body(), status_code=200, headers=headers)
+
+
+def _ended_stream(record: RunRecord, conversation_id: str) -> Response:
+    """A streamed request whose queued run ended without running: only ``run.finished``."""
+
+    async def events() -> AsyncIterator[bytes]:
+        yield _sse("run.finished", record_view(record).body())
+
+    return StreamingResponse(
+        events(),
+        status_code=201,
+        media_type="text/event-stream",
+        headers={"Location": _location(conversation_id, record.run.run_id)},
+    )
+
+
+def _sse(event: str, data: Any, seq: int | None = None) -> bytes:
+    """One server-sent event; ``id`` is the run's event seq (issue 13: resume after it at
+    ``GET …/runs/{id}/events`` with ``Last-Event-ID``)."""
+    tail = f"id: {seq}\n" if seq is not None else ""
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n{tail}\n".encode()
+
+
+async def _events(
+    manager: RunManager, active: ActiveRun, on_disconnect: str, minimal: bool
+) -> AsyncIterator[bytes]:
+    """The run as server-sent events. A client that goes away cancels the run only with
+    ``on_disconnect: cancel``; the run's task is separate from this response."""
+    assert active.events is not None and active.recorder is not None
+    try:
+        # run.started (seq 1) and every event after it come numbered from the run's recorder
+        while True:
+            event = await active.events.get()
+            if event is None:
+                break
+            yield _sse(event.event, event.data, event.seq)
+        try:
+            finished = await asyncio.shield(active.done)
+            body = run_view(finished).body(minimal=minimal)
+        except Exception as exc:  # the outcome could not be stored (or a bug): say so, end
+            yield _sse(
+                "error",
+                stream_problem(exc, instance=_location(active.conversation_id, active.run_id)),
+            )
+            return
+        yield _sse("run.finished", body, active.recorder.finished_seq)
+    except asyncio.CancelledError:
+        if on_disconnect == "cancel":
+            manager.stop(active)
+        raise
