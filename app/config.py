@@ -608,8 +608,8 @@ class Settings(_ProfileFields, BaseSettings):
         return _mask_url(self.database_url)
 
     def exposure_problem(self, host: str | None = None, db_keys: int = 0) -> str | None:
-        """Why serving on ``host`` would be unsafe, or ``None`` when it is fine (contract §6: with no
-        API keys configured the server only listens on loopback). ``db_keys``: how many active
+        """Why serving on ``host`` would be unsafe, or ``None`` when it is fine (contract §6: with
+        no API keys configured the server only listens on loopback). ``db_keys``: how many active
         keys the database holds (``carryover keys create``)."""
         host = self.host if host is None else host
         if is_loopback(host) or self.api_keys or db_keys or self.allow_unauthenticated_public:
