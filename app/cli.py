@@ -6,13 +6,14 @@
   host when no API keys are configured (none in ``CARRYOVER_API_KEYS``, none active in the
   database), unless ``CARRYOVER_ALLOW_UNAUTHENTICATED_PUBLIC`` is set. Its banner ("… listening
   on URL") is printed once the port accepts connections, as a JSON line with
-  ``CARRYOVER_LOG_FORMAT=json``.
+  ``CARRYOVER_LOG_FORMAT=json`` (``app/cli_serve.py``; :func:`run_server` stays here).
 - ``carryover migrate [--downgrade REVISION]`` only migrates (to head, or down to REVISION,
   e.g. ``base``).
 - ``carryover keys create --tenant NAME`` creates an API key bound to a tenant and prints it
   (once: only its SHA-256 and a short prefix are stored); ``carryover keys list [--tenant NAME]``
   shows id, tenant, prefix, created and revoked; ``carryover keys revoke ID`` revokes one (a
-  running server refuses it within ``CARRYOVER_API_KEY_CACHE_SECONDS``). Each migrates first.
+  running server refuses it within ``CARRYOVER_API_KEY_CACHE_SECONDS``). Each migrates first
+  (``app/cli_keys.py``).
 - ``carryover webhooks add|list|remove|deliveries``: webhook endpoints per tenant
   (``app/cli_webhooks.py``).
 - ``carryover openapi [--output PATH] [--check]`` writes the app's OpenAPI document as stable
@@ -29,27 +30,28 @@ import importlib
 import json
 import logging
 import os
-import shutil
 import sys
-import tempfile
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from datetime import datetime
+from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from . import chat, cli_conversations
+from .cli_keys import _timestamp as _timestamp  # re-exported: app.cli_webhooks reads it here
+from .cli_keys import add_keys_parser, keys_command
+from .cli_serve import add_serve_parser, serve
+from .cli_serve import banner as banner
+from .cli_serve import describe as describe
 from .config import (
     TENANT_NAME,
     Settings,
     default_settings,
     get_settings,
-    is_loopback,
 )
 from .config_check import settings_errors
-from .observability import RedactSecrets, banner_line, configure_logging, logging_config
+from .observability import RedactSecrets, banner_line, configure_logging
 
 if TYPE_CHECKING:
     import socket
@@ -57,9 +59,6 @@ if TYPE_CHECKING:
     import uvicorn
     from fastapi import FastAPI
 
-    from app.store.keys import KeyStore
-
-T = TypeVar("T")
 
 APP_FACTORY = "app.api.app:create_app"
 DEFAULT_OPENAPI_PATH = Path("openapi/openapi.json")
@@ -90,12 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"carryover {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = commands.add_parser("serve", help="apply migrations, then serve HTTP")
-    serve.add_argument("--host", help="interface to listen on (default: CARRYOVER_HOST, 127.0.0.1)")
-    serve.add_argument("--port", type=_port, help="TCP port (default: CARRYOVER_PORT, 8000)")
-    serve.add_argument(
-        "--workers", type=_positive, help="worker processes (default: CARRYOVER_WORKERS, 1)"
-    )
+    add_serve_parser(commands)
 
     migrate = commands.add_parser("migrate", help="migrate the database and exit")
     migrate.add_argument(
@@ -104,19 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="downgrade to REVISION instead of upgrading to head ('base' empties the schema)",
     )
 
-    keys = commands.add_parser(
-        "keys",
-        help="create, list and revoke API keys",
-        description="API keys kept in the database, each bound to a tenant. They work next to "
-        "CARRYOVER_API_KEYS; once any key exists, every request needs one.",
-    )
-    actions = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
-    create = actions.add_parser("create", help="create a key for a tenant and print it once")
-    create.add_argument("--tenant", required=True, type=_tenant, help="the tenant it acts as")
-    listing = actions.add_parser("list", help="list keys (never the keys themselves)")
-    listing.add_argument("--tenant", type=_tenant, help="only this tenant's keys")
-    revoke = actions.add_parser("revoke", help="revoke a key by its id")
-    revoke.add_argument("id", help="the key's id, as 'keys list' shows it")
+    add_keys_parser(commands)
 
     from .cli_webhooks import add_webhooks_parser
 
@@ -141,20 +123,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_ops.add_parsers(commands)
     return parser
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be between 1 and 65535, got {value}")
-    return value
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def _tenant(text: str) -> str:
@@ -212,114 +180,17 @@ def _migrate(settings: Settings, downgrade_to: str | None = None) -> None:
         ) from exc
 
 
-# --- serve -----------------------------------------------------------------------------------
-
-
-def _url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
-def _access(settings: Settings, db_keys: int | None) -> str:
-    stored = f", {db_keys} key(s) in the database" if db_keys else ""
-    if settings.api_keys:
-        return f"API keys for {len(settings.api_keys.tenants)} tenant(s){stored}"
-    if db_keys:
-        return f"API keys required ({db_keys} key(s) in the database)"
-    if db_keys is None:
-        return "the database's API keys could not be counted; requests need a key if it holds any"
-    if settings.allow_unauthenticated_public and not is_loopback(settings.host):
-        return "NO authentication (CARRYOVER_ALLOW_UNAUTHENTICATED_PUBLIC is set)"
-    return "no API keys configured: no authentication, loopback only"
-
-
-def describe(settings: Settings, db_keys: int | None = 0) -> str:
-    """What ``serve`` says once it listens: where, which agent, which database, which access
-    rule.
-
-    ``db_keys``: active keys in the database, ``None`` when they could not be counted.
-    """
-    profile = settings.profile()
-    names = ", ".join(sorted(settings.profiles()))
-    workers = f"{settings.workers} worker" + ("s" if settings.workers != 1 else "")
-    model = f", model {profile.model}" if profile.model else ""
-    base = f", base URL {profile.base_url}" if profile.base_url else ""
-    return "\n".join(
-        [
-            f"Carryover {_version()} listening on {_url(settings.host, settings.port)} ({workers})",
-            f"  agent profile 'default': provider {profile.provider}{model}{base}",
-            f"  agent profiles: {names}",
-            f"  database: {settings.database_url_display}",
-            f"  access: {_access(settings, db_keys)}",
-        ]
-    )
-
-
-def banner(settings: Settings, db_keys: int | None = 0) -> str:
-    """:func:`describe` in the configured log format: as is, or one JSON line whose
-    ``message`` is its first line and whose fields carry the rest."""
-    if settings.log_format != "json":
-        return describe(settings, db_keys)
-    profile = settings.profile()
-    return banner_line(
-        describe(settings, db_keys).splitlines()[0],
-        "json",
-        logger="carryover.serve",
-        url=_url(settings.host, settings.port),
-        workers=settings.workers,
-        provider=profile.provider,
-        model=profile.model,
-        base_url=profile.base_url,
-        profiles=sorted(settings.profiles()),
-        database=settings.database_url_display,
-        access=_access(settings, db_keys),
-    )
-
-
-def serve(args: argparse.Namespace) -> int:
-    settings = load_settings(host=args.host, port=args.port, workers=args.workers)
-    warnings = check_startup(settings)
-    db_keys: int | None = None
-    if settings.exposure_problem():
-        # Not safe on this host unless the database holds keys: ask it before migrating.
-        db_keys = _count_keys(settings, missing_ok=False)
-        refusal = settings.exposure_problem(db_keys=db_keys or 0)
-        if refusal:
-            raise CliError(refusal, status=2)
-    secrets = settings.secret_values()
-    configure_logging(settings.log_level, settings.log_format, secrets)
-    logging.captureWarnings(True)  # a library's warning is a log line, in the log's format
-    for warning in warnings:
-        logging.getLogger("carryover.config").warning("%s", warning)
-    _migrate(settings)
-    if db_keys is None:
-        db_keys = _count_keys(settings, missing_ok=True)
-    metrics_dir: str | None = None
-    if settings.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        # Each worker keeps its own counters; prometheus-client aggregates them from files.
-        metrics_dir = tempfile.mkdtemp(prefix="carryover-metrics-")
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
-    text = banner(settings, db_keys)
-
-    import uvicorn
-
-    config = uvicorn.Config(
-        APP_FACTORY,
-        factory=True,
-        host=settings.host,
-        port=settings.port,
-        workers=settings.workers,
-        log_config=logging_config(settings.log_level, settings.log_format, secrets),
-        server_header=False,
-    )
-    try:
-        started = run_server(config, on_listening=lambda: print(text, flush=True))
-    finally:
-        if metrics_dir is not None:
-            os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
-            shutil.rmtree(metrics_dir, ignore_errors=True)
-    if not started:
-        raise CliError("the server did not start (see the log above)", status=3)
+def migrate_command(args: argparse.Namespace) -> int:
+    settings = load_settings()
+    configure_logging(settings.log_level, settings.log_format, settings.secret_values())
+    _migrate(settings, args.downgrade)
+    target = f"down to {args.downgrade}" if args.downgrade else "to head"
+    print(f"migrated {settings.database_url_display} {target}")
     return 0
+
+
+# --- serve (the command itself: app/cli_serve.py) --------------------------------------------
+# tests patch ``app.cli.run_server``: app.cli_serve reads it here, when it serves
 
 
 def run_server(config: uvicorn.Config, on_listening: Callable[[], None]) -> bool:
@@ -352,96 +223,6 @@ def run_server(config: uvicorn.Config, on_listening: Callable[[], None]) -> bool
     except KeyboardInterrupt:
         pass
     return server.started
-
-
-def _count_keys(settings: Settings, *, missing_ok: bool) -> int | None:
-    """Active API keys in the database. When it cannot be asked: ``None`` with ``missing_ok``,
-    else a refusal (a server that cannot tell whether it is protected does not go public)."""
-    from app.store.keys import active_key_count
-
-    try:
-        return asyncio.run(asyncio.wait_for(active_key_count(settings.database_url), 15))
-    except Exception as exc:
-        if missing_ok:
-            return None
-        redact = RedactSecrets(settings.secret_values())
-        raise CliError(
-            f"refusing to listen on {settings.host!r}: CARRYOVER_API_KEYS is empty and the API "
-            f"keys in {settings.database_url_display} could not be counted: "
-            f"{redact.redact(str(exc)) or type(exc).__name__}",
-            status=2,
-        ) from exc
-
-
-def migrate_command(args: argparse.Namespace) -> int:
-    settings = load_settings()
-    configure_logging(settings.log_level, settings.log_format, settings.secret_values())
-    _migrate(settings, args.downgrade)
-    target = f"down to {args.downgrade}" if args.downgrade else "to head"
-    print(f"migrated {settings.database_url_display} {target}")
-    return 0
-
-
-# --- keys ------------------------------------------------------------------------------------
-
-
-def _timestamp(value: datetime | None) -> str:
-    return value.strftime("%Y-%m-%dT%H:%M:%SZ") if value is not None else "-"
-
-
-async def _with_keys(settings: Settings, action: Callable[[KeyStore], Awaitable[T]]) -> T:
-    from app.store.db import make_engine
-    from app.store.keys import KeyStore
-
-    engine = make_engine(settings.database_url)
-    try:
-        return await action(KeyStore(engine))
-    finally:
-        await engine.dispose()
-
-
-def keys_command(args: argparse.Namespace) -> int:
-    settings = load_settings()
-    # the migration's INFO lines would bury the key and the table
-    level = "DEBUG" if settings.log_level == "DEBUG" else "WARNING"
-    configure_logging(level, settings.log_format, settings.secret_values())
-    _migrate(settings)
-    if args.keys_command == "create":
-        created = asyncio.run(_with_keys(settings, lambda store: store.create(args.tenant)))
-        print(
-            f"created API key {created.stored.id} for tenant {created.stored.tenant!r} "
-            f"(prefix {created.stored.prefix}). This is the only time it is shown: store it "
-            "now. Send it as 'Authorization: Bearer <key>'.",
-            file=sys.stderr,
-        )
-        print(created.key, flush=True)
-        return 0
-    if args.keys_command == "list":
-        keys = asyncio.run(_with_keys(settings, lambda store: store.list_keys(args.tenant)))
-        rows = [("ID", "TENANT", "PREFIX", "CREATED", "REVOKED")] + [
-            (k.id, k.tenant, k.prefix, _timestamp(k.created_at), _timestamp(k.revoked_at))
-            for k in keys
-        ]
-        widths = [max(len(row[i]) for row in rows) for i in range(5)]
-        for row in rows:
-            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-        return 0
-    revoked = asyncio.run(_with_keys(settings, lambda store: store.revoke(args.id)))
-    if revoked is None:
-        raise CliError(f"no API key with id {args.id!r} (see 'carryover keys list')")
-    stored, now = revoked
-    if not now:
-        print(
-            f"API key {stored.id} of tenant {stored.tenant!r} was already revoked at "
-            f"{_timestamp(stored.revoked_at)}"
-        )
-        return 0
-    print(
-        f"revoked API key {stored.id} of tenant {stored.tenant!r} at "
-        f"{_timestamp(stored.revoked_at)}; running servers refuse it within "
-        f"{settings.api_key_cache_seconds:g} seconds"
-    )
-    return 0
 
 
 # --- openapi ---------------------------------------------------------------------------------

@@ -18,37 +18,31 @@ Provider keys never live in the file: they come from ``OPENAI_API_KEY`` / ``ANTH
 as those ecosystems expect, or from the variable a profile names in ``api_key_env``.
 Secrets are held as :class:`~pydantic.SecretStr` (or :class:`ApiKeys`) so no repr prints them.
 
+:class:`ApiKeys` lives in :mod:`app.config_keys`, the agent profiles (:class:`AgentProfile`,
+:func:`load_profiles_file`) in :mod:`app.config_profiles`; both are re-exported here.
+
 Tests build settings explicitly: ``Settings(provider="openai", model="m")`` — keyword arguments
 win over the environment — and call ``get_settings.cache_clear()`` after changing variables.
 """
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
-import json
-import os
 import re
-import tomllib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AliasChoices,
-    BaseModel,
-    ConfigDict,
     Field,
-    GetCoreSchemaHandler,
     PrivateAttr,
     SecretStr,
-    ValidationError,
     field_serializer,
     field_validator,
     model_validator,
 )
-from pydantic_core import core_schema
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -56,315 +50,26 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-ProviderName = Literal["echo", "openai", "anthropic"]
-LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
-
-DEFAULT_PROFILE = "default"
-DEFAULT_TOOLS: tuple[str, ...] = (
-    "app.agent.builtin_tools:time_now",
-    "app.agent.builtin_tools:wait",
-    "app.agent.builtin_tools:fail",
+from .config_keys import _NAME, TENANT_NAME, ApiKeys
+from .config_profiles import (
+    DEFAULT_CONTEXT_WINDOW,
+    DEFAULT_PROFILE,
+    DEFAULT_TOOLS,
+    PROVIDER_KEY_ENV,
+    AgentProfile,
+    ProviderName,
+    _ProfileFields,
+    _resolve_key,
+    _split_list,
+    load_profiles_file,
+    validation_messages,
 )
-#: context window assumed when a profile does not give one
-DEFAULT_CONTEXT_WINDOW: dict[str, int] = {"echo": 128_000, "openai": 128_000, "anthropic": 200_000}
-#: where a provider's key is read from when a profile does not name ``api_key_env``
-PROVIDER_KEY_ENV: dict[str, str] = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 
 MiB = 1024 * 1024
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-#: what a tenant (and a profile) may be called
-TENANT_NAME = _NAME
-_TOOL_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 _ORIGIN = re.compile(r"^https?://[^/\s?#]+$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def _split_list(value: Any) -> Any:
-    """Environment lists are comma-separated (``a,b``); a JSON array is accepted too."""
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("["):
-            return json.loads(text)
-        return [item.strip() for item in text.split(",") if item.strip()]
-    return value
-
-
-class ApiKeys:
-    """API keys and the tenant each one is bound to (``CARRYOVER_API_KEYS``).
-
-    Parsed from comma-separated ``tenant:key`` pairs; a tenant may have several keys (rotation),
-    a key belongs to exactly one tenant. The repr names tenants, never keys.
-    """
-
-    __slots__ = ("_tenant_by_key",)
-
-    def __init__(self, tenant_by_key: Mapping[str, str] | None = None) -> None:
-        self._tenant_by_key: dict[str, str] = dict(tenant_by_key or {})
-
-    @classmethod
-    def parse(cls, value: str | Iterable[str]) -> ApiKeys:
-        """Parse ``"acme:k1,globex:k2"`` (or an iterable of ``tenant:key`` items)."""
-        items = value.split(",") if isinstance(value, str) else list(value)
-        tenant_by_key: dict[str, str] = {}
-        for position, raw in enumerate(items, start=1):
-            item = raw.strip()
-            if not item:
-                continue
-            tenant, sep, key = item.partition(":")
-            tenant, key = tenant.strip(), key.strip()
-            if not sep or not tenant or not key:
-                raise ValueError(
-                    f"API key entry {position} must look like 'tenant:key' "
-                    "(the entry itself is not shown: it may be a secret)"
-                )
-            if not _NAME.match(tenant):
-                raise ValueError(
-                    f"API key entry {position}: tenant {tenant!r} must be 1-64 letters, digits, "
-                    "'.', '_' or '-', starting with a letter or digit"
-                )
-            if any(c.isspace() for c in key):
-                raise ValueError(f"API key entry {position}: the key contains whitespace")
-            if tenant_by_key.get(key, tenant) != tenant:
-                raise ValueError(f"API key entry {position}: the same key is bound to two tenants")
-            tenant_by_key[key] = tenant
-        return cls(tenant_by_key)
-
-    def tenant_for(self, key: str) -> str | None:
-        """The tenant a presented key belongs to, or ``None``; compared in constant time."""
-        found: str | None = None
-        presented = key.encode()
-        for candidate, tenant in self._tenant_by_key.items():
-            if hmac.compare_digest(candidate.encode(), presented):
-                found = tenant
-        return found
-
-    @property
-    def tenants(self) -> frozenset[str]:
-        return frozenset(self._tenant_by_key.values())
-
-    def secret_values(self) -> tuple[str, ...]:
-        return tuple(self._tenant_by_key)
-
-    def __len__(self) -> int:
-        return len(self._tenant_by_key)
-
-    def __bool__(self) -> bool:
-        return bool(self._tenant_by_key)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, ApiKeys) and other._tenant_by_key == self._tenant_by_key
-
-    def __hash__(self) -> int:
-        return hash(frozenset(self._tenant_by_key.items()))
-
-    def __repr__(self) -> str:
-        return f"ApiKeys(tenants={sorted(self.tenants)!r}, keys={len(self)})"
-
-    @classmethod
-    def __get_pydantic_core_schema__(
-        cls, source: Any, handler: GetCoreSchemaHandler
-    ) -> core_schema.CoreSchema:
-        def validate(value: Any) -> ApiKeys:
-            if isinstance(value, ApiKeys):
-                return value
-            if value is None:
-                return cls()
-            if isinstance(value, str) or (
-                isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
-            ):
-                return cls.parse(value)
-            raise ValueError("expected comma-separated 'tenant:key' pairs")
-
-        return core_schema.no_info_plain_validator_function(
-            validate,
-            serialization=core_schema.plain_serializer_function_ser_schema(
-                lambda v: "**********" if v else ""
-            ),
-        )
-
-
-class _ProfileFields(BaseModel):
-    """The fields of an agent profile, shared by :class:`AgentProfile` and :class:`Settings`."""
-
-    provider: ProviderName = "echo"
-    model: str = ""
-    base_url: str | None = None
-    context_window: int = 128_000
-    compact_at: float = 0.8
-    tools: Annotated[tuple[str, ...], NoDecode] = DEFAULT_TOOLS
-    max_turns: int = Field(default=32, ge=1)
-    tool_timeout: float = Field(default=60.0, gt=0)
-    max_retries: int = Field(default=4, ge=0)
-    thinking_budget: int | None = Field(default=None, ge=1)
-    max_output_tokens: int | None = Field(default=None, ge=1)
-    api_key_env: str | None = None
-    #: server tools (by name) whose calls wait for the application's decision (docs/tools.md)
-    approval_required: Annotated[tuple[str, ...], NoDecode] = ()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _provider_defaults(cls, data: Any) -> Any:
-        # The window and the model default by provider, so they are filled before validation.
-        if isinstance(data, dict):
-            provider = str(data.get("provider") or "echo").strip().lower()
-            if data.get("context_window") in (None, ""):
-                data = {**data, "context_window": DEFAULT_CONTEXT_WINDOW.get(provider, 128_000)}
-            if provider == "echo" and not data.get("model"):
-                data = {**data, "model": "echo"}
-        return data
-
-    @field_validator("provider", mode="before")
-    @classmethod
-    def _known_provider(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            value = value.strip().lower()
-            if value not in get_args(ProviderName):
-                raise ValueError(
-                    f"unknown provider {value!r}: choose 'echo', 'openai' or 'anthropic'"
-                )
-        return value
-
-    @field_validator("context_window")
-    @classmethod
-    def _positive_window(cls, value: int) -> int:
-        if value <= 0:
-            raise ValueError(f"context_window must be a positive number of tokens, got {value}")
-        return value
-
-    @field_validator("compact_at")
-    @classmethod
-    def _share_of_window(cls, value: float) -> float:
-        if not 0 < value <= 1:
-            raise ValueError(
-                f"compact_at is a share of the context window and must be in (0, 1], got {value}"
-            )
-        return value
-
-    @field_validator("tools", "approval_required", mode="before")
-    @classmethod
-    def _split_tools(cls, value: Any) -> Any:
-        return _split_list(value)
-
-    @field_validator("approval_required")
-    @classmethod
-    def _tool_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for name in value:
-            if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
-                raise ValueError(f"approval_required: {name!r} is not a tool name")
-        return tuple(dict.fromkeys(value))
-
-    @field_validator("tools")
-    @classmethod
-    def _tool_paths(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for path in value:
-            if not _TOOL_PATH.match(path):
-                raise ValueError(f"tool {path!r} must be an import path like 'package.module:name'")
-        if len(set(value)) != len(value):
-            raise ValueError("a tool is listed twice")
-        return value
-
-    @field_validator("base_url")
-    @classmethod
-    def _http_url(cls, value: str | None) -> str | None:
-        if value is None or not value.strip():
-            return None
-        value = value.strip()
-        if not re.match(r"^https?://[^\s/]+", value):
-            raise ValueError(f"base_url must be an http:// or https:// URL, got {value!r}")
-        return value
-
-    @field_validator("api_key_env")
-    @classmethod
-    def _env_name(cls, value: str | None) -> str | None:
-        if value is not None and not _ENV_NAME.match(value):
-            raise ValueError(f"api_key_env must name an environment variable, got {value!r}")
-        return value
-
-    @model_validator(mode="after")
-    def _coherent(self) -> _ProfileFields:
-        if self.provider != "echo" and not self.model.strip():
-            raise ValueError(f"a model is required when the provider is {self.provider!r}")
-        if (
-            self.thinking_budget is not None
-            and self.max_output_tokens is not None
-            and self.thinking_budget >= self.max_output_tokens
-        ):
-            raise ValueError("thinking_budget must be smaller than max_output_tokens")
-        return self
-
-
-class AgentProfile(_ProfileFields):
-    """One agent profile: which provider and model, how much context, which tools, which limits.
-
-    ``api_key`` is resolved from the environment when the profile is built, never read from the
-    TOML file.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
-
-    api_key: SecretStr | None = None
-
-
-def _resolve_key(profile: _ProfileFields, provider_keys: Mapping[str, SecretStr | None]) -> Any:
-    if profile.api_key_env:
-        value = os.environ.get(profile.api_key_env, "")
-        return SecretStr(value) if value else None
-    return provider_keys.get(profile.provider)
-
-
-def validation_messages(exc: ValidationError, prefix: str = "") -> list[str]:
-    """Each error as ``where: why`` (``where`` dotted, after ``prefix``)."""
-    messages = []
-    for error in exc.errors():
-        where = ".".join(str(p) for p in (prefix, *error["loc"]) if p != "") or "settings"
-        messages.append(f"{where}: {str(error['msg']).removeprefix('Value error, ')}")
-    return messages
-
-
-def load_profiles_file(
-    path: Path, provider_keys: Mapping[str, SecretStr | None]
-) -> dict[str, AgentProfile]:
-    """Read the ``[agents.NAME]`` tables of a TOML file into profiles.
-
-    Each profile's key is resolved from the environment, never read from the file.
-    """
-    try:
-        document = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ValueError(f"config file {str(path)!r} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"config file {str(path)!r} cannot be read: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
-    unknown = sorted(set(document) - {"agents"})
-    if unknown:
-        raise ValueError(
-            f"config file {str(path)!r}: unknown top-level key(s) {unknown}; "
-            "profiles go in [agents.NAME] tables"
-        )
-    agents = document.get("agents", {})
-    if not isinstance(agents, dict):
-        raise ValueError(f"config file {str(path)!r}: 'agents' must be a table")
-    profiles: dict[str, AgentProfile] = {}
-    for name, table in agents.items():
-        where = f"config file {str(path)!r}: agents.{name}"
-        if not _NAME.match(name):
-            raise ValueError(f"{where}: profile names are 1-64 letters, digits, '.', '_' or '-'")
-        if not isinstance(table, dict):
-            raise ValueError(f"{where} must be a table")
-        if "api_key" in table:
-            raise ValueError(
-                f"{where}: keys do not belong in the file; put the key in an environment "
-                "variable and name it with api_key_env"
-            )
-        try:
-            profile = AgentProfile.model_validate(table)
-        except ValidationError as exc:
-            raise ValueError("; ".join(validation_messages(exc, where))) from None
-        key = _resolve_key(profile, provider_keys)
-        profiles[name] = profile.model_copy(update={"api_key": key})
-    return profiles
 
 
 def _mask_url(url: str) -> str:
@@ -649,3 +354,25 @@ def default_settings() -> Settings:
             return (init_settings,)
 
     return Defaults()
+
+
+__all__ = [
+    "DEFAULT_CONTEXT_WINDOW",
+    "DEFAULT_PROFILE",
+    "DEFAULT_TOOLS",
+    "PROVIDER_KEY_ENV",
+    "TENANT_NAME",
+    "AgentProfile",
+    "ApiKeys",
+    "LogLevel",
+    "MiB",
+    "ProviderName",
+    "Settings",
+    "_ProfileFields",
+    "_mask_url",
+    "default_settings",
+    "get_settings",
+    "is_loopback",
+    "load_profiles_file",
+    "validation_messages",
+]
