@@ -94,9 +94,17 @@ async def test_a_run_with_a_tool_call_is_one_trace_of_genai_spans(
     run_spans = by_name(spans, "invoke_agent default")
     assert len(run_spans) == 1
     run_span = run_spans[0]
-    # every span of the run is in the caller's trace
-    trace_ids = {format(s.context.trace_id, "032x") for s in spans if s.context is not None}
-    assert trace_ids == {TRACE_ID}
+    # every span of the request and the run is in the caller's trace; background work that
+    # happened meanwhile (the lease keeper's tick, the event writer) traces its own statements
+    # in traces of its own, never as a request or GenAI span
+    others = [
+        s.name
+        for s in spans
+        if s.context is not None and format(s.context.trace_id, "032x") != TRACE_ID
+    ]
+    request_like = ("invoke_agent", "chat ", "execute_tool", "compact", "POST ", "GET ")
+    assert not [name for name in others if name.startswith(request_like)], others
+    assert len(others) < len(spans)
 
     [request_span] = [
         s for s in spans if s.parent is not None and s.parent.span_id == int(PARENT_SPAN_ID, 16)
@@ -144,7 +152,10 @@ async def test_a_run_with_a_tool_call_is_one_trace_of_genai_spans(
         str((s.attributes or {}).get("db.statement", "")).startswith("INSERT INTO runs") for s in db
     )
     assert any(run_span.name in ancestors(s, spans) for s in db)
-    assert all(request_span.name in ancestors(s, spans) for s in db)
+    ours = [
+        s for s in db if s.context is not None and s.context.trace_id == run_span.context.trace_id
+    ]
+    assert all(request_span.name in ancestors(s, spans) for s in ours)  # background work aside
 
     # no message text without the opt-in, no key ever
     text = every_value(spans)
