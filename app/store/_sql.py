@@ -12,7 +12,8 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import ColumnElement, Text, insert, select, type_coerce
+from sqlalchemy import ColumnElement, Text, func, insert, literal_column, select, type_coerce
+from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.agent.codec import CodecError, dump_message, format_path
@@ -57,6 +58,9 @@ class StoredRows:
     conversation: Conversation
     texts: tuple[str, ...]
     first_position: int
+    #: the texts already joined with commas (what :func:`read_joined` reads: the database
+    #: joins them, one value instead of one row per message); ``texts`` is then empty
+    joined: str | None = None
 
     def context_json(self) -> bytes:
         """The stored context as the JSON of ``Context`` (the wire format), built from the
@@ -67,7 +71,8 @@ class StoredRows:
             ensure_ascii=False,
             separators=(",", ":"),
         )
-        return f'{head[:-1]},"messages":[{",".join(self.texts)}]}}'.encode()
+        messages = self.joined if self.joined is not None else ",".join(self.texts)
+        return f'{head[:-1]},"messages":[{messages}]}}'.encode()
 
     def decode(self) -> Loaded:
         """The stored context as values, in one pydantic JSON parse (what was stored was
@@ -169,6 +174,33 @@ async def read_rows(conn: AsyncConnection, conv: Conversation) -> StoredRows:
     )
 
 
+async def read_joined(conn: AsyncConnection, conv: Conversation) -> StoredRows:
+    """The stored messages of ``conv`` (its row already read in this transaction) joined into
+    one text by the database, in position order: one value to fetch instead of one row per
+    message (GET context sends it as it is). PostgreSQL orders the aggregate itself; SQLite
+    (before 3.44, no ORDER BY in an aggregate) concatenates its ordered subquery, which walks
+    the primary key ``(tenant, conversation_id, position)`` in order."""
+    m = context_messages.c
+    body = type_coerce(m.body, Text)
+    key = child_key(context_messages, conv.tenant, conv.id)
+    if conn.dialect.name == "postgresql":
+        stmt = select(
+            func.string_agg(body, aggregate_order_by(literal_column("','"), m.position)),
+            func.min(m.position),
+        ).where(*key)
+    else:
+        ordered = select(body.label("body"), m.position).where(*key).order_by(m.position)
+        sub = ordered.subquery()
+        stmt = select(func.group_concat(sub.c.body, ","), func.min(sub.c.position))
+    joined, first = (await conn.execute(stmt)).one()
+    return StoredRows(
+        conversation=conv,
+        texts=(),
+        first_position=first if first is not None else conv.next_position,
+        joined=joined or "",
+    )
+
+
 async def read_context(conn: AsyncConnection, conv: Conversation) -> Loaded:
     """The stored context of ``conv`` (its row already read in this transaction)."""
     return (await read_rows(conn, conv)).decode()
@@ -181,7 +213,7 @@ DECODE_IN_THREAD_FROM = 2_000
 async def decode(rows: StoredRows | None) -> Loaded:
     """Decode stored rows; a long context in a worker thread, so the event loop goes on."""
     assert rows is not None
-    if len(rows.texts) >= DECODE_IN_THREAD_FROM:
+    if max(len(rows.texts), rows.conversation.message_count) >= DECODE_IN_THREAD_FROM:
         return await asyncio.to_thread(rows.decode)
     return rows.decode()
 

@@ -32,7 +32,7 @@ from ._sql import (
     missing_or_stale,
     new_conversation,
     read_conversation,
-    read_rows,
+    read_joined,
 )
 from .changes import TranscriptItem
 from .db import read_transaction, write_transaction
@@ -243,7 +243,7 @@ class ConversationStore(ListingStore):
             conv = await read_conversation(conn, tenant, conv_id)
             if conv is None:
                 raise conversation_not_found(conv_id)
-            return await read_rows(conn, conv)
+            return await read_joined(conn, conv)
 
     async def replace_context(
         self,
