@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy import and_, bindparam, delete, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ._sql import child_key
@@ -86,6 +86,28 @@ def queue_head(tenant: str, conv_id: str, now: datetime) -> Any:
     return (
         select(runs.c.run_id)
         .where(*queued(tenant, conv_id), live(now))
+        .order_by(runs.c.queue_seq)
+        .limit(1)
+        .scalar_subquery()
+        .label("queue_head")
+    )
+
+
+def queue_head_by_parameters() -> Any:
+    """:func:`queue_head` on bound parameters ``tenant``, ``conv_id`` and ``now``, for
+    statements built once."""
+    now: Any = bindparam("now")
+    return (
+        select(runs.c.run_id)
+        .where(
+            runs.c.tenant == bindparam("tenant"),
+            runs.c.conversation_id == bindparam("conv_id"),
+            runs.c.queue_seq.is_not(None),
+            or_(
+                runs.c.wait_until.is_(None),
+                and_(runs.c.wait_until > now, runs.c.lease_expires_at > now),
+            ),
+        )
         .order_by(runs.c.queue_seq)
         .limit(1)
         .scalar_subquery()

@@ -28,6 +28,8 @@ from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 
+from . import sqlite_driver
+
 # Execution option set on a connection whose next transaction writes.
 _WRITE_OPTION = "carryover_write"
 
@@ -48,6 +50,8 @@ def async_url(url: str | URL) -> URL:
     if backend not in _DRIVERS:
         raise ValueError(f"unsupported database {parsed.drivername!r}: use sqlite or postgresql")
     wanted = _DRIVERS[backend]
+    if parsed.drivername == sqlite_driver.DRIVERNAME:  # an engine's own URL, given back
+        return parsed
     if "+" in parsed.drivername and parsed.drivername != wanted:
         raise ValueError(f"unsupported driver {parsed.drivername!r}: Carryover uses {wanted!r}")
     return parsed.set(drivername=wanted)
@@ -59,7 +63,8 @@ def make_engine(
     """An AsyncEngine for ``url`` with Carryover's connection and transaction setup."""
     target = async_url(url)
     if target.get_backend_name() == "sqlite":
-        engine = create_async_engine(target, **kwargs)
+        # one thread hop per statement instead of up to four (app/store/sqlite_driver.py)
+        engine = create_async_engine(target.set(drivername=sqlite_driver.DRIVERNAME), **kwargs)
         _configure_sqlite(engine, busy_timeout_ms)
         return engine
     kwargs.setdefault("pool_pre_ping", True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import bindparam, delete, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -113,15 +113,35 @@ def _upsert(conn: AsyncConnection) -> Any:
     return pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
 
 
+_COUNTS = ("runs", "input_tokens", "output_tokens", "cached_tokens")
+_usage_upserts: dict[tuple[str, tuple[str, ...]], Any] = {}
+
+
+def _usage_upsert(dialect: str, names: tuple[str, ...]) -> Any:
+    """The upsert adding to ``names`` of a tenant's day, on bound parameters (``tenant``,
+    ``day``, each count, and ``add_<count>``); built once per dialect and set of counts."""
+    key = (dialect, names)
+    stmt = _usage_upserts.get(key)
+    if stmt is None:
+        insert = pg_insert if dialect == "postgresql" else sqlite_insert
+        stmt = (
+            insert(tenant_usage)
+            .values({name: bindparam(name) for name in ("tenant", "day", *_COUNTS)})
+            .on_conflict_do_update(
+                index_elements=["tenant", "day"],
+                set_={name: tenant_usage.c[name] + bindparam(f"add_{name}") for name in names},
+            )
+        )
+        _usage_upserts[key] = stmt
+    return stmt
+
+
 async def _add_usage(conn: AsyncConnection, tenant: str, day: str, **counts: int) -> None:
-    insert = _upsert(conn)
-    zero = dict.fromkeys(("runs", "input_tokens", "output_tokens", "cached_tokens"), 0)
-    stmt = insert(tenant_usage).values(tenant=tenant, day=day, **{**zero, **counts})
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["tenant", "day"],
-        set_={name: getattr(tenant_usage.c, name) + value for name, value in counts.items()},
-    )
-    await conn.execute(stmt)
+    names = tuple(sorted(counts))
+    parameters: dict[str, Any] = {"tenant": tenant, "day": day}
+    parameters.update({name: counts.get(name, 0) for name in _COUNTS})
+    parameters.update({f"add_{name}": value for name, value in counts.items()})
+    await conn.execute(_usage_upsert(conn.dialect.name, names), parameters)
 
 
 def _quota(row: Any) -> Quota:

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import Select, bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.agent.codec import dump_messages
 from app.agent.messages import Context, UserMessage
@@ -26,7 +27,7 @@ from app.agent.tokens import advance, tally_of
 from app.etag import IfMatch, if_match_holds
 
 from ._sql import Loaded, StoredRows, child_key, conversation_key, decode, read_rows
-from ._turns import cancel_queued, queue_head, take_free
+from ._turns import cancel_queued, queue_head_by_parameters, take_free
 from .changes import Answered, last_batch_of, plan_context_write, run_transcript
 from .db import read_transaction, write_transaction
 from .errors import Conflict, PreconditionFailed, conversation_not_found, run_not_found
@@ -44,6 +45,24 @@ STALE_RUN = "If-Match does not match the stored context; nothing ran"
 CachedContext = Callable[[str, str, str, int], Loaded | None]
 """A cache of stored contexts: ``(tenant, conversation_id, incarnation, version)`` → the
 :class:`Loaded` stored at exactly that version, or ``None``."""
+
+
+def _conversation_with_queue_head() -> Select[Any]:
+    """The conversation's row and its queue's head (``queue_head``), by bound parameters
+    ``tenant``, ``conv_id`` and ``now``: built once, so a run's start pays no statement
+    construction (docs/performance.md)."""
+    return select(conversations, queue_head_by_parameters()).where(
+        conversations.c.tenant == bindparam("tenant"), conversations.c.id == bindparam("conv_id")
+    )
+
+
+_SELECT_FOR_START = _conversation_with_queue_head()
+_SELECT_FOR_START_LOCKED = _SELECT_FOR_START.with_for_update(of=conversations)
+
+
+def _locking_select(conn: AsyncConnection) -> Select[Any]:
+    """The start's first statement: on PostgreSQL it locks the conversation's row."""
+    return _SELECT_FOR_START_LOCKED if conn.dialect.name == "postgresql" else _SELECT_FOR_START
 
 
 @dataclass(frozen=True)
@@ -83,7 +102,7 @@ class RunStore(FinishingStore):
         )
         async with write_transaction(self.engine) as conn:
             try:
-                await conn.execute(insert(runs).values(values))
+                await conn.execute(insert(runs), values)
             except IntegrityError:
                 # The foreign key: the conversation does not exist (run ids are fresh uuids).
                 raise conversation_not_found(conv_id) from None
@@ -127,12 +146,16 @@ class RunStore(FinishingStore):
         async with write_transaction(self.engine) as conn:
             # With the row: the first queued run that may still run (app/store/queue.py), in
             # the same statement — a new run does not overtake the queue.
-            stmt = select(conversations, queue_head(tenant, conv_id, self.clock.now())).where(
-                *conversation_key(tenant, conv_id)
+            found = (
+                (
+                    await conn.execute(
+                        _locking_select(conn),
+                        {"tenant": tenant, "conv_id": conv_id, "now": self.clock.now()},
+                    )
+                )
+                .mappings()
+                .first()
             )
-            if conn.dialect.name == "postgresql":
-                stmt = stmt.with_for_update(of=conversations)
-            found = (await conn.execute(stmt)).mappings().first()
             # The time once the locks are held: waiting for them must not eat into the lease.
             now = self.clock.now()
             if found is None:
@@ -180,7 +203,7 @@ class RunStore(FinishingStore):
                 lease_expires_at=now + timedelta(seconds=lease_seconds),
                 trace_id=trace_id,
             )
-            await conn.execute(insert(runs).values(values))
+            await conn.execute(insert(runs), values)  # values as parameters: no per-call coercion
             if idempotency is not None:
                 await insert_claim(conn, tenant, conv_id, run_id, idempotency, now)
             if cached is not None:
