@@ -154,9 +154,7 @@ def _pending(
             (position, json.loads(body))
             for position, body in bind.execute(
                 sa.select(m.position, m.body)
-                .where(
-                    m.tenant == key[0], m.conversation_id == key[1], m.position < rows[-1][0]
-                )
+                .where(m.tenant == key[0], m.conversation_id == key[1], m.position < rows[-1][0])
                 .order_by(m.position.desc())
                 .limit(TAIL)
             )
