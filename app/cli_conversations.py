@@ -77,6 +77,13 @@ def add_parser(commands: Any) -> None:
     active = listing.add_mutually_exclusive_group()
     active.add_argument("--active", action="store_true", help="only those with a run in flight")
     active.add_argument("--idle", action="store_true", help="only those without one")
+    awaiting = listing.add_mutually_exclusive_group()
+    awaiting.add_argument(
+        "--pending",
+        action="store_true",
+        help="only those whose context awaits tool results or approvals",
+    )
+    awaiting.add_argument("--settled", action="store_true", help="only those awaiting nothing")
     listing.add_argument("--order", choices=("desc", "asc"), default="desc")
     listing.add_argument("--limit", type=int, help="page size")
     listing.add_argument("--all", action="store_true", help="follow the cursors to the end")
@@ -130,9 +137,11 @@ def _checked(response: httpx.Response) -> httpx.Response:
 def _line(conv: dict[str, Any]) -> str:
     meta = " ".join(f"{k}={v}" for k, v in conv.get("metadata", {}).items())
     active = f" active={conv['active_run_id']}" if conv.get("active_run_id") else ""
+    calls = conv.get("pending_tool_calls") or []
+    pending = f" pending={len(calls)}" if calls else ""
     return (
         f"{conv['id']}\t{conv['updated_at']}\tmessages={conv['message_count']} "
-        f"runs={conv['run_count']}{active}" + (f"\t{meta}" if meta else "")
+        f"runs={conv['run_count']}{active}{pending}" + (f"\t{meta}" if meta else "")
     )
 
 
@@ -149,6 +158,8 @@ def _list(args: argparse.Namespace, http: httpx.Client, out: IO[str]) -> None:
             params.append((name, getattr(args, name)))
     if args.active or args.idle:
         params.append(("active", "true" if args.active else "false"))
+    if args.pending or args.settled:
+        params.append(("has_pending_action", "true" if args.pending else "false"))
     if args.limit:
         params.append(("limit", str(args.limit)))
     items: list[dict[str, Any]] = []

@@ -26,6 +26,7 @@ from typing import Any, Literal
 from pydantic import Field, StrictBool
 
 from .messages import (
+    AnyMessage,
     AssistantMessage,
     Context,
     TextBlock,
@@ -167,19 +168,27 @@ def validate_approval_names(
 # --- pending calls ------------------------------------------------------------------------
 
 
-def pending_calls(context: Context, server_tools: Collection[str]) -> tuple[PendingCall, ...]:
-    """The calls of the last assistant message that have no result, in call order.
+def open_calls(messages: Sequence[AnyMessage]) -> tuple[ToolCallBlock, ...]:
+    """The calls of the last assistant message that have no result, in call order, without
+    their kind: what a conversation row keeps of its stored context (``pending_calls``).
 
-    A call to a server tool of the agent awaits approval; any other name is a client call.
-    Costs O(size of the last batch), not O(history).
+    Costs O(size of the last batch), not O(history): ``messages`` may be the last batch alone.
     """
-    found = open_batch(context.messages)
+    found = open_batch(messages)
     if found is None:
         return ()
     index, missing = found
-    owner = context.messages[index]
+    owner = messages[index]
     assert isinstance(owner, AssistantMessage)
     unanswered = set(missing)
+    return tuple(call for call in owner.tool_calls if call.id in unanswered)
+
+
+def classify(
+    calls: Iterable[ToolCallBlock], server_tools: Collection[str]
+) -> tuple[PendingCall, ...]:
+    """Pending calls with their kind: a call to a server tool of the agent awaits approval;
+    any other name is a client call."""
     return tuple(
         PendingCall(
             id=call.id,
@@ -187,9 +196,17 @@ def pending_calls(context: Context, server_tools: Collection[str]) -> tuple[Pend
             arguments=call.arguments,
             kind="approval" if call.name in server_tools else "client",
         )
-        for call in owner.tool_calls
-        if call.id in unanswered
+        for call in calls
     )
+
+
+def pending_calls(context: Context, server_tools: Collection[str]) -> tuple[PendingCall, ...]:
+    """The calls of the last assistant message that have no result, in call order.
+
+    A call to a server tool of the agent awaits approval; any other name is a client call.
+    Costs O(size of the last batch), not O(history).
+    """
+    return classify(open_calls(context.messages), server_tools)
 
 
 def required_action(pending: Sequence[PendingCall]) -> RequiredAction | None:

@@ -33,6 +33,7 @@ holds :class:`Agent` itself, its run loop and the attempts.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 
 from app import telemetry
 
@@ -41,10 +42,11 @@ from .assembly import AttemptBuilder
 from .batches import _ToolBatches
 from .events import Delta, EventSink, MessageCompleted
 from .folding import _Folding, _offload
-from .messages import AssistantMessage, AttemptError, Context, UserMessage
+from .messages import AssistantMessage, AttemptError, Context, ToolCallBlock, UserMessage
 from .opaque import for_provider
 from .pending import (
     PendingCall,
+    classify,
     pending_calls,
     plan_resume,
     required_action,
@@ -103,6 +105,12 @@ class Agent(_ToolBatches, _Folding):
     def pending_calls(self, context: Context) -> tuple[PendingCall, ...]:
         """The calls ``context`` is waiting on, with their kind (see :mod:`app.agent.pending`)."""
         return pending_calls(context, self.config.tools.tools)
+
+    def classify(self, calls: Iterable[ToolCallBlock]) -> tuple[PendingCall, ...]:
+        """Pending calls (as a conversation row keeps them, without a kind) with their kind
+        for this agent: a call to one of its server tools awaits approval, any other is a
+        client call (see :mod:`app.agent.pending`)."""
+        return classify(calls, self.config.tools.tools)
 
     async def compact(
         self,

@@ -98,19 +98,24 @@ class ConversationService:
     async def _infos(
         self, tenant: str, convs: Sequence[Conversation]
     ) -> Sequence[ConversationInfo]:
+        """Two statements for any number of conversations: their runs (count and latest
+        profile) and their metadata; the pending calls are on the rows."""
         ids = [c.id for c in convs]
-        counts = await self.repo.run_counts(tenant, ids)
+        summaries = await self.repo.run_summaries(tenant, ids)
         metadata = await self.repo.get_metadata(tenant, ids)
-        # each item's pending calls: one read of its last batch (listings show GET's metadata)
-        return [
-            ConversationInfo(
-                c,
-                counts.get(c.id, 0),
-                metadata.get(c.id, {}),
-                await stored_pending_calls(self.repo, self.runs.agents, tenant, c),
+        infos = []
+        for c in convs:
+            summary = summaries.get(c.id)
+            agent = summary.latest_agent if summary is not None else None
+            infos.append(
+                ConversationInfo(
+                    c,
+                    summary.count if summary is not None else 0,
+                    metadata.get(c.id, {}),
+                    stored_pending_calls(self.runs.agents, c, agent),
+                )
             )
-            for c in convs
-        ]
+        return infos
 
     async def get(self, tenant: str, conv_id: str) -> ConversationInfo:
         conv = await self.repo.get_conversation(tenant, conv_id)

@@ -30,8 +30,8 @@ from app.agent.pending import split_prompts as _split
 from app.agent.records import Input, Result
 from app.agent.run import Agent
 from app.errors import CarryoverError
-from app.store.changes import Answered
-from app.store.repository import Loaded, Repository
+from app.store.changes import Answered, pending_blocks
+from app.store.repository import Loaded
 from app.store.tables import Conversation
 
 from .agents import AgentPool, UnknownAgent
@@ -143,20 +143,20 @@ def checker(agent: Agent, request: RunRequest) -> Callable[[Context], None]:
     return check
 
 
-async def stored_pending_calls(
-    repo: Repository, agents: AgentPool, tenant: str, conv: Conversation
+def stored_pending_calls(
+    agents: AgentPool, conv: Conversation, agent_name: str | None
 ) -> tuple[PendingCall, ...]:
-    """The pending calls of a stored context, from its last batch alone. Their kind follows the
-    agent profile of the conversation's latest run (``default`` without one, or when that
-    profile is gone)."""
-    if not conv.message_count:
+    """The pending calls of a stored context, from its row alone (``pending_calls``, written by
+    every write of the context). Their kind follows the agent profile ``agent_name`` of the
+    conversation's latest run (``default`` without one, or when that profile is gone) as it
+    is configured now — which is why the row keeps the calls without their kind."""
+    if not conv.pending_calls:
         return ()
-    tail, agent_name = await repo.last_batch(tenant, conv.id)
     try:
         agent = agents.get(agent_name or "default")
     except UnknownAgent:
         agent = agents.get("default")
-    return agent.pending_calls(Context(messages=tail))
+    return agent.classify(pending_blocks(conv.pending_calls))
 
 
 def announce(recorder: EventRecorder, result: Result) -> None:

@@ -21,7 +21,7 @@ from app.agent.messages import AnyMessage, Context
 from app.agent.tokens import TokenTally, tally_of
 from app.clock import SYSTEM_CLOCK, Clock
 
-from .changes import TranscriptItem
+from .changes import TranscriptItem, stored_pending
 from .errors import PreconditionFailed, StoreError, conversation_not_found
 from .tables import Conversation, context_messages, conversations, transcript
 
@@ -125,6 +125,7 @@ def new_conversation(
         "updated_at": now,
         "active_run_id": None,
         "token_tally": tally_of(context.messages).model_dump(mode="json"),
+        "pending_calls": stored_pending(context.messages),
     }
 
 

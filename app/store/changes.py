@@ -5,26 +5,33 @@ The agent's contract (contract §2, §3) is ``result.messages == (base.messages 
 where ``F`` is the number of messages its compactions folded. So storing a result only ever
 deletes a prefix and appends: :func:`plan_context_write` turns that into one range delete and the
 inserts of the appended messages, and :func:`run_transcript` lists what the transcript records.
+
+:func:`stored_pending` is what every write of a context keeps on the conversation row of its
+pending calls (``conversations.pending_calls``), from the last batch the write already holds.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from app.agent.codec import dump_message, loads_message
+from app.agent.codec import dump_message, load_message, loads_message
 from app.agent.messages import (
     AnyMessage,
     AssistantMessage,
     Context,
+    ToolCallBlock,
     ToolResultMessage,
     UserMessage,
 )
+from app.agent.pending import open_calls
 from app.agent.records import Compaction, Result
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 TranscriptKind = Literal[
     "prompt",
@@ -116,13 +123,37 @@ def last_batch_of(texts: Sequence[str]) -> Context:
     """A context holding only the last batch of stored messages (their JSON texts): the last
     one that is not a ``tool_result`` and the results after it. Its pending calls are those of
     the whole context; decoding it costs O(last batch), never the history."""
+    return Context(messages=_last_batch(texts, loads_message))
+
+
+def last_batch_of_bodies(bodies: Sequence[Any]) -> tuple[AnyMessage, ...]:
+    """As :func:`last_batch_of`, from messages in codec form (decoded JSON values)."""
+    return _last_batch(bodies, load_message)
+
+
+def _last_batch(items: Sequence[T], load: Callable[[T], AnyMessage]) -> tuple[AnyMessage, ...]:
     tail: list[AnyMessage] = []
-    for text in reversed(texts):
-        message = loads_message(text)
+    for item in reversed(items):
+        message = load(item)
         tail.append(message)
         if not isinstance(message, ToolResultMessage):
             break
-    return Context(messages=tuple(reversed(tail)))
+    return tuple(reversed(tail))
+
+
+def stored_pending(messages: Sequence[AnyMessage]) -> list[dict[str, str]] | None:
+    """``conversations.pending_calls`` for a context whose messages end with ``messages`` (the
+    whole context or its last batch alone): its unanswered calls without their kind, or None
+    when it awaits nothing. O(last batch)."""
+    calls = open_calls(messages)
+    return [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls] or None
+
+
+def pending_blocks(stored: Sequence[Mapping[str, str]] | None) -> tuple[ToolCallBlock, ...]:
+    """The calls a ``conversations.pending_calls`` value holds."""
+    return tuple(
+        ToolCallBlock(id=c["id"], name=c["name"], arguments=c["arguments"]) for c in stored or ()
+    )
 
 
 @dataclass(frozen=True)

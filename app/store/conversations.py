@@ -15,6 +15,7 @@ from datetime import datetime
 
 from sqlalchemy import String, delete, insert, literal, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.agent.codec import dump_context, load_message
 from app.agent.messages import AnyMessage, Context, ToolResultMessage
@@ -34,7 +35,7 @@ from ._sql import (
     read_conversation,
     read_joined,
 )
-from .changes import TranscriptItem
+from .changes import TranscriptItem, stored_pending
 from .db import read_transaction, write_transaction
 from .errors import AlreadyExists, PreconditionFailed, UnsafeCut, conversation_not_found
 from .listing import ListingStore, Search
@@ -43,6 +44,38 @@ from .tables import Conversation, context_messages, conversation_metadata, conve
 
 #: the detail of a refused If-Match on a conversation
 STALE = "If-Match does not match the stored context"
+
+
+async def read_last_batch(
+    conn: AsyncConnection,
+    tenant: str,
+    conv_id: str,
+    *,
+    below: int | None = None,
+    chunk: int = 32,
+) -> tuple[AnyMessage, ...]:
+    """The last batch of the stored messages at positions below ``below`` (all of them by
+    default): the last message that is not a ``tool_result`` and the results after it, read
+    ``chunk`` rows at a time, newest first — O(the last batch) rows, never the history."""
+    key = child_key(context_messages, tenant, conv_id)
+    tail: list[AnyMessage] = []
+    while True:
+        stmt = select(context_messages.c.position, context_messages.c.body).where(*key)
+        if below is not None:
+            stmt = stmt.where(context_messages.c.position < below)
+        stmt = stmt.order_by(context_messages.c.position.desc()).limit(chunk)
+        rows = (await conn.execute(stmt)).all()
+        done = len(rows) < chunk
+        for row in rows:
+            message = load_message(row.body)
+            tail.append(message)
+            if not isinstance(message, ToolResultMessage):
+                done = True
+                break
+        if done or not rows:
+            break
+        below = rows[-1].position
+    return tuple(reversed(tail))
 
 
 class ConversationStore(ListingStore):
@@ -138,6 +171,14 @@ class ConversationStore(ListingStore):
                 transcript_seq=1,
             )
             values.update(next_position=n, message_count=n, expires_at=None)
+            # its pending calls: the source's when it copies the whole context, else those of
+            # the copied prefix's last batch (read alone, O(last batch); a safe cut leaves none
+            # of a storable context, but the row says what the copied messages say)
+            if n == total:
+                values["pending_calls"] = source.pending_calls
+            elif n:
+                tail = await read_last_batch(conn, tenant, source_id, below=first + n)
+                values["pending_calls"] = stored_pending(tail)
             try:
                 await conn.execute(insert(conversations).values(values))
             except IntegrityError:
@@ -199,29 +240,11 @@ class ConversationStore(ListingStore):
         """The stored context's trailing tool batch — its last message that is not a
         ``tool_result`` and the results after it — and the agent profile of the latest run.
 
-        What the pending calls are computed from (docs/tools.md): reads O(the last batch)
-        rows, newest first, never the history.
+        Reads O(the last batch) rows, newest first, never the history. (Listings and GET no
+        longer need it: the row keeps the pending calls, ``conversations.pending_calls``.)
         """
-        key = child_key(context_messages, tenant, conv_id)
-        tail: list[AnyMessage] = []
         async with read_transaction(self.engine) as conn:
-            below: int | None = None
-            while True:
-                stmt = select(context_messages.c.position, context_messages.c.body).where(*key)
-                if below is not None:
-                    stmt = stmt.where(context_messages.c.position < below)
-                stmt = stmt.order_by(context_messages.c.position.desc()).limit(chunk)
-                rows = (await conn.execute(stmt)).all()
-                done = len(rows) < chunk
-                for row in rows:
-                    message = load_message(row.body)
-                    tail.append(message)
-                    if not isinstance(message, ToolResultMessage):
-                        done = True
-                        break
-                if done or not rows:
-                    break
-                below = rows[-1].position
+            tail = await read_last_batch(conn, tenant, conv_id, chunk=chunk)
             agent = (
                 await conn.execute(
                     select(runs.c.agent)
@@ -230,7 +253,7 @@ class ConversationStore(ListingStore):
                     .limit(1)
                 )
             ).scalar()
-        return tuple(reversed(tail)), agent
+        return tail, agent
 
     async def load_context(self, tenant: str, conv_id: str) -> Loaded:
         """The stored context and its ETag, read in one transaction (decoded after it)."""
@@ -294,6 +317,7 @@ class ConversationStore(ListingStore):
                             transcript_seq=conversations.c.transcript_seq + 1,
                             updated_at=now,
                             token_tally=tally_of(context.messages).model_dump(mode="json"),
+                            pending_calls=stored_pending(context.messages),
                         )
                         .returning(
                             conversations.c.incarnation,

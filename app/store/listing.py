@@ -1,5 +1,6 @@
-"""Reading conversations in bulk: a page by id, a search by metadata, activity and
-``updated_at`` (``GET /conversations``), run counts, and the sweep of expired conversations.
+"""Reading conversations in bulk: a page by id, a search by metadata, activity, pending calls
+and ``updated_at`` (``GET /conversations``), run counts, and the sweep of expired
+conversations.
 
 Split out of :mod:`app.store.conversations`; :class:`ListingStore` is a base of
 :class:`~app.store.conversations.ConversationStore`.
@@ -26,7 +27,17 @@ class Search:
     updated_after: datetime | None = None
     updated_before: datetime | None = None
     active: bool | None = None  # has a run in flight
+    #: the stored context ends with pending calls (``conversations.pending_calls`` is set)
+    has_pending_action: bool | None = None
     descending: bool = True  # by (updated_at, id)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What a listing item shows of a conversation's runs."""
+
+    count: int
+    latest_agent: str | None  # the agent profile of its latest run
 
 
 class ListingStore(StoreBase):
@@ -56,8 +67,10 @@ class ListingStore(StoreBase):
         """A page of the tenant's conversations matching ``search``, ordered by
         ``(updated_at, id)`` (descending unless asked otherwise), after the keyset ``after``.
 
-        Each metadata filter is an ``EXISTS`` on the ``(tenant, key, value)`` index; the order
-        and the keyset run on the ``(tenant, updated_at, id)`` index.
+        Each metadata filter is an ``IN`` on the ``(tenant, key, value)`` index; the order
+        and the keyset run on the ``(tenant, updated_at, id)`` index (or, for
+        ``has_pending_action`` true, on the partial one of the conversations that await
+        calls). ``active`` and ``has_pending_action`` test a column of the row.
         """
         c = conversations.c
         stmt = select(conversations).where(c.tenant == tenant)
@@ -79,6 +92,13 @@ class ListingStore(StoreBase):
         if search.active is not None:
             stmt = stmt.where(
                 c.active_run_id.is_not(None) if search.active else c.active_run_id.is_(None)
+            )
+        if search.has_pending_action is not None:
+            # a NULL test on the row; true is served by the partial index
+            # ix_conversations_tenant_pending (only the rows that await calls, in this order)
+            pending = c.pending_calls
+            stmt = stmt.where(
+                pending.is_not(None) if search.has_pending_action else pending.is_(None)
             )
         if after is not None:
             at, conv_id = after
@@ -125,18 +145,29 @@ class ListingStore(StoreBase):
                 deleted += result.rowcount or 0
         return deleted
 
-    async def run_counts(self, tenant: str, conv_ids: Sequence[str]) -> dict[str, int]:
-        """How many runs each of these conversations has."""
+    async def run_summaries(self, tenant: str, conv_ids: Sequence[str]) -> dict[str, RunSummary]:
+        """How many runs each of these conversations has, and the agent profile of its latest
+        run: one statement for any number of conversations (those without runs are left
+        out). The latest run's profile is what the kind of a pending call follows."""
         if not conv_ids:
             return {}
+        r = runs.c
+        latest = runs.alias("latest")
+        latest_agent = (
+            select(latest.c.agent)
+            .where(latest.c.tenant == tenant, latest.c.conversation_id == r.conversation_id)
+            .order_by(latest.c.created_at.desc())
+            .limit(1)
+            .scalar_subquery()
+        )
         stmt = (
-            select(runs.c.conversation_id, func.count())
-            .where(runs.c.tenant == tenant, runs.c.conversation_id.in_(list(conv_ids)))
-            .group_by(runs.c.conversation_id)
+            select(r.conversation_id, func.count(), latest_agent)
+            .where(r.tenant == tenant, r.conversation_id.in_(list(conv_ids)))
+            .group_by(r.conversation_id)
         )
         async with read_transaction(self.engine) as conn:
             rows = (await conn.execute(stmt)).all()
-        return {row[0]: int(row[1]) for row in rows}
+        return {row[0]: RunSummary(int(row[1]), row[2]) for row in rows}
 
 
-__all__ = ["ListingStore", "Search"]
+__all__ = ["ListingStore", "RunSummary", "Search"]

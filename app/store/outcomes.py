@@ -29,7 +29,7 @@ from ._sql import (
     insert_transcript,
     read_conversation,
 )
-from .changes import ContextWrite, TranscriptItem
+from .changes import ContextWrite, TranscriptItem, stored_pending
 from .db import write_transaction
 from .errors import NotFound, run_not_found
 from .events import EventRow, insert_events
@@ -111,6 +111,8 @@ class FinishingStore(StoreBase):
                             updated_at=now,
                             active_run_id=release,
                             token_tally=tokens.model_dump(mode="json"),
+                            # from the result's last batch: O(last batch)
+                            pending_calls=stored_pending(result.context.messages),
                         )
                         .returning(*returning)
                     )

@@ -28,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.etag import version_etag
 
 from ._sql import StoreBase, child_key, read_conversation
+from .changes import last_batch_of_bodies, stored_pending
 from .db import read_transaction, write_transaction
 from .errors import AlreadyExists, StoreError, conversation_not_found
 from .metadata import read_metadata, write_metadata
@@ -193,6 +194,8 @@ class PortabilityStore(StoreBase):
             "updated_at": now,
             "active_run_id": None,
             "expires_at": conv.get("expires_at"),
+            # the pending calls of the document's context, from its last batch alone
+            "pending_calls": stored_pending(last_batch_of_bodies(messages)),
         }
         async with write_transaction(self.engine) as conn:
             try:

@@ -26,6 +26,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy import DateTime as _DateTime
 from sqlmodel import Field, SQLModel
@@ -126,6 +127,16 @@ class Conversation(SQLModel, table=True):
         # the retention sweeper: explicit expiry, and the default retention from the last update
         Index("ix_conversations_expires_at", "expires_at"),
         Index("ix_conversations_updated_at", "updated_at"),
+        # ``has_pending_action=true`` listings: only the conversations that await calls, in
+        # the listing's order (a partial index: rows that await nothing are not in it)
+        Index(
+            "ix_conversations_tenant_pending",
+            "tenant",
+            "updated_at",
+            "id",
+            sqlite_where=text("pending_calls IS NOT NULL"),
+            postgresql_where=text("pending_calls IS NOT NULL"),
+        ),
     )
 
     tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
@@ -144,6 +155,11 @@ class Conversation(SQLModel, table=True):
     token_tally: dict[str, Any] | None = Field(default=None, sa_type=JSONText)
     #: when the retention sweeper deletes it (None: the deployment default, if any, applies)
     expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    #: the pending calls of the stored context — the unanswered calls of its last batch, each
+    #: ``{"id", "name", "arguments"}`` in call order — or None when it awaits nothing; written
+    #: by every write of the context (:func:`app.store.changes.stored_pending`). Their kind is
+    #: not stored: it follows the agent profile when read (docs/tools.md)
+    pending_calls: list[dict[str, str]] | None = Field(default=None, sa_type=JSONText)
 
     @property
     def etag(self) -> str:

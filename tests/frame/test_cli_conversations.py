@@ -60,6 +60,31 @@ def test_list_show_fork_delete(server: LiveServer) -> None:
     human = cli(server, "list", "-m", "u=u2")
     assert human.returncode == 0 and human.stdout.startswith("cli-b\t") and "u=u2" in human.stdout
 
+    # --pending / --settled: what the stored context awaits (a PUT ending in a call)
+    awaiting = {
+        "system_prompt": "",
+        "summary": "",
+        "messages": [
+            {"type": "user", "content": [{"type": "text", "text": "look"}]},
+            {
+                "type": "assistant",
+                "content": [{"type": "tool_call", "id": "c1", "name": "lookup", "arguments": "{}"}],
+                "stop_reason": "tool_use",
+            },
+        ],
+    }
+    with http(server) as client:
+        put = client.put(
+            "/conversations/cli-p/context", json=awaiting, headers={"If-None-Match": "*"}
+        )
+        assert put.status_code == 201, put.text
+    pending = cli(server, "list", "--pending")
+    assert pending.returncode == 0, pending.stderr
+    assert pending.stdout.startswith("cli-p\t") and "pending=1" in pending.stdout
+    settled = as_json(cli(server, "--json", "list", "--settled"))
+    assert {c["id"] for c in settled["items"]} == {"cli-a", "cli-b"}
+    assert cli(server, "delete", "cli-p").returncode == 0
+
     shown = as_json(cli(server, "--json", "show", "cli-a"))
     assert shown["id"] == "cli-a" and shown["run_count"] == 1
 

@@ -162,15 +162,23 @@ async def list_conversations(
     active: Annotated[
         bool | None, Query(description="true: only those with a run in flight; false: none")
     ] = None,
+    has_pending_action: Annotated[
+        bool | None,
+        Query(
+            description="true: only those whose stored context awaits tool results or "
+            "approvals (non-empty `pending_tool_calls`); false: only those that await nothing"
+        ),
+    ] = None,
 ) -> ConversationPage:
     """The caller's conversations, ordered by `updated_at` (newest first unless
-    `order=asc`), filtered by metadata, update time and activity; cursor paged (pass the
-    same filters with `cursor`)."""
+    `order=asc`), filtered by metadata, update time, activity and pending tool calls; cursor
+    paged (pass the same filters with `cursor`)."""
     search = Search(
         metadata=tuple(metadata_filters(request)),
         updated_after=updated_after,
         updated_before=updated_before,
         active=active,
+        has_pending_action=has_pending_action,
         descending=order == "desc",
     )
     page = await svc.conversations.list(
