@@ -194,6 +194,22 @@ def refusal(settings: Settings, base: Loaded, result: Result) -> tuple[ContextSi
     return size, None
 
 
+#: from this many messages appended or folded on, :func:`refusal` runs in a worker thread
+OFFLOAD_CHANGED = 2_000
+
+
+async def refusal_of(
+    settings: Settings, base: Loaded, result: Result
+) -> tuple[ContextSize, str | None]:
+    """:func:`refusal`, off the event loop when the run changed many messages (a compaction
+    of a long context: the folded messages are counted)."""
+    changed = abs(len(result.context.messages) - len(base.context.messages))
+    changed += sum(len(c.folded) for c in result.compactions)
+    if changed >= OFFLOAD_CHANGED:
+        return await asyncio.to_thread(refusal, settings, base, result)
+    return refusal(settings, base, result)
+
+
 def refused(result: Result, reason: str) -> Result:
     """``result`` as it ends when its context may not be stored for ``reason``: a run that
     ended well now failed (``context_too_large``); one that failed or was cancelled keeps its
@@ -214,6 +230,7 @@ __all__ = [
     "BoundedProvider",
     "RunDeadline",
     "refusal",
+    "refusal_of",
     "refused",
     "result_size",
     "size_bounds",

@@ -22,7 +22,7 @@ from app.store.faults import classify
 from app.store.repository import Loaded, OnFailure, Repository
 
 from . import pending, runlog
-from .bounds import refusal, refused
+from .bounds import refusal_of, refused
 from .cache import ContextCache
 from .dbfaults import OutcomeNotStored, mark_unstored, outage_reason, retry_write
 from .metrics import observe_result
@@ -67,7 +67,7 @@ class Finishing:
         size = None
         if store:
             # What a PUT of it would refuse is never stored (app/service/bounds.py).
-            size, reason = refusal(self.settings, loaded, result)
+            size, reason = await refusal_of(self.settings, loaded, result)
             if reason is not None:
                 result, store, size = refused(result, reason), False, None
         run = active.started.run
