@@ -167,8 +167,11 @@ class Settings(_ProfileFields, BaseSettings):
     #: the longest one provider answer (or summary) may be, in characters; at most
     #: ``max_text_chars`` so that what a run stores can be PUT back (default: that limit)
     max_answer_chars: int | None = Field(default=None, ge=1)
-    #: a run's overall deadline: past it the run is stopped and ends failed
+    #: a run's overall deadline (and a compaction's): past it, it is stopped and ends failed
     run_deadline_seconds: float = Field(default=900.0, gt=0)
+    #: the share of ``max_context_messages`` or ``max_body_bytes`` past which a run compacts
+    #: its context first (0: never for its size; a run that would pass a bound then fails)
+    size_compact_at: float = Field(default=0.9, ge=0, le=1)
 
     # --- access --------------------------------------------------------------------------------
     api_keys: Annotated[ApiKeys, NoDecode] = Field(default_factory=ApiKeys)

@@ -56,6 +56,7 @@ def choose_cut(
     *,
     keep_tokens: int,
     keep_last: bool = True,
+    min_fold: int = 0,
 ) -> int | None:
     """How many leading messages to fold, or ``None`` when nothing can be folded.
 
@@ -63,7 +64,9 @@ def choose_cut(
     does, fall back to keeping only the current turn. ``overflow`` and ``manual``: keep only
     the current turn (from the last user message), or, when the current turn is all there is,
     from its last safe point. With ``keep_last`` at least one message stays. An assistant
-    message with pending calls (and the results after it) always stays.
+    message with pending calls (and the results after it) always stays. ``min_fold``: fold at
+    least this many messages when a safe cut allows (the size bounds, :mod:`app.agent.sizes`);
+    when none does, as many as can be.
     """
     messages = context.messages
     limit = len(messages) - 1 if keep_last else len(messages)
@@ -78,14 +81,17 @@ def choose_cut(
         # estimating each messages[i:] on its own, which made this quadratic).
         kept = suffix_estimates(context.system_prompt, context.summary, messages)
         for i in candidates:
-            if kept[i] <= keep_tokens:
+            if i >= min_fold and kept[i] <= keep_tokens:
                 return i
     safe = set(candidates)
     last_user = max(
         (i for i, m in enumerate(messages) if isinstance(m, UserMessage) and i in safe),
         default=None,
     )
-    return last_user if last_user is not None else candidates[-1]
+    cut = last_user if last_user is not None else candidates[-1]
+    if cut < min_fold:
+        cut = next((i for i in candidates if i >= min_fold), candidates[-1])
+    return cut
 
 
 def render(messages: Sequence[AnyMessage]) -> str:

@@ -13,9 +13,10 @@ from app import telemetry
 
 from . import compaction
 from .events import CompactionCompleted
-from .messages import AssistantMessage, AttemptError, Context, Usage, text_of
+from .messages import AnyMessage, AssistantMessage, AttemptError, Context, Usage, text_of
 from .providers.base import ProviderError, ProviderRequest
 from .records import Compaction, CompactionReason
+from .sizes import ContextSize, SizeBounds
 from .state import AgentConfig, _Emitter, _error, _RunFailed, _State
 from .tokens import TokenTally, estimate_with
 
@@ -45,16 +46,35 @@ class _Folding:
         ) -> AssistantMessage: ...
 
     async def _compact(
-        self, state: _State, emit: _Emitter, reason: CompactionReason, *, keep_last: bool
+        self,
+        state: _State,
+        emit: _Emitter,
+        reason: CompactionReason,
+        *,
+        keep_last: bool,
+        required: bool = True,
+        incoming: tuple[AnyMessage, ...] = (),
     ) -> None:
+        """Fold the history. ``required`` False: finding nothing to fold is not a failure (a
+        compaction for size alone). ``incoming``: messages about to join the context (the
+        fold makes room for them too)."""
         with telemetry.compaction_span(reason) as span:
             done = len(state.compactions)
-            await self._fold_history(state, emit, reason, keep_last=keep_last)
+            await self._fold_history(
+                state, emit, reason, keep_last=keep_last, required=required, incoming=incoming
+            )
             if len(state.compactions) > done:
                 telemetry.record_compaction(span, state.compactions[-1])
 
     async def _fold_history(
-        self, state: _State, emit: _Emitter, reason: CompactionReason, *, keep_last: bool
+        self,
+        state: _State,
+        emit: _Emitter,
+        reason: CompactionReason,
+        *,
+        keep_last: bool,
+        required: bool,
+        incoming: tuple[AnyMessage, ...],
     ) -> None:
         cfg = self.config
         before = state.context
@@ -62,14 +82,17 @@ class _Folding:
         size = len(before.messages)
         cut = await _offload(
             size,
-            compaction.choose_cut,
+            _cut,
             before,
             reason,
             keep_tokens=int(cfg.keep_after_compaction * cfg.context_window),
             keep_last=keep_last,
+            bounds=state.bounds,
+            now=state.size,
+            incoming=incoming,
         )
         if cut is None:
-            if reason == "manual":
+            if reason == "manual" or not required:
                 return  # nothing to fold: compacting now is a no-op, not an error
             raise _RunFailed(
                 AttemptError(
@@ -94,29 +117,57 @@ class _Folding:
                     message="compaction failed: the provider wrote an empty summary",
                 )
             )
-        after, tally, record = await _offload(
-            size, _fold, before, state.tally, cut, summary, reason, at, answer.usage
+        after, tally, after_size, record = await _offload(
+            size, _fold, before, state.tally, state.size, cut, summary, reason, at, answer.usage
         )
         state.context = after
         state.tally = tally
+        state.size = after_size
         state.compactions.append(record)
         state.usage = state.usage + answer.usage
         await emit(CompactionCompleted(record))
 
 
+def _cut(
+    before: Context,
+    reason: CompactionReason,
+    *,
+    keep_tokens: int,
+    keep_last: bool,
+    bounds: SizeBounds | None,
+    now: ContextSize | None,
+    incoming: tuple[AnyMessage, ...],
+) -> int | None:
+    """Where to cut: :func:`~app.agent.compaction.choose_cut`, folding at least what the
+    size bounds need (:meth:`~app.agent.sizes.SizeBounds.fold_needed`) when they are given;
+    ``now`` is the size of ``before``."""
+    min_fold = 0
+    if bounds is not None and now is not None:
+        whole = (*before.messages, *incoming)
+        min_fold = min(bounds.fold_needed(whole, now.extend(incoming)), len(before.messages))
+    return compaction.choose_cut(
+        before, reason, keep_tokens=keep_tokens, keep_last=keep_last, min_fold=min_fold
+    )
+
+
 def _fold(
     before: Context,
     tally: TokenTally,
+    size: ContextSize | None,
     cut: int,
     summary: str,
     reason: CompactionReason,
     at: int,
     usage: Usage,
-) -> tuple[Context, TokenTally, Compaction]:
-    """The context, tally and record after folding ``before.messages[:cut]`` into ``summary``."""
+) -> tuple[Context, TokenTally, ContextSize | None, Compaction]:
+    """The context, tally, size and record after folding ``before.messages[:cut]`` into
+    ``summary``."""
     folded = before.messages[:cut]
     after = before.model_copy(update={"summary": summary, "messages": before.messages[cut:]})
     after_tally = tally.drop_prefix(folded)
+    after_size = (
+        None if size is None else size.drop_prefix(folded).with_texts(after.system_prompt, summary)
+    )
     record = Compaction(
         reason=reason,
         folded=folded,
@@ -127,4 +178,4 @@ def _fold(
         usage=usage,
         at=at,
     )
-    return after, after_tally, record
+    return after, after_tally, after_size, record

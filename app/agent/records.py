@@ -21,6 +21,7 @@ from .messages import (
     _Value,
 )
 from .pending import Approval, ClientTool, RequiredAction
+from .sizes import ContextSize, SizeBounds
 from .tokens import TokenTally
 
 #: ``requires_action``: the run paused for the application (client calls or approvals pending)
@@ -58,7 +59,11 @@ class Input(_Value):
     """A run's input. ``tokens``, when given, is the running tally of ``context.messages``
     (:func:`app.agent.tokens.tally_of`, kept with :func:`app.agent.tokens.advance`); the agent
     then never recounts the history to decide whether to compact. Without it the agent counts
-    the context once. The last four fields are for client tools and approvals (docs/tools.md):
+    the context once. ``bounds``, when given, are the bounds the run's context must stay
+    within (:class:`~app.agent.sizes.SizeBounds`: the agent compacts near them and fails the
+    run rather than pass them); ``size`` is then the running size of ``context``
+    (:class:`~app.agent.sizes.ContextSize`; counted once when not given). The last four fields
+    are for client tools and approvals (docs/tools.md):
 
     - ``client_tools``: tools the application executes, offered with the server tools;
     - ``require_approval``: server tools whose calls wait for a decision in this run (added to
@@ -74,6 +79,8 @@ class Input(_Value):
     tool_results: tuple[ToolResultMessage, ...] = ()
     approvals: tuple[Approval, ...] = ()
     tokens: TokenTally | None = None
+    bounds: SizeBounds | None = None
+    size: ContextSize | None = None
 
 
 class Result(_Value):

@@ -42,7 +42,14 @@ from .assembly import AttemptBuilder
 from .batches import _ToolBatches
 from .events import Delta, EventSink, MessageCompleted
 from .folding import _Folding, _offload
-from .messages import AssistantMessage, AttemptError, Context, ToolCallBlock, UserMessage
+from .messages import (
+    AnyMessage,
+    AssistantMessage,
+    AttemptError,
+    Context,
+    ToolCallBlock,
+    UserMessage,
+)
 from .opaque import for_provider
 from .pending import (
     PendingCall,
@@ -56,6 +63,7 @@ from .pending import (
 from .providers.base import Provider, ProviderError, ProviderRequest, ToolSpec
 from .records import CompactionReason, Input, Result, RunStatus
 from .replay import open_batch
+from .sizes import ContextSize, SizeBounds, passed_reason, size_of, too_large
 from .state import CANCELLED, AgentConfig, RunPlan, _Emitter, _error, _RunFailed, _shielded, _State
 from .tokens import TokenTally, estimate_with, tally_of
 
@@ -80,7 +88,14 @@ class Agent(_ToolBatches, _Folding):
         """
         plan = self.check(input)
         return await self._guarded(
-            input.context, input.prompts, None, on_event, input.tokens, plan=plan
+            input.context,
+            input.prompts,
+            None,
+            on_event,
+            input.tokens,
+            plan=plan,
+            bounds=input.bounds,
+            size=input.size,
         )
 
     def check(self, input: Input) -> RunPlan:
@@ -118,11 +133,16 @@ class Agent(_ToolBatches, _Folding):
         *,
         on_event: EventSink | None = None,
         tokens: TokenTally | None = None,
+        bounds: SizeBounds | None = None,
+        size: ContextSize | None = None,
     ) -> Result:
         """Compact now (contract §4 ``POST …/compact``): fold all but the current turn.
 
-        ``tokens``: the running tally of ``context.messages``, as in ``Input.tokens``."""
-        return await self._guarded(context, (), "manual", on_event, tokens)
+        ``tokens``, ``bounds``, ``size``: as in ``Input`` (with ``bounds``, the fold is deep
+        enough for what stays to be well within them)."""
+        return await self._guarded(
+            context, (), "manual", on_event, tokens, bounds=bounds, size=size
+        )
 
     async def _guarded(
         self,
@@ -133,16 +153,28 @@ class Agent(_ToolBatches, _Folding):
         tokens: TokenTally | None = None,
         *,
         plan: RunPlan | None = None,
+        bounds: SizeBounds | None = None,
+        size: ContextSize | None = None,
     ) -> Result:
         emit = _Emitter(on_event)
         state = _State(
             context=context,
             tally=tokens or TokenTally(),
             plan=plan or RunPlan(tools=self.config.tools.specs),
+            bounds=bounds,
+            size=size if bounds is not None else None,
         )
         try:
             if tokens is None:
                 state.tally = await _offload(len(context.messages), tally_of, context.messages)
+            if bounds is not None and size is None:
+                state.size = await _offload(
+                    len(context.messages),
+                    size_of,
+                    context.system_prompt,
+                    context.summary,
+                    context.messages,
+                )
             if compact is not None:
                 await self._compact(state, emit, compact, keep_last=True)
             else:
@@ -173,11 +205,17 @@ class Agent(_ToolBatches, _Folding):
         if prompts or resume is not None:
             ctx = state.context
             answers = () if resume is None else resume.results
-            projected = estimate_with(
-                state.tally.extend((*answers, *prompts)), ctx.system_prompt, ctx.summary
-            )
-            if projected > cfg.compact_at * cfg.context_window and ctx.messages:
-                await self._compact(state, emit, "threshold", keep_last=False)
+            incoming: tuple[AnyMessage, ...] = (*answers, *prompts)
+            projected = estimate_with(state.tally.extend(incoming), ctx.system_prompt, ctx.summary)
+            by_tokens = projected > cfg.compact_at * cfg.context_window
+            by_size = _near(state, incoming)
+            if (by_tokens or by_size) and ctx.messages:
+                # a compaction for size alone that finds nothing to fold is no failure: the
+                # bounds themselves are checked right after
+                await self._compact(
+                    state, emit, "threshold", keep_last=False, required=by_tokens, incoming=incoming
+                )
+            _check_bounds(state, incoming)  # nothing past a bound is admitted
             if resume is not None:
                 await self._answer_pending(state, emit, resume)
             state.append(*prompts)
@@ -185,7 +223,11 @@ class Agent(_ToolBatches, _Folding):
             for prompt in prompts:
                 await emit(MessageCompleted(prompt))
         holds = state.plan.holds
-        for _ in range(cfg.max_turns):
+        for turn in range(cfg.max_turns):
+            if turn:  # tool results joined the context: keep it within its bounds
+                if _near(state) and state.context.messages:
+                    await self._compact(state, emit, "threshold", keep_last=True, required=False)
+                _check_bounds(state)
             message = await self._answer(state, emit)
             calls = message.tool_calls
             if not calls:
@@ -294,3 +336,20 @@ class Agent(_ToolBatches, _Folding):
     async def _record(self, state: _State, emit: _Emitter, message: AssistantMessage) -> None:
         state.attempt(message)
         await emit(MessageCompleted(message))
+
+
+def _near(state: _State, incoming: tuple[AnyMessage, ...] = ()) -> bool:
+    """The context (with ``incoming`` appended) is past ``compact_at`` of its bounds."""
+    if state.bounds is None or state.size is None:
+        return False
+    return state.bounds.near(state.size.extend(incoming))
+
+
+def _check_bounds(state: _State, incoming: tuple[AnyMessage, ...] = ()) -> None:
+    """Fail the run (``context_too_large``) when its context, with ``incoming`` appended,
+    would pass a bound: before the provider is sent what could not be stored."""
+    if state.bounds is None or state.size is None:
+        return
+    passed = state.bounds.passed(state.size.extend(incoming))
+    if passed is not None:
+        raise _RunFailed(too_large(passed_reason(passed)))

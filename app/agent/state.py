@@ -14,6 +14,7 @@ from .pending import RequiredAction, Resume, validate_approval_names
 from .providers.base import Provider, ProviderError, ToolSpec
 from .records import Compaction, Result, RunStatus
 from .retry import RetryPolicy
+from .sizes import ContextSize, SizeBounds
 from .tokens import TokenTally
 from .tools import ToolRegistry
 
@@ -63,6 +64,9 @@ class _State:
 
     context: Context
     tally: TokenTally  # always the tally of context.messages
+    #: the bounds the context stays within, and its running size (both None: not tracked)
+    bounds: SizeBounds | None = None
+    size: ContextSize | None = None
     new_messages: list[AnyMessage] = field(default_factory=list)
     final: AssistantMessage | None = None
     compactions: list[Compaction] = field(default_factory=list)
@@ -78,6 +82,8 @@ class _State:
             update={"messages": (*self.context.messages, *messages)}
         )
         self.tally = self.tally.extend(messages)
+        if self.size is not None:
+            self.size = self.size.extend(messages)
         self.new_messages.extend(messages)
 
     def attempt(self, message: AssistantMessage) -> None:

@@ -198,6 +198,15 @@ def advance(tally: TokenTally, base_len: int, result: Result) -> TokenTally:
     is what the compactions folded, in that order: so the appended messages are the tail of
     ``folded + result.context.messages`` past ``base_len``. Costs O(appended + folded).
     """
+    folded, appended = changed_messages(base_len, result)
+    return tally.extend(appended).drop_prefix(folded)
+
+
+def changed_messages(base_len: int, result: Result) -> tuple[list[AnyMessage], list[AnyMessage]]:
+    """What a run changed of its base context of ``base_len`` messages: the messages its
+    compactions folded (in order) and the messages it appended (in order; an appended message
+    a later compaction folded is in both). O(appended + folded), by the agent's contract
+    ``result.context.messages == (base + appended)[F:]``."""
     folded = [m for c in result.compactions for m in c.folded]
     kept = result.context.messages
     appended_count = len(folded) + len(kept) - base_len
@@ -205,4 +214,4 @@ def advance(tally: TokenTally, base_len: int, result: Result) -> TokenTally:
         appended: list[AnyMessage] = list(kept[len(kept) - appended_count :])
     else:
         appended = [*folded[len(folded) - (appended_count - len(kept)) :], *kept]
-    return tally.extend(appended).drop_prefix(folded)
+    return folded, appended

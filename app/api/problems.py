@@ -112,6 +112,11 @@ _RUN_PROBLEMS = {
     "max_turns": ("run-max-turns", "The model kept calling tools", 422),
     "answer_too_large": ("run-answer-too-large", "The model's answer passed the size limit", 502),
     "run_deadline": ("run-deadline-exceeded", "The run passed its deadline", 504),
+    "context_too_large": (
+        "run-context-too-large",
+        "The run's context would pass the stored-context limits",
+        422,
+    ),
 }
 #: run error kinds (and the statuses conflicted / interrupted) → their problem type
 RUN_PROBLEMS: dict[str, ProblemType] = {

@@ -42,7 +42,7 @@ def run_problem(error: AttemptError | None, status: str) -> RunProblem | None:
         )
     if error is None:
         return None
-    coded = error.code in ("max_turns", "answer_too_large", "run_deadline")
+    coded = error.code in ("max_turns", "answer_too_large", "run_deadline", "context_too_large")
     problem_type = run_problem_type(error.code if coded and error.code else error.kind)
     return RunProblem(
         type=problem_type.uri,

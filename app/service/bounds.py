@@ -12,7 +12,19 @@
   the way a cancel does (the agent closes what it started and returns what it has), and the
   run then ends ``failed`` with a ``fatal`` error coded ``run_deadline`` (problem
   ``run-deadline-exceeded``): ``on_failure`` decides whether what it did is stored, as for any
-  failed run.
+  failed run. ``POST …/compact`` is under the same deadline: a compaction past it is stopped
+  (its summary request with it), ends ``failed`` the same way and stores nothing.
+- :func:`size_bounds` and :func:`refusal`: the stored context's own bounds. A PUT refuses a
+  context of more than ``max_context_messages`` messages or whose JSON passes
+  ``max_body_bytes``; a run's context could grow past both. So the agent is given the bounds
+  (``Input.bounds``): it compacts when its context would pass ``size_compact_at`` of either,
+  and fails the run (``context_too_large``, problem ``run-context-too-large``) rather than pass
+  one. Whatever a run would store is checked once more before it is stored
+  (:func:`refusal`, O(what the run changed), from the stored running size): the count, the
+  bytes, and each text block and image the run added (``max_text_chars``,
+  ``max_image_bytes``: server-tool results are not otherwise bounded). A context that would
+  pass is not stored — even with ``on_failure: keep`` — and the run ends ``failed`` (or as it
+  had ended, failed or cancelled, its error saying why nothing was kept).
 """
 
 from __future__ import annotations
@@ -21,7 +33,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 
-from app.agent.messages import AttemptError
+from app.agent.messages import AttemptError, Base64Source, ImageBlock, TextBlock
 from app.agent.providers.base import (
     Provider,
     ProviderError,
@@ -33,6 +45,18 @@ from app.agent.providers.base import (
     ToolCallDelta,
 )
 from app.agent.records import Result
+from app.agent.sizes import (
+    CONTEXT_TOO_LARGE,
+    REMEDY,
+    ContextSize,
+    SizeBounds,
+    advance_size,
+    passed_reason,
+    size_of,
+    too_large,
+)
+from app.config import Settings
+from app.store.repository import Loaded
 
 ANSWER_TOO_LARGE = "answer_too_large"
 RUN_DEADLINE = "run_deadline"
@@ -84,9 +108,10 @@ class RunDeadline:
     result = deadline.settle(result)
     """
 
-    def __init__(self, seconds: float, stop: Callable[[], None]) -> None:
+    def __init__(self, seconds: float, stop: Callable[[], object], what: str = "run") -> None:
         self.seconds = seconds
         self._stop = stop
+        self.what = what
         self.passed = False
         self._timer: asyncio.TimerHandle | None = None
 
@@ -116,7 +141,7 @@ class RunDeadline:
                 "status": "failed",
                 "error": AttemptError(
                     kind="fatal",
-                    message=f"the run passed its deadline of {self.seconds:g} seconds "
+                    message=f"the {self.what} passed its deadline of {self.seconds:g} seconds "
                     "(run_deadline_seconds) and was stopped",
                     code=RUN_DEADLINE,
                 ),
@@ -124,4 +149,89 @@ class RunDeadline:
         )
 
 
-__all__ = ["ANSWER_TOO_LARGE", "RUN_DEADLINE", "BoundedProvider", "RunDeadline"]
+def size_bounds(settings: Settings) -> SizeBounds:
+    """The bounds a stored context stays within: what a PUT of it accepts."""
+    return SizeBounds(
+        max_messages=settings.max_context_messages,
+        max_bytes=settings.max_body_bytes,
+        compact_at=settings.size_compact_at,
+    )
+
+
+def result_size(base: Loaded, result: Result) -> ContextSize:
+    """The size of ``result.context``: advanced from the base's running size (O(what the run
+    changed)), counted when the base has none."""
+    if base.size is None:
+        ctx = result.context
+        return size_of(ctx.system_prompt, ctx.summary, ctx.messages)
+    return advance_size(base.size, len(base.context.messages), result)
+
+
+def refusal(settings: Settings, base: Loaded, result: Result) -> tuple[ContextSize, str | None]:
+    """The size of what the run would store, and why it may not be stored (``None``: it may):
+    a PUT of it would be refused. O(what the run changed)."""
+    size = result_size(base, result)
+    passed = size_bounds(settings).passed(size)
+    if passed is not None:
+        return size, passed_reason(passed)
+    messages = result.context.messages
+    added = len(messages) + sum(len(c.folded) for c in result.compactions)
+    added -= len(base.context.messages)  # the run's messages still in the context: the tail
+    for message in messages[max(0, len(messages) - added) :]:
+        for block in message.content:
+            if isinstance(block, TextBlock) and len(block.text) > settings.max_text_chars:
+                return size, (
+                    f"the run's context would hold a text block of {len(block.text)} "
+                    f"characters, more than max_text_chars ({settings.max_text_chars})"
+                )
+            if isinstance(block, ImageBlock) and isinstance(block.source, Base64Source):
+                decoded = block.source.decoded_size()
+                if decoded > settings.max_image_bytes:
+                    return size, (
+                        f"the run's context would hold an image of {decoded} bytes, more than "
+                        f"max_image_bytes ({settings.max_image_bytes})"
+                    )
+    return size, None
+
+
+#: from this many messages appended or folded on, :func:`refusal` runs in a worker thread
+OFFLOAD_CHANGED = 2_000
+
+
+async def refusal_of(
+    settings: Settings, base: Loaded, result: Result
+) -> tuple[ContextSize, str | None]:
+    """:func:`refusal`, off the event loop when the run changed many messages (a compaction
+    of a long context: the folded messages are counted)."""
+    changed = abs(len(result.context.messages) - len(base.context.messages))
+    changed += sum(len(c.folded) for c in result.compactions)
+    if changed >= OFFLOAD_CHANGED:
+        return await asyncio.to_thread(refusal, settings, base, result)
+    return refusal(settings, base, result)
+
+
+def refused(result: Result, reason: str) -> Result:
+    """``result`` as it ends when its context may not be stored for ``reason``: a run that
+    ended well now failed (``context_too_large``); one that failed or was cancelled keeps its
+    status and error, which now says that its context was not kept."""
+    error = result.error
+    if result.status in ("completed", "requires_action") or error is None:
+        return result.model_copy(update={"status": "failed", "error": too_large(reason)})
+    if error.code == CONTEXT_TOO_LARGE:
+        return result  # the agent stopped it for its size already, and says so
+    message = f"{error.message}; its context was not kept (on_failure keep): {reason}; {REMEDY}"
+    return result.model_copy(update={"error": error.model_copy(update={"message": message})})
+
+
+__all__ = [
+    "ANSWER_TOO_LARGE",
+    "CONTEXT_TOO_LARGE",
+    "RUN_DEADLINE",
+    "BoundedProvider",
+    "RunDeadline",
+    "refusal",
+    "refusal_of",
+    "refused",
+    "result_size",
+    "size_bounds",
+]

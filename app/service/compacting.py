@@ -21,6 +21,7 @@ from app.etag import IfMatch
 from app.store.repository import Loaded, OnFailure, Repository, StartedRun
 
 from .agents import AgentPool
+from .bounds import RunDeadline, size_bounds
 from .cache import ContextCache
 from .errors import Busy, ShuttingDown
 from .events import start_recorder
@@ -90,12 +91,26 @@ class Compacting:
         active = ActiveRun(tenant, conversation_id, run_id, started, None)
         self._register(active)
         active.recorder = start_recorder(self.repo, self.clock, active)
+        loaded = started.loaded
+        # Under the run deadline: past it the compaction is stopped where it is (its summary
+        # request, typically) as a cancel stops a run, and ends failed, storing nothing.
+        task = asyncio.current_task()
+        assert task is not None
         try:
             try:
                 with telemetry.agent_span(agent_name, conversation_id, run_id) as span:
-                    result = await agent.compact(
-                        started.loaded.context, tokens=started.loaded.tokens
-                    )
+                    with RunDeadline(
+                        self.settings.run_deadline_seconds,
+                        task.cancel,
+                        "compaction",
+                    ) as deadline:
+                        result = await agent.compact(
+                            loaded.context,
+                            tokens=loaded.tokens,
+                            bounds=size_bounds(self.settings),
+                            size=loaded.size,
+                        )
+                    result = deadline.settle(result)
                     telemetry.record_run(span, result.status, result.usage)
             except Exception as exc:
                 log.exception("compaction %s failed unexpectedly", run_id)

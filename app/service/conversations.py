@@ -19,6 +19,7 @@ from app.store.metadata import KEEP
 from app.store.repository import Loaded, Repository, StoredRows
 from app.store.tables import Conversation, TranscriptEntry
 
+from .bounds import size_bounds
 from .errors import UnreplayableContext
 from .pages import Page
 from .pending import stored_pending_calls
@@ -155,7 +156,13 @@ class ConversationService:
         """A new conversation from the source's context (or its first ``messages``)."""
         new_id = new_id or f"conv_{uuid.uuid4().hex}"
         conv = await self.repo.fork_conversation(
-            tenant, source_id, new_id, messages=messages, metadata=metadata, if_match=if_match
+            tenant,
+            source_id,
+            new_id,
+            messages=messages,
+            metadata=metadata,
+            if_match=if_match,
+            bounds=size_bounds(self.runs.settings),
         )
         [info] = await self._infos(tenant, [conv])
         return info
@@ -170,7 +177,9 @@ class ConversationService:
         """Restore an export (validated by the caller) under ``conv_id`` (default: the
         document's id); 409 when it is taken, and then nothing is written."""
         conv_id = conv_id or document["conversation"]["id"]
-        await self.repo.import_conversation(tenant, conv_id, document)
+        await self.repo.import_conversation(
+            tenant, conv_id, document, max_bytes=self.runs.settings.max_body_bytes
+        )
         return await self.get(tenant, conv_id)
 
     async def sweep(self) -> int:
@@ -237,11 +246,18 @@ class ConversationService:
             outcome = evaluate_conditions(if_match, if_none_match, conv.etag, safe_method=False)
             if outcome != "proceed":
                 raise PreconditionFailed(PUT_REFUSED, current_etag=conv.etag)
+        # Stored, a context may be larger than it was sent (every field written out): what a
+        # GET of it would answer must be PUT-able back (max_body_bytes).
+        max_bytes = self.runs.settings.max_body_bytes
         try:
             if if_match is not None:
-                etag = await self.repo.replace_context(tenant, conv_id, context, if_match=if_match)
+                etag = await self.repo.replace_context(
+                    tenant, conv_id, context, if_match=if_match, max_bytes=max_bytes
+                )
                 return ContextWritten(etag, created=False)
-            etag = await self.repo.replace_context(tenant, conv_id, context, create=True)
+            etag = await self.repo.replace_context(
+                tenant, conv_id, context, create=True, max_bytes=max_bytes
+            )
             return ContextWritten(etag, created=True)
         except PreconditionFailed as exc:
             current = exc.current_etag

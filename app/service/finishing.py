@@ -22,6 +22,7 @@ from app.store.faults import classify
 from app.store.repository import Loaded, OnFailure, Repository
 
 from . import pending, runlog
+from .bounds import refusal_of, refused
 from .cache import ContextCache
 from .dbfaults import OutcomeNotStored, mark_unstored, outage_reason, retry_write
 from .metrics import observe_result
@@ -63,6 +64,12 @@ class Finishing:
         )
         ended_well = result.status in ("completed", "requires_action")
         store = changed and (ended_well or on_failure == "keep")
+        size = None
+        if store:
+            # What a PUT of it would refuse is never stored (app/service/bounds.py).
+            size, reason = await refusal_of(self.settings, loaded, result)
+            if reason is not None:
+                result, store, size = refused(result, reason), False, None
         run = active.started.run
         assert run is not None
         if active.recorder is not None:
@@ -81,6 +88,7 @@ class Finishing:
                     store=store,
                     events=events,
                     answered=pending.answered(request) if request is not None else None,
+                    size=size,
                 ),
             )
         except Exception as exc:

@@ -29,6 +29,7 @@ from app.agent.pending import (
 from app.agent.pending import split_prompts as _split
 from app.agent.records import Input, Result
 from app.agent.run import Agent
+from app.agent.sizes import SizeBounds
 from app.errors import CarryoverError
 from app.store.changes import Answered, pending_blocks
 from app.store.repository import Loaded
@@ -103,10 +104,12 @@ def split_prompts(
         raise AnswerNotPending(exc) from None
 
 
-def agent_input(loaded: Loaded, request: RunRequest) -> Input:
+def agent_input(loaded: Loaded, request: RunRequest, bounds: SizeBounds | None = None) -> Input:
     return Input(
         context=loaded.context,
         tokens=loaded.tokens,
+        bounds=bounds,
+        size=loaded.size,
         prompts=request.prompts,
         client_tools=request.client_tools,
         require_approval=request.require_approval,

@@ -34,7 +34,7 @@ from app.store.repository import IdempotencyClaim, Loaded, Repository, RunRecord
 
 from . import pending, runlog
 from .agents import AgentPool
-from .bounds import RunDeadline
+from .bounds import RunDeadline, size_bounds
 from .cache import ContextCache
 from .compacting import Compacting
 from .dbfaults import OutcomeNotStored, retry_after_busy
@@ -314,8 +314,9 @@ class RunManager(LeaseKeeping, Queueing, Finishing, Compacting):
             if active.recorder is not None:
                 active.recorder.add(event)  # numbered, stored, and streamed live
 
+        agent_input = pending.agent_input(loaded, request, size_bounds(self.settings))
         with RunDeadline(self.settings.run_deadline_seconds, lambda: self.stop(active)) as deadline:
-            result = await agent.run(pending.agent_input(loaded, request), on_event=on_event)
+            result = await agent.run(agent_input, on_event=on_event)
         return deadline.settle(result)
 
     async def wait(

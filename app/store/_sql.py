@@ -16,14 +16,15 @@ from sqlalchemy import ColumnElement, Text, func, insert, literal_column, select
 from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.agent.codec import CodecError, dump_message, format_path
+from app.agent.codec import CodecError, dump_message, dumps_message, format_path
 from app.agent.messages import AnyMessage, Context
+from app.agent.sizes import ContextSize, frame_bytes, text_bytes
 from app.agent.tokens import TokenTally, tally_of
 from app.clock import SYSTEM_CLOCK, Clock
 
 from .changes import TranscriptItem, stored_pending
-from .errors import PreconditionFailed, StoreError, conversation_not_found
-from .tables import Conversation, context_messages, conversations, transcript
+from .errors import LimitExceeded, PreconditionFailed, StoreError, conversation_not_found
+from .tables import Conversation, Dumped, context_messages, conversations, transcript
 
 
 class StoreBase:
@@ -46,6 +47,7 @@ class Loaded:
     first_position: int  # position of context.messages[0] (== next_position when empty)
     next_position: int  # position the next appended message gets
     tokens: TokenTally | None = None  # the running tally of context.messages, when known
+    size: ContextSize | None = None  # the running size of context (app.agent.sizes), when known
 
 
 @dataclass(frozen=True)
@@ -78,8 +80,9 @@ class StoredRows:
         """The stored context as values, in one pydantic JSON parse (what was stored was
         validated when it came in or was built by a run; this is the decoding)."""
         conv = self.conversation
+        body = self.context_json()
         try:
-            context = Context.model_validate_json(self.context_json())
+            context = Context.model_validate_json(body)
         except ValidationError as exc:  # only a row written around the service could do this
             err = exc.errors(include_url=False)[0]
             raise CodecError(format_path(list(err["loc"])), err["msg"]) from None
@@ -88,6 +91,8 @@ class StoredRows:
             if conv.token_tally is not None
             else tally_of(context.messages)
         )
+        total = conv.context_bytes if conv.context_bytes is not None else len(body)
+        size = ContextSize.of_total(total, len(self.texts), conv.system_prompt, conv.summary)
         return Loaded(
             context=context,
             etag=conv.etag,
@@ -96,6 +101,7 @@ class StoredRows:
             first_position=self.first_position,
             next_position=conv.next_position,
             tokens=tokens,
+            size=size,
         )
 
 
@@ -108,9 +114,20 @@ def child_key(table: Any, tenant: str, conv_id: str) -> list[ColumnElement[bool]
 
 
 def new_conversation(
-    tenant: str, conv_id: str, context: Context, *, now: datetime, transcript_seq: int
+    tenant: str,
+    conv_id: str,
+    context: Context,
+    *,
+    now: datetime,
+    transcript_seq: int,
+    size: ContextSize | None = None,
 ) -> dict[str, Any]:
+    """The row of a new conversation holding ``context`` (of ``size``, counted when not
+    given)."""
     n = len(context.messages)
+    if size is None:
+        size = ContextSize(frame=frame_bytes(context.system_prompt, context.summary))
+        size = size.extend(context.messages)
     return {
         "tenant": tenant,
         "id": conv_id,
@@ -126,6 +143,7 @@ def new_conversation(
         "active_run_id": None,
         "token_tally": tally_of(context.messages).model_dump(mode="json"),
         "pending_calls": stored_pending(context.messages),
+        "context_bytes": size.bytes,
     }
 
 
@@ -219,9 +237,51 @@ async def decode(rows: StoredRows | None) -> Loaded:
     return rows.decode()
 
 
+@dataclass(frozen=True)
+class DumpedContext:
+    """A context's message texts, dumped once (as :class:`JSONText` stores them), and its
+    size: what a writer of a whole context stores and counts."""
+
+    texts: tuple[Dumped, ...]
+    size: ContextSize
+
+    @classmethod
+    def of(
+        cls, system_prompt: str, summary: str, texts: Sequence[str] | Sequence[AnyMessage]
+    ) -> DumpedContext:
+        dumped = tuple(Dumped(t if isinstance(t, str) else dumps_message(t)) for t in texts)
+        size = ContextSize(
+            frame=frame_bytes(system_prompt, summary),
+            messages=sum(text_bytes(t) for t in dumped),
+            count=len(dumped),
+        )
+        return cls(dumped, size)
+
+    def check(self, max_bytes: int | None, what: str = "the context") -> None:
+        """:class:`LimitExceeded` (``max_body_bytes``) when the stored JSON would be larger
+        than ``max_bytes``: a GET of it could not be PUT back."""
+        if max_bytes is not None and self.size.bytes > max_bytes:
+            raise stored_too_large(self.size.bytes, max_bytes, what)
+
+
+def stored_too_large(actual: int, max_bytes: int, what: str = "the context") -> LimitExceeded:
+    return LimitExceeded(
+        "max_body_bytes",
+        max_bytes,
+        actual,
+        detail=f"{what} as stored — every field written out, as GET context answers it — "
+        f"would be {actual} bytes, more than max_body_bytes ({max_bytes}): a GET of it could "
+        "not be PUT back. Send fewer or shorter messages",
+    )
+
+
 async def insert_messages(
-    conn: AsyncConnection, tenant: str, conv_id: str, rows: Sequence[tuple[int, AnyMessage]]
+    conn: AsyncConnection,
+    tenant: str,
+    conv_id: str,
+    rows: Sequence[tuple[int, AnyMessage | Dumped]],
 ) -> None:
+    """Insert message rows, each a message or its :class:`Dumped` text."""
     if rows:
         await conn.execute(
             insert(context_messages),
@@ -230,7 +290,7 @@ async def insert_messages(
                     "tenant": tenant,
                     "conversation_id": conv_id,
                     "position": p,
-                    "body": dump_message(m),
+                    "body": m if isinstance(m, Dumped) else dump_message(m),
                 }
                 for p, m in rows
             ],
@@ -265,4 +325,12 @@ async def insert_transcript(
         )
 
 
-__all__ = ["Loaded", "StoreBase", "StoredRows", "child_key", "conversation_key"]
+__all__ = [
+    "DumpedContext",
+    "Loaded",
+    "StoreBase",
+    "StoredRows",
+    "child_key",
+    "conversation_key",
+    "stored_too_large",
+]

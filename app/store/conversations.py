@@ -13,16 +13,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 
-from sqlalchemy import String, delete, insert, literal, select, update
+from sqlalchemy import LargeBinary, String, cast, delete, func, insert, literal, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.agent.codec import dump_context, load_message
 from app.agent.messages import AnyMessage, Context, ToolResultMessage
+from app.agent.sizes import ContextSize, SizeBounds, frame_bytes
 from app.agent.tokens import tally_of
 from app.etag import IfMatch, sql_if_match, version_etag
 
 from ._sql import (
+    DumpedContext,
     Loaded,
     StoredRows,
     child_key,
@@ -34,10 +36,17 @@ from ._sql import (
     new_conversation,
     read_conversation,
     read_joined,
+    stored_too_large,
 )
 from .changes import TranscriptItem, stored_pending
 from .db import read_transaction, write_transaction
-from .errors import AlreadyExists, PreconditionFailed, UnsafeCut, conversation_not_found
+from .errors import (
+    AlreadyExists,
+    LimitExceeded,
+    PreconditionFailed,
+    UnsafeCut,
+    conversation_not_found,
+)
 from .listing import ListingStore, Search
 from .metadata import write_metadata
 from .tables import Conversation, context_messages, conversation_metadata, conversations, runs
@@ -120,13 +129,16 @@ class ConversationStore(ListingStore):
         messages: int | None = None,
         metadata: Mapping[str, str] | None = None,
         if_match: IfMatch | None = None,
+        bounds: SizeBounds | None = None,
     ) -> Conversation:
         """A new conversation with the source's context (or its first ``messages``), its
         metadata (or ``metadata``), and a transcript that starts with a ``forked`` entry.
 
         The messages and metadata are copied in SQL (``INSERT … SELECT``), never through
-        Python. :class:`UnsafeCut` when the cut would separate a tool call from its result;
-        404, then 412 for a stale ``if_match``; :class:`AlreadyExists` when ``new_id`` is taken.
+        Python; so is the size of the copied messages summed. :class:`UnsafeCut` when the cut
+        would separate a tool call from its result; 404, then 412 for a stale ``if_match``;
+        :class:`AlreadyExists` when ``new_id`` is taken; :class:`LimitExceeded` when the copy
+        would pass ``bounds`` (a source stored before its deployment lowered them).
         """
         now = self.clock.now()
         c = conversations.c
@@ -163,12 +175,23 @@ class ConversationStore(ListingStore):
                         f"(message {n} is a tool_result)",
                         messages=n,
                     )
+            size = ContextSize(
+                frame=frame_bytes(source.system_prompt, source.summary),
+                messages=await _stored_bytes(conn, tenant, source_id, first + n),
+                count=n,
+            )
+            if bounds is not None:
+                if n > bounds.max_messages:
+                    raise LimitExceeded("max_context_messages", bounds.max_messages, n)
+                if size.bytes > bounds.max_bytes:
+                    raise stored_too_large(size.bytes, bounds.max_bytes, "the forked context")
             values = new_conversation(
                 tenant,
                 new_id,
                 Context(system_prompt=source.system_prompt, summary=source.summary),
                 now=now,
                 transcript_seq=1,
+                size=size,
             )
             values.update(next_position=n, message_count=n, expires_at=None)
             # its pending calls: the source's when it copies the whole context, else those of
@@ -276,22 +299,29 @@ class ConversationStore(ListingStore):
         *,
         if_match: IfMatch | None = None,
         create: bool = False,
+        max_bytes: int | None = None,
     ) -> str:
         """Replace (``if_match``) or create (``create``, i.e. If-None-Match: *) the stored
         context, in one transaction; returns the new ETag.
 
         Raises :class:`NotFound` when replacing a conversation that does not exist and
         :class:`PreconditionFailed` when ``if_match`` is stale or ``create`` finds one (then
-        without ``current_etag``).
+        without ``current_etag``); :class:`LimitExceeded` before anything is written when the
+        stored JSON would be larger than ``max_bytes`` (defaults written out, a context is
+        larger stored than it may have been sent).
         """
         if create == (if_match is not None):
             raise ValueError("give exactly one of if_match and create")
+        dumped = DumpedContext.of(context.system_prompt, context.summary, context.messages)
+        dumped.check(max_bytes)
         now = self.clock.now()
         n = len(context.messages)
         async with write_transaction(self.engine) as conn:
             if create:
                 # The context_replaced entry below takes transcript seq 1.
-                values = new_conversation(tenant, conv_id, context, now=now, transcript_seq=1)
+                values = new_conversation(
+                    tenant, conv_id, context, now=now, transcript_seq=1, size=dumped.size
+                )
                 try:
                     await conn.execute(insert(conversations).values(values))
                 except IntegrityError:
@@ -318,6 +348,7 @@ class ConversationStore(ListingStore):
                             updated_at=now,
                             token_tally=tally_of(context.messages).model_dump(mode="json"),
                             pending_calls=stored_pending(context.messages),
+                            context_bytes=dumped.size.bytes,
                         )
                         .returning(
                             conversations.c.incarnation,
@@ -339,12 +370,30 @@ class ConversationStore(ListingStore):
                 )
             etag = version_etag(incarnation, version)
             await insert_messages(
-                conn, tenant, conv_id, [(first + i, m) for i, m in enumerate(context.messages)]
+                conn, tenant, conv_id, [(first + i, t) for i, t in enumerate(dumped.texts)]
             )
             replaced = {"etag": etag, "context": dump_context(context)}
             entry = TranscriptItem("context_replaced", False, replaced)
             await insert_transcript(conn, tenant, conv_id, None, seq, [entry], now)
         return etag
+
+
+async def _stored_bytes(conn: AsyncConnection, tenant: str, conv_id: str, below: int) -> int:
+    """The bytes of the stored message texts at positions below ``below``, summed in SQL."""
+    body = context_messages.c.body
+    length = (
+        func.octet_length(body)
+        if conn.dialect.name == "postgresql"
+        else func.length(cast(body, LargeBinary))
+    )
+    total = (
+        await conn.execute(
+            select(func.coalesce(func.sum(length), 0)).where(
+                *child_key(context_messages, tenant, conv_id), context_messages.c.position < below
+            )
+        )
+    ).scalar_one()
+    return int(total)
 
 
 __all__ = ["STALE", "ConversationStore", "Search"]

@@ -74,9 +74,13 @@ class LimitExceeded(StoreError):
     slug = "limit-exceeded"
     status = 422
 
-    def __init__(self, limit: str, maximum: int, actual: int | None = None) -> None:
+    def __init__(
+        self, limit: str, maximum: int, actual: int | None = None, *, detail: str | None = None
+    ) -> None:
         got = f" (got {actual})" if actual is not None else ""
-        super().__init__(f"{limit} is {maximum}{got}", limit=limit, maximum=maximum, actual=actual)
+        super().__init__(
+            detail or f"{limit} is {maximum}{got}", limit=limit, maximum=maximum, actual=actual
+        )
 
 
 class UnsafeCut(StoreError):

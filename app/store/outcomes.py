@@ -17,6 +17,7 @@ from sqlalchemy import case, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.agent.records import Result
+from app.agent.sizes import ContextSize
 from app.agent.tokens import TokenTally
 from app.etag import version_etag
 
@@ -83,6 +84,7 @@ class FinishingStore(StoreBase):
         plan: ContextWrite,
         entries: Sequence[TranscriptItem],
         tokens: TokenTally,
+        size: ContextSize | None,
         events: Sequence[EventRow] = (),
     ) -> RunOutcome:
         now = self.clock.now()
@@ -97,6 +99,7 @@ class FinishingStore(StoreBase):
         async with write_transaction(self.engine) as conn:
             row = None
             if store:
+                assert size is not None
                 row = (
                     await conn.execute(
                         update(conversations)
@@ -113,6 +116,7 @@ class FinishingStore(StoreBase):
                             token_tally=tokens.model_dump(mode="json"),
                             # from the result's last batch: O(last batch)
                             pending_calls=stored_pending(result.context.messages),
+                            context_bytes=size.bytes,
                         )
                         .returning(*returning)
                     )
@@ -188,6 +192,7 @@ class FinishingStore(StoreBase):
                 first_position=plan.next_position - len(result.context.messages),
                 next_position=plan.next_position,
                 tokens=tokens,
+                size=size,
             )
         return RunOutcome(
             status=status,

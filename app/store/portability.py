@@ -16,6 +16,7 @@ The document's parts, as plain JSON values (the API validates their shape):
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
@@ -27,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.etag import version_etag
 
-from ._sql import StoreBase, child_key, read_conversation
+from ._sql import DumpedContext, StoreBase, child_key, read_conversation
 from .changes import last_batch_of_bodies, stored_pending
 from .db import read_transaction, write_transaction
 from .errors import AlreadyExists, StoreError, conversation_not_found
@@ -166,17 +167,26 @@ class PortabilityStore(StoreBase):
         tenant: str,
         conv_id: str,
         document: Mapping[str, Any],
+        *,
+        max_bytes: int | None = None,
     ) -> str:
         """Write a validated export document under ``conv_id`` in one transaction; its ETag.
 
         The conversation gets a new incarnation (ETags never repeat) with the document's
         version; ``updated_at`` is the time of the import. :class:`AlreadyExists` when the id
-        is taken; then nothing is written.
+        is taken; :class:`LimitExceeded` when its context as stored would be larger than
+        ``max_bytes``; then nothing is written.
         """
         now = self.clock.now()
         conv = document["conversation"]
         context = document["context"]
         messages: Sequence[dict[str, Any]] = context["messages"]
+        dumped = DumpedContext.of(
+            context["system_prompt"],
+            context["summary"],
+            [json.dumps(m, ensure_ascii=False, separators=(",", ":")) for m in messages],
+        )
+        dumped.check(max_bytes, "the imported context")
         entries: Sequence[dict[str, Any]] = document["transcript"]
         incarnation = uuid.uuid4().hex
         version = int(conv["version"])
@@ -196,6 +206,7 @@ class PortabilityStore(StoreBase):
             "expires_at": conv.get("expires_at"),
             # the pending calls of the document's context, from its last batch alone
             "pending_calls": stored_pending(last_batch_of_bodies(messages)),
+            "context_bytes": dumped.size.bytes,
         }
         async with write_transaction(self.engine) as conn:
             try:
@@ -207,7 +218,7 @@ class PortabilityStore(StoreBase):
             if messages:
                 await conn.execute(
                     insert(context_messages),
-                    [{**key, "position": i, "body": m} for i, m in enumerate(messages)],
+                    [{**key, "position": i, "body": t} for i, t in enumerate(dumped.texts)],
                 )
             for run in document["runs"]:
                 await conn.execute(

@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.agent.codec import dump_messages
 from app.agent.messages import Context, UserMessage
 from app.agent.records import Result
+from app.agent.sizes import ContextSize, advance_size, size_of
 from app.agent.tokens import advance, tally_of
 from app.etag import IfMatch, if_match_holds
 
@@ -249,10 +250,13 @@ class RunStore(FinishingStore):
         store: bool,
         events: Sequence[EventRow] = (),
         answered: Mapping[str, Answered] | None = None,
+        size: ContextSize | None = None,
     ) -> RunOutcome:
         """Record a run's outcome in ONE write transaction, and return it.
 
         ``answered``: the pending calls the run's input answered, for the transcript.
+        ``size``: the size of ``result.context`` when the caller knows it (it checked it
+        against the bounds); otherwise advanced from ``base.size`` here (O(what changed)).
 
         When ``store`` is true the result's context replaces ``base`` if, and only if, the stored
         state is still ``base`` (same incarnation and version); otherwise nothing of the context
@@ -275,6 +279,14 @@ class RunStore(FinishingStore):
             if plan.rewritten or base.tokens is None
             else advance(base.tokens, len(base.context.messages), result)
         )
+        if not store:
+            size = None  # nothing of the context is written
+        elif plan.rewritten or (size is None and base.size is None):
+            ctx = result.context
+            size = size_of(ctx.system_prompt, ctx.summary, ctx.messages)
+        elif size is None:
+            assert base.size is not None
+            size = advance_size(base.size, len(base.context.messages), result)
         try:
             return await self._finish_run(
                 tenant,
@@ -286,6 +298,7 @@ class RunStore(FinishingStore):
                 plan=plan,
                 entries=entries,
                 tokens=tokens,
+                size=size,
                 events=events,
             )
         except _NotRunning:

@@ -41,6 +41,13 @@ __all__ = ["make_etag", "parse_etag"]  # re-exported: the ETag lives in app.etag
 # --- column types -------------------------------------------------------------------------
 
 
+class Dumped(str):
+    """JSON text already dumped as :class:`JSONText` would dump it: bound as it is (so a
+    writer that needs the text's size dumps a value once)."""
+
+    __slots__ = ()
+
+
 class JSONText(TypeDecorator[Any]):
     """Any JSON value, stored as compact JSON text and given back decoded."""
 
@@ -50,6 +57,8 @@ class JSONText(TypeDecorator[Any]):
     def process_bind_param(self, value: Any, dialect: Dialect) -> str | None:
         if value is None:
             return None
+        if isinstance(value, Dumped):
+            return str(value)
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
     def process_result_value(self, value: str | None, dialect: Dialect) -> Any:
@@ -153,6 +162,9 @@ class Conversation(SQLModel, table=True):
     active_run_id: str | None = Field(default=None, max_length=RUN_ID_LEN)
     # ``app.agent.tokens.TokenTally`` of the context's messages (null: not yet counted)
     token_tally: dict[str, Any] | None = Field(default=None, sa_type=JSONText)
+    #: the bytes of the context's JSON as GET context answers it (``app.agent.sizes``),
+    #: written by every write of the context (null: not yet counted)
+    context_bytes: int | None = Field(default=None, sa_type=BigInteger)
     #: when the retention sweeper deletes it (None: the deployment default, if any, applies)
     expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     #: the pending calls of the stored context — the unanswered calls of its last batch, each
