@@ -35,7 +35,6 @@ from app.store.repository import Loaded, Repository
 from app.store.tables import Conversation
 
 from .agents import AgentPool, UnknownAgent
-from .events import EventRecorder
 from .types import RunRequest
 
 
@@ -159,10 +158,14 @@ async def stored_pending_calls(
     return agent.pending_calls(Context(messages=tail))
 
 
-def announce(recorder: EventRecorder, result: Result) -> None:
-    """A run that paused says so in its event stream, right before ``run.finished``."""
+def required_action(result: Result) -> dict[str, Any] | None:
+    """What a run that paused asks for, as its ``run.requires_action`` event says it — right
+    before ``run.finished``, and only once the pause is stored
+    (:meth:`EventRecorder.close_paused`); None for a run that did not pause."""
     if result.status == "requires_action" and result.required_action is not None:
-        recorder.emit("run.requires_action", result.required_action.model_dump(mode="json"))
+        dumped: dict[str, Any] = result.required_action.model_dump(mode="json")
+        return dumped
+    return None
 
 
 def answered(request: RunRequest) -> dict[str, Answered]:
@@ -180,11 +183,11 @@ __all__ = [
     "BadClientTools",
     "PendingCallsUnanswered",
     "agent_input",
-    "announce",
     "answered",
     "checker",
     "dump_call",
     "refusal",
+    "required_action",
     "split_prompts",
     "stored_pending_calls",
 ]

@@ -225,6 +225,7 @@ class RunStore(FinishingStore):
         result: Result,
         store: bool,
         events: Sequence[EventRow] = (),
+        paused_events: Sequence[EventRow] | None = None,
         answered: Mapping[str, Answered] | None = None,
     ) -> RunOutcome:
         """Record a run's outcome in ONE write transaction, and return it.
@@ -243,7 +244,10 @@ class RunStore(FinishingStore):
         ``interrupted`` meanwhile writes nothing at all, and learns how it was recorded.
 
         The same transaction stores the run's last ``events`` (not yet written, with the
-        ``run.finished`` marker) and the webhook deliveries its outcome calls for (issue 13).
+        ``run.finished`` marker) and the webhook deliveries its outcome calls for (issue 13);
+        ``paused_events`` instead of ``events`` when given and the run is recorded
+        ``requires_action`` (they say ``run.requires_action`` before the marker: a pause whose
+        save ends ``conflicted`` is not announced).
         """
         plan = plan_context_write(base.context, base.first_position, base.next_position, result)
         entries = run_transcript(result, len(base.context.messages), plan, answered)
@@ -264,6 +268,7 @@ class RunStore(FinishingStore):
                 entries=entries,
                 tokens=tokens,
                 events=events,
+                paused_events=paused_events,
             )
         except _NotRunning:
             # The lease fences the write: only a run still ``running`` finishes. A run whose
