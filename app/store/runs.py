@@ -23,6 +23,7 @@ from app.agent.codec import dump_messages
 from app.agent.messages import Context, UserMessage
 from app.agent.records import Result
 from app.agent.tokens import advance, tally_of
+from app.errors import CarryoverError
 from app.etag import IfMatch, if_match_holds
 
 from ._sql import Loaded, StoredRows, child_key, conversation_key, decode, read_rows
@@ -33,7 +34,7 @@ from .errors import Conflict, PreconditionFailed, conversation_not_found, run_no
 from .events import EventRow
 from .idempotency import IdempotencyClaim, IdempotentReplay, claimed, insert_claim
 from .outcomes import FinishingStore, RunOutcome, RunStatus, _no_longer_running, _NotRunning
-from .quotas import admit
+from .quotas import QuotaExceeded, admit
 from .tables import Conversation, Run, conversations, runs
 
 OnFailure = Literal["keep", "discard"]
@@ -47,15 +48,36 @@ CachedContext = Callable[[str, str, str, int], Loaded | None]
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """A queued run refused when its turn came (app/store/queue.py): ``error`` is what a direct
+    start would have answered (a spent quota, a client-tool pre-check). ``mine``: the run of
+    the claiming request — dropped from the queue, the request answers ``error``; otherwise a
+    background run, recorded ``failed`` with it."""
+
+    tenant: str
+    conversation_id: str
+    run_id: str
+    agent: str
+    error: CarryoverError
+    mine: bool
+
+
+@dataclass(frozen=True)
 class StartedRun:
     """What :meth:`RunStore.start_run` did: started the run (``run`` and ``loaded``), found
-    the conversation busy (``active_run_id``), or found the answer already given (``replay``)."""
+    the conversation busy (``active_run_id``), or found the answer already given (``replay``).
+
+    A claim of the queue (app/store/queue.py) also says which queued runs it refused on the
+    way (``refused``), and ``deferred``: the head waits for one of the tenant's running runs
+    to end (its ``concurrent_runs`` quota is spent), nothing was started."""
 
     run: Run | None = None
     loaded: Loaded | None = None
     active_run_id: str | None = None
     replay: IdempotentReplay | None = None
     interrupted: str | None = None  # a run of a dead process whose lease this one took over
+    refused: tuple[Refusal, ...] = ()
+    deferred: QuotaExceeded | None = None
 
 
 class RunStore(FinishingStore):
@@ -81,6 +103,7 @@ class RunStore(FinishingStore):
             on_failure=on_failure,
             now=self.clock.now(),
         )
+        values["started_at"] = values["created_at"]
         async with write_transaction(self.engine) as conn:
             try:
                 await conn.execute(insert(runs).values(values))
@@ -179,6 +202,7 @@ class RunStore(FinishingStore):
                 lease_owner=owner,
                 lease_expires_at=now + timedelta(seconds=lease_seconds),
                 trace_id=trace_id,
+                started_at=now,
             )
             await conn.execute(insert(runs).values(values))
             if idempotency is not None:
@@ -311,6 +335,8 @@ def _run_values(
         "cancel_requested": False,
         "queue_seq": None,
         "wait_until": None,
+        "started_at": None,
+        "tool_inputs": None,
     }
 
 
@@ -318,6 +344,7 @@ __all__ = [
     "STALE_RUN",
     "CachedContext",
     "OnFailure",
+    "Refusal",
     "RunOutcome",
     "RunStatus",
     "RunStore",
