@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, insert, or_, select, update
+from sqlalchemy import and_, case, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.agent.messages import Context, UserMessage
@@ -329,6 +329,19 @@ class QueueStore(StoreBase):
                 )
             ).all()
         return frozenset(row.run_id for row in rows)
+
+    async def count_queued(self) -> tuple[int, int]:
+        """A read: the runs in status ``queued`` of every tenant, as ``(background,
+        waiting)`` — waiting: its client holds the request (a holder whose process died counts
+        there until a claim makes it a background run). One statement over the
+        ``ix_runs_status_lease`` range of ``queued``: O(queued runs), not O(runs)."""
+        waiting = func.sum(case((runs.c.lease_owner.is_not(None), 1), else_=0))
+        async with read_transaction(self.engine) as conn:
+            row = (
+                await conn.execute(select(func.count(), waiting).where(runs.c.status == "queued"))
+            ).first()
+        total, held = (int(row[0] or 0), int(row[1] or 0)) if row is not None else (0, 0)
+        return total - held, held
 
     async def ready_queues(self, *, limit: int = READY_BATCH) -> list[tuple[str, str]]:
         """Conversations where a claim would likely start a queued run that no client holds

@@ -3,7 +3,8 @@ runs", docs/operations.md "Quotas"), through HTTP on both engines: the tenant's 
 client-tool pre-check on the context it would run on. A refused run never runs: a request that
 waits for it answers the direct start's problem (429 ``quota-exceeded`` with its headers, 409
 ``tool-results-required``, 422 ``unexpected-tool-answer``) and leaves no record; a background
-run ends ``failed`` with that problem, and the queue goes on.
+run ends ``failed`` with that problem, and the queue goes on. ``carryover_queued_runs`` counts
+the database's queued runs at each scrape.
 
 Runs are held in flight with :class:`GatedProvider`, on a :class:`ManualClock` that never moves
 (the runs-per-minute window is exact); nothing is timed.
@@ -17,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.api.app import create_app
 from app.clock import ManualClock
@@ -95,6 +97,17 @@ async def ended(client: AppClient, run_id: str) -> dict[str, Any]:
     return await until(probe, what=f"run {run_id} to end")
 
 
+async def queued_metric(client: AppClient) -> dict[str, float]:
+    """``carryover_queued_runs`` by kind, as /metrics answers it."""
+    text = (await client.get("/metrics")).text
+    return {
+        sample.labels["kind"]: sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "carryover_queued_runs"
+        for sample in family.samples
+    }
+
+
 async def stored_texts(client: AppClient) -> list[str]:
     context = (await client.get("/conversations/conv/context")).json()
     return user_texts(context["messages"])
@@ -164,6 +177,7 @@ async def test_runs_per_minute_admits_exactly_n_of_a_queue_of_background_and_wai
         else:
             waiting[n] = asyncio.create_task(post_run(client, f"queued {n}", if_busy="enqueue"))
         await queued_count(client, n)  # in this arrival order
+    assert await queued_metric(client) == {"background": 3.0, "waiting": 2.0}
 
     gate.release_all()
     assert (await first).status_code == 201
@@ -195,6 +209,7 @@ async def test_runs_per_minute_admits_exactly_n_of_a_queue_of_background_and_wai
     assert await stored_texts(client) == ["held first", "queued 1", "queued 2"]
     assert [h.prompt for h in gate.held] == ["held first"]
     assert (await client.get("/conversations/conv")).json()["active_run_id"] is None
+    assert await queued_metric(client) == {"background": 0.0, "waiting": 0.0}
     usage = await assert_usage_matches_the_records(client, started=3)
     assert usage["quota"]["runs_last_minute"] == 3 and usage["quota"]["running"] == 0
 
@@ -280,6 +295,7 @@ async def test_a_queued_run_waits_out_the_tenants_concurrent_runs(
     problem = assert_problem(now, 429, "quota-exceeded")
     assert problem["limit"] == "concurrent_runs" and now.headers["retry-after"] == "1"
     assert (await records(client)).keys() >= {accepted.json()["run_id"]}
+    assert await queued_metric(client) == {"background": 1.0, "waiting": 1.0}
 
     gate.release_all()
     assert (await elsewhere).status_code == 201

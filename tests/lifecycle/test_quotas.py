@@ -153,5 +153,8 @@ async def test_two_processes_admit_exactly_the_runs_per_minute_of_one_queue(
         usage = (await on_b.get("/usage")).json()
         assert usage["days"][0]["runs"] == 3 and usage["quota"]["runs_last_minute"] == 3
         assert usage["days"][0]["input_tokens"] == sum(r["usage"]["input_tokens"] for r in records)
+        metrics = (await on_a.get("/metrics")).text
+        assert 'carryover_queued_runs{kind="background"} 0.0' in metrics
+        assert 'carryover_queued_runs{kind="waiting"} 0.0' in metrics
     cleared = quotas_cli(postgres_url, "clear", "--tenant", tenant)
     assert cleared.returncode == 0
