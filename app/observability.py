@@ -98,6 +98,15 @@ RUNS_IN_PROGRESS = Gauge(
     registry=REGISTRY,
     multiprocess_mode="livesum",
 )
+QUEUED_RUNS = Gauge(
+    "carryover_queued_runs",
+    "Runs in status queued, in the database (counted when /metrics is scraped: every replica "
+    "says the same), by kind: background (no client waits for it) or waiting (a client holds "
+    "its request open).",
+    ["kind"],
+    registry=REGISTRY,
+    multiprocess_mode="mostrecent",
+)
 PROVIDER_ATTEMPTS = Counter(
     "carryover_provider_attempts",
     "Provider requests (attempts), by provider and outcome.",
@@ -187,6 +196,12 @@ def observe_tokens(
 
 def observe_quota_refusal(limit: str) -> None:
     QUOTA_REFUSALS.labels(limit=_bounded(limit, QUOTA_LIMITS)).inc()
+
+
+def observe_queued(background: int, waiting: int) -> None:
+    """The database's queued runs, as counted now (:data:`QUEUED_RUNS`)."""
+    QUEUED_RUNS.labels(kind="background").set(background)
+    QUEUED_RUNS.labels(kind="waiting").set(waiting)
 
 
 def observe_provider_attempt(provider: str, outcome: str) -> None:

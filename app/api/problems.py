@@ -117,7 +117,34 @@ _RUN_PROBLEMS = {
         "The run's context would pass the stored-context limits",
         422,
     ),
+    # a background queued run refused when its turn came (docs/runs.md "Queued runs"): the
+    # problem a direct start would have answered, as the run's end
+    "quota_exceeded": ("run-quota-exceeded", "The tenant's quota was spent at the run's turn", 429),
+    "tool_results_required": (
+        "run-tool-results-required",
+        "The queued run left pending tool calls unanswered at its turn",
+        409,
+    ),
+    "unexpected_tool_answer": (
+        "run-unexpected-tool-answer",
+        "The queued run answered a tool call that was not pending at its turn",
+        422,
+    ),
+    "validation_error": ("run-invalid-request", "The queued run's request was not valid", 422),
 }
+#: run error codes with a problem type of their own (the others take their kind's)
+CODED_RUN_PROBLEMS = frozenset(
+    {
+        "max_turns",
+        "answer_too_large",
+        "run_deadline",
+        "context_too_large",
+        "quota_exceeded",
+        "tool_results_required",
+        "unexpected_tool_answer",
+        "validation_error",
+    }
+)
 #: run error kinds (and the statuses conflicted / interrupted) → their problem type
 RUN_PROBLEMS: dict[str, ProblemType] = {
     kind: _register(slug, title, status, run_error=True)

@@ -15,7 +15,7 @@ from app.service.pending import split_prompts
 from app.service.runs import FinishedRun, RunRequest
 from app.store.repository import RunRecord
 
-from .problems import PROBLEM_TYPES, run_problem_type
+from .problems import CODED_RUN_PROBLEMS, PROBLEM_TYPES, run_problem_type
 from .schemas import Conversation, RunCreate, RunProblem
 from .schemas import Run as RunBody
 
@@ -42,7 +42,7 @@ def run_problem(error: AttemptError | None, status: str) -> RunProblem | None:
         )
     if error is None:
         return None
-    coded = error.code in ("max_turns", "answer_too_large", "run_deadline", "context_too_large")
+    coded = error.code in CODED_RUN_PROBLEMS
     problem_type = run_problem_type(error.code if coded and error.code else error.kind)
     return RunProblem(
         type=problem_type.uri,

@@ -138,6 +138,7 @@ class EventRecorder:
         self._unwritten: list[EventRow] = []
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
+        self._paused: Any = None  # the required_action of a run that paused (close_paused)
 
     def start(self, data: dict[str, Any], *, background: bool = True) -> None:
         """``run.started`` (seq 1); with ``background``, the writer of batches starts."""
@@ -168,7 +169,7 @@ class EventRecorder:
         self._emit(name, data)
 
     def emit(self, name: str, data: Any) -> None:
-        """An event the service adds itself (``run.requires_action``, docs/tools.md)."""
+        """An event the service adds itself."""
         self._seal()
         self._emit(name, data)
 
@@ -219,16 +220,55 @@ class EventRecorder:
         """Stop writing in the background, and return the events not yet written, ending with
         the ``run.finished`` marker: the run's finish writes them with its outcome."""
         if self.finished_seq is None:
-            async with self._lock:  # never cancel a batch being written
-                if self._task is not None:
-                    self._task.cancel()
-            if self._task is not None:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._task
-                self._task = None
-            self._seal()
+            await self._stop()
             self.finished_seq = self._emit("run.finished", None, live=False)
         return list(self._unwritten)
+
+    async def close_paused(self, action: Any) -> tuple[list[EventRow], list[EventRow]]:
+        """:meth:`close` for a run that paused (``action``: its ``required_action``).
+
+        ``run.requires_action`` is said only if the pause is *stored*: a run whose save ends
+        ``conflicted`` never asked anything of the client. So two endings, and the finish
+        writes the one its outcome calls for: the events ending with ``run.finished`` (any
+        other outcome), and the same with ``run.requires_action`` right before it (the run
+        was stored ``requires_action``). Neither is streamed yet: :meth:`settle` does, once the
+        outcome is recorded."""
+        await self._stop()
+        tenant, conversation_id, run_id = self.key
+        now = self.clock.now()
+
+        def row(offset: int, name: str, data: Any) -> EventRow:
+            return EventRow(tenant, conversation_id, run_id, self.seq + offset, name, data, now)
+
+        self._paused = action
+        ended = [*self._unwritten, row(1, "run.finished", None)]
+        paused = [
+            *self._unwritten,
+            row(1, "run.requires_action", action),
+            row(2, "run.finished", None),
+        ]
+        return ended, paused
+
+    def settle(self, status: str) -> None:
+        """The run's outcome is recorded (``status``): after :meth:`close_paused`, number its
+        end as it was written, and stream ``run.requires_action`` live if the pause was
+        stored. (After :meth:`close`, nothing to do.)"""
+        if self.finished_seq is not None:
+            return
+        if self._paused is not None and status == "requires_action":
+            self._emit("run.requires_action", self._paused)
+        self.finished_seq = self._emit("run.finished", None, live=False)
+
+    async def _stop(self) -> None:
+        """Stop the writer of batches (never in the middle of one) and seal a pending delta."""
+        async with self._lock:  # never cancel a batch being written
+            if self._task is not None:
+                self._task.cancel()
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self._seal()
 
     def abandon(self) -> None:
         """The run ended without a finish (a bug or a cancelled loop): stop the writer."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from app.agent.messages import AttemptError, Context
@@ -19,7 +19,7 @@ from app.clock import Clock
 from app.config import Settings
 from app.observability import observe_interrupted
 from app.store.faults import classify
-from app.store.repository import Loaded, OnFailure, Repository
+from app.store.repository import EventRow, Loaded, OnFailure, Repository
 
 from . import pending, runlog
 from .bounds import refusal_of, refused
@@ -72,9 +72,14 @@ class Finishing:
                 result, store, size = refused(result, reason), False, None
         run = active.started.run
         assert run is not None
+        events: Sequence[EventRow] = ()
+        paused: Sequence[EventRow] | None = None  # the events if the pause is stored
         if active.recorder is not None:
-            pending.announce(active.recorder, result)
-        events = await active.recorder.close() if active.recorder is not None else ()
+            action = pending.required_action(result)
+            if action is not None:
+                events, paused = await active.recorder.close_paused(action)
+            else:
+                events = await active.recorder.close()
         started_at = self.clock.monotonic()
         try:
             outcome = await self._retrying(
@@ -87,6 +92,7 @@ class Finishing:
                     result=result,
                     store=store,
                     events=events,
+                    paused_events=paused,
                     answered=pending.answered(request) if request is not None else None,
                     size=size,
                 ),
@@ -104,6 +110,8 @@ class Finishing:
             )
             waited = self.clock.monotonic() - started_at
             raise OutcomeNotStored(active.run_id, result.status, fault, waited) from exc
+        if active.recorder is not None:
+            active.recorder.settle(outcome.status)  # run.requires_action only if it was stored
         self.contexts.saved(active.tenant, active.conversation_id, outcome)
         finished = FinishedRun(run, result, outcome)
         seconds = (

@@ -1,7 +1,9 @@
-"""What a finished run contributes to the Prometheus metrics."""
+"""What a finished run contributes to the Prometheus metrics, and the figures read from the
+database when the metrics are scraped (the queue's depth)."""
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 
 from app.agent.messages import AssistantMessage, ToolResultMessage, Usage
@@ -9,10 +11,27 @@ from app.agent.records import Result
 from app.observability import (
     observe_compaction,
     observe_provider_attempt,
+    observe_queued,
     observe_run,
     observe_tokens,
     observe_tool_call,
 )
+from app.store.repository import Repository
+
+log = logging.getLogger(__name__)
+
+
+async def observe_queue(repo: Repository) -> None:
+    """Set ``carryover_queued_runs`` from the database, at scrape time: the queue is shared by
+    every replica (a run queued by one is claimed by any), so only the database's count is
+    right; it is one indexed COUNT over the queued runs. A database that does not answer leaves
+    the last figure (the scrape itself still answers)."""
+    try:
+        background, waiting = await repo.count_queued()
+    except Exception as exc:  # the database is away: /metrics still answers
+        log.debug("counting queued runs failed (%s)", exc)
+        return
+    observe_queued(background, waiting)
 
 
 def _tokens(provider: str, usage: Usage) -> None:

@@ -11,16 +11,23 @@ service:
 - :func:`answered` says, for the transcript, which of a run's results answer pending calls
   (client results, approval decisions);
 - :func:`split_prompts` splits a request's ``prompts`` into the leading ``tool_result``
-  messages and the user messages.
+  messages and the user messages;
+- a queued run (app/service/queue.py) keeps its request's tool inputs with its row
+  (:func:`tool_inputs`, :func:`queued_request`), is pre-checked when it is queued for what does
+  not depend on the context (:func:`check_on_arrival`), and with :func:`checker` when its turn
+  comes, on the context it would then run on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
+from app.agent.codec import dump_messages, load_messages
 from app.agent.messages import Context, ToolResultMessage, UserMessage
 from app.agent.pending import (
+    Approval,
+    ClientTool,
     InvalidTools,
     PendingCall,
     ToolResultsRequired,
@@ -33,10 +40,9 @@ from app.agent.sizes import SizeBounds
 from app.errors import CarryoverError
 from app.store.changes import Answered, pending_blocks
 from app.store.repository import Loaded
-from app.store.tables import Conversation
+from app.store.tables import Conversation, Run
 
 from .agents import AgentPool, UnknownAgent
-from .events import EventRecorder
 from .types import RunRequest
 
 
@@ -146,6 +152,55 @@ def checker(agent: Agent, request: RunRequest) -> Callable[[Context], None]:
     return check
 
 
+def check_on_arrival(agent: Agent, request: RunRequest) -> None:
+    """What :func:`checker` refuses whatever the context: bad client tools or approval names
+    (a queued run is refused so when it arrives; the rest is checked when its turn comes)."""
+    try:
+        agent.check(
+            Input(
+                context=Context(),
+                client_tools=request.client_tools,
+                require_approval=request.require_approval,
+            )
+        )
+    except InvalidTools as exc:
+        raise BadClientTools(exc.field, exc.reason) from None
+
+
+def tool_inputs(request: RunRequest) -> dict[str, Any] | None:
+    """What a queued run keeps of its request besides its prompts (None: nothing)."""
+    if not (
+        request.client_tools
+        or request.require_approval
+        or request.tool_results
+        or request.approvals
+    ):
+        return None
+    return {
+        "client_tools": [t.model_dump(mode="json") for t in request.client_tools],
+        "require_approval": list(request.require_approval),
+        "tool_results": dump_messages(request.tool_results),
+        "approvals": [a.model_dump(mode="json") for a in request.approvals],
+    }
+
+
+def queued_request(run: Run) -> RunRequest:
+    """The request of a queued run, from its row (its prompts and :func:`tool_inputs`)."""
+    inputs = run.tool_inputs or {}
+    return RunRequest(
+        prompts=cast(tuple[UserMessage, ...], load_messages(run.prompts, "prompts")),
+        agent=run.agent,
+        on_failure="discard" if run.on_failure == "discard" else "keep",
+        client_tools=tuple(ClientTool.model_validate(t) for t in inputs.get("client_tools", ())),
+        require_approval=tuple(inputs.get("require_approval", ())),
+        tool_results=cast(
+            tuple[ToolResultMessage, ...],
+            load_messages(inputs.get("tool_results", []), "tool_results"),
+        ),
+        approvals=tuple(Approval.model_validate(a) for a in inputs.get("approvals", ())),
+    )
+
+
 def stored_pending_calls(
     agents: AgentPool, conv: Conversation, agent_name: str | None
 ) -> tuple[PendingCall, ...]:
@@ -162,10 +217,14 @@ def stored_pending_calls(
     return agent.classify(pending_blocks(conv.pending_calls))
 
 
-def announce(recorder: EventRecorder, result: Result) -> None:
-    """A run that paused says so in its event stream, right before ``run.finished``."""
+def required_action(result: Result) -> dict[str, Any] | None:
+    """What a run that paused asks for, as its ``run.requires_action`` event says it — right
+    before ``run.finished``, and only once the pause is stored
+    (:meth:`EventRecorder.close_paused`); None for a run that did not pause."""
     if result.status == "requires_action" and result.required_action is not None:
-        recorder.emit("run.requires_action", result.required_action.model_dump(mode="json"))
+        dumped: dict[str, Any] = result.required_action.model_dump(mode="json")
+        return dumped
+    return None
 
 
 def answered(request: RunRequest) -> dict[str, Answered]:
@@ -183,11 +242,14 @@ __all__ = [
     "BadClientTools",
     "PendingCallsUnanswered",
     "agent_input",
-    "announce",
     "answered",
+    "check_on_arrival",
     "checker",
     "dump_call",
+    "queued_request",
     "refusal",
+    "required_action",
     "split_prompts",
     "stored_pending_calls",
+    "tool_inputs",
 ]

@@ -9,6 +9,13 @@ polls where it stands with reads and is woken at once when a run of this process
 conversation ends; a background run is claimed by any process: the one whose run ends before it
 (at once), or the lease keeper's sweep (every tick) — so a queue goes on when the process that
 accepted it died.
+
+A claim admits the run as a direct start is admitted (app/store/queue.py): the tenant's quota,
+and the client-tool pre-check of its request (:func:`~app.service.pending.checker`) on the
+context it would run on — the request is kept with the queued row, so any process checks and
+runs what was asked. A refused run never runs: a request waiting for its run answers the
+refusal (429 ``quota-exceeded``, 409 ``tool-results-required``, 422
+``unexpected-tool-answer``); a background run ends ``failed`` with it.
 """
 
 from __future__ import annotations
@@ -19,17 +26,20 @@ import logging
 import math
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
-from app.agent.codec import load_messages
-from app.agent.messages import UserMessage
+from app import telemetry
+from app.agent.messages import Context
 from app.clock import Clock
 from app.config import Settings
 from app.etag import IfMatch
+from app.observability import observe_quota_refusal
 from app.store.errors import conversation_not_found
+from app.store.quotas import QuotaExceeded
 from app.store.repository import IdempotencyClaim, Repository, RunRecord, StartedRun
 from app.store.tables import Run
 
+from . import pending, runlog
 from .errors import Busy, ShuttingDown
 from .types import ActiveRun, Replayed, RunRequest
 
@@ -91,13 +101,16 @@ class Queueing:
         conversation_id: str,
         request: RunRequest,
         *,
+        agent: Agent,
         run_id: str,
         if_match: IfMatch | None,
         claim: IdempotencyClaim | None,
         respond_async: bool,
     ) -> StartedRun | Replayed | QueuedRun | EndedUnrun:
         """Join the queue; the started run (this request's) once it is its turn — at once,
-        or after waiting (a held request) — or, for a background request, the queued run."""
+        or after waiting (a held request) — or, for a background request, the queued run.
+        Refused when it arrives (a spent quota, bad client tools) or when its turn comes (a
+        spent quota, the pre-check on the context it would run on): nothing of it stays."""
         wait = request.if_busy == "wait" and not respond_async  # nobody waits in background
         queued = await self.repo.enqueue_run(
             tenant,
@@ -114,6 +127,9 @@ class Queueing:
             reject_if_busy=request.if_busy == "reject",
             idempotency=claim,
             respond_async=respond_async,
+            tool_inputs=pending.tool_inputs(request),
+            arrival_check=lambda: pending.check_on_arrival(agent, request),
+            check=self._claim_check,
         )
         if queued.replay is not None:
             return Replayed(queued.replay.status_code, queued.replay.response)
@@ -122,7 +138,7 @@ class Queueing:
             raise Busy(
                 queued.busy, retry_after=await self._busy_retry_after(tenant, conversation_id)
             )
-        mine = self._mine(queued.started, run_id)
+        mine = self._mine(queued.started, run_id)  # raises this run's refusal
         if mine is not None:
             return mine
         assert queued.run is not None
@@ -133,16 +149,51 @@ class Queueing:
 
     def _mine(self, started: StartedRun | None, run_id: str) -> StartedRun | None:
         """The claim's run when it is ``run_id``; another run it started is run here in the
-        background (a queue head nobody held)."""
+        background (a queue head nobody held). The claim's refusal of ``run_id`` is raised
+        (it left the queue: its request answers it as a direct start would)."""
         if started is None:
             return None
-        if started.run is None:  # it only freed the conversation of a dead process's run
+        if started.run is None:  # it freed the conversation of a dead process's run, refused
             self._took_over(started)
-            return None
-        if started.run.run_id == run_id:
+        elif started.run.run_id == run_id:
+            self._refused(started)  # background runs before it
             return started
-        self._launch(started)
+        else:
+            self._launch(started)  # the queue went on (after this request's run, refused)
+        self._refused(started)
         return None
+
+    def _claim_check(self, run: Run, context: Context) -> None:
+        """The pre-check of a queued run when its turn comes (as :func:`pending.checker` on
+        a direct start), on the context it would run on."""
+        agent = self._agent_or_none(run.agent)
+        if agent is None:
+            return  # no such profile here: it starts and fails, saying so (as before)
+        pending.checker(agent, pending.queued_request(run))(context)
+
+    def _refused(self, started: StartedRun) -> None:
+        """Say what a claim refused: a background run (recorded ``failed``) is logged and
+        counted here; the claiming request's own run is raised (its request answers it, and
+        :meth:`RunManager.start` logs and counts it)."""
+        mine = None
+        for refused in started.refused:
+            if refused.mine:
+                mine = refused.error
+                continue
+            if isinstance(refused.error, QuotaExceeded):
+                observe_quota_refusal(refused.error.limit)
+            runlog.run_refused(
+                run_id=refused.run_id,
+                conversation_id=refused.conversation_id,
+                tenant=refused.tenant,
+                agent=refused.agent,
+                problem=refused.error.slug,
+                http_status=refused.error.status,
+                detail=refused.error.detail,
+                trace_id=telemetry.current_trace_id(),
+            )
+        if mine is not None:
+            raise mine
 
     async def _wait_until_free(
         self, tenant: str, conversation_id: str, run_id: str, deadline: float | None
@@ -150,16 +201,23 @@ class Queueing:
         """A held request waits for its queued run's turn: reads where it stands, claims when
         it can start (``deadline``: the ``if_busy: wait`` bound, then 409)."""
         waiter = self.waiting[run_id] = _Waiter(tenant, conversation_id)
+        # the last claim left the run queued for the tenant's concurrent_runs: past the bound
+        # the request answers that (429), not 409
+        deferred: QuotaExceeded | None = None
         try:
             while True:
                 remaining = math.inf if deadline is None else deadline - self.clock.monotonic()
                 if remaining <= 0 and await self.repo.leave_queue(tenant, conversation_id, run_id):
+                    if deferred is not None:
+                        raise deferred
                     holder = await self.repo.lease_holder(tenant, conversation_id)
                     raise Busy(
                         holder or run_id,
                         retry_after=await self._busy_retry_after(tenant, conversation_id),
                     )
-                pause = min(self.tick / 4, remaining) if remaining > 0 else self.tick / 4
+                # a run waiting for a concurrent_runs place tries a claim (a write) once a tick
+                step = self.tick if deferred is not None else self.tick / 4
+                pause = min(step, remaining) if remaining > 0 else step
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(waiter.wake.wait(), pause)
                 waiter.wake.clear()
@@ -187,7 +245,9 @@ class Queueing:
                     owner=self.owner,
                     lease_seconds=self.settings.lease_seconds,
                     mine=run_id,
+                    check=self._claim_check,
                 )
+                deferred = started.deferred if started is not None else None
                 mine = self._mine(started, run_id)
                 if mine is not None:
                     return mine
@@ -219,11 +279,7 @@ class Queueing:
         assert run is not None and started.loaded is not None
         self.queues.add((run.tenant, run.conversation_id))
         self._took_over(started)
-        request = RunRequest(
-            prompts=cast(tuple[UserMessage, ...], load_messages(run.prompts, "prompts")),
-            agent=run.agent,
-            on_failure="discard" if run.on_failure == "discard" else "keep",
-        )
+        request = pending.queued_request(run)
         active = ActiveRun(run.tenant, run.conversation_id, run.run_id, started, events=None)
         self._spawn(active, self._agent_or_none(run.agent), request)
 
@@ -247,23 +303,34 @@ class Queueing:
     async def _claim_background(
         self, tenant: str, conversation_id: str, repo: Repository | None = None
     ) -> None:
+        await self._claim_background_run(tenant, conversation_id, repo)
+
+    async def _claim_background_run(
+        self, tenant: str, conversation_id: str, repo: Repository | None = None
+    ) -> bool:
+        """Claim the conversation's head if it is a background run; True when it waits for
+        a ``concurrent_runs`` place of its tenant (nothing started)."""
         repo = repo or self.repo
         if self.closing:
-            return
+            return False
         if not await repo.has_queue(tenant, conversation_id):
             self.queues.discard((tenant, conversation_id))
-            return
+            return False
         started = await repo.claim_next(
             tenant,
             conversation_id,
             owner=self.owner,
             lease_seconds=self.settings.lease_seconds,
             mine=None,
+            check=self._claim_check,
         )
         if started is not None and started.run is not None:
             self._launch(started)
         elif started is not None:
             self._took_over(started)
+        if started is not None:
+            self._refused(started)  # background runs only: none is this process's request
+        return started is not None and started.deferred is not None
 
     async def _sweep_queues(self, *, claim: bool = True) -> None:
         """The keeper's tick: renew the holds of this process's waiting requests, and (with
@@ -275,8 +342,12 @@ class Queueing:
             )
         if self.closing or not claim:
             return
+        waiting: set[str] = set()  # tenants whose concurrent_runs are spent: one claim a tick
         for tenant, conversation_id in await self.lease_repo.ready_queues():
-            await self._claim_background(tenant, conversation_id, self.lease_repo)
+            if tenant in waiting:
+                continue
+            if await self._claim_background_run(tenant, conversation_id, self.lease_repo):
+                waiting.add(tenant)
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:

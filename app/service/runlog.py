@@ -125,10 +125,12 @@ def run_refused(
     http_status: int,
     detail: str,
     trace_id: str | None = None,
+    run_id: str | None = None,
 ) -> None:
-    emit(
-        logging.INFO,
-        "run.refused",
+    """A request refused before its run started — or, with ``run_id``, a background queued run
+    refused when its turn came (it ended ``failed``; docs/runs.md "Queued runs")."""
+    fields: dict[str, Any] = {"run_id": run_id} if run_id is not None else {}
+    fields.update(
         {
             "conversation_id": conversation_id,
             "tenant": tenant,
@@ -137,5 +139,6 @@ def run_refused(
             "http_status": http_status,
             "detail": detail,
             "trace_id": trace_id,
-        },
+        }
     )
+    emit(logging.INFO, "run.refused", fields)

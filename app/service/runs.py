@@ -148,6 +148,7 @@ class RunManager(LeaseKeeping, Queueing, Finishing, Compacting):
                 tenant,
                 conversation_id,
                 request,
+                agent=agent,
                 run_id=run_id,
                 if_match=if_match,
                 claim=claim,

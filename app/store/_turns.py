@@ -16,8 +16,10 @@ from sqlalchemy import and_, bindparam, delete, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ._sql import child_key
+from .events import EventRow, insert_events
 from .leases import interrupt
 from .tables import idempotency_keys, runs
+from .webhooks import enqueue_deliveries
 
 #: the answer kept for an Idempotency-Key of a run whose request did not wait for it (a
 #: background run, or one whose client went away while it was queued): a repeat answers the
@@ -184,12 +186,49 @@ async def cancel_queued(
     return True
 
 
+async def fail_queued(
+    conn: AsyncConnection,
+    tenant: str,
+    conv_id: str,
+    run_id: str,
+    error: dict[str, Any],
+    now: datetime,
+) -> bool:
+    """A background queued run refused when its turn came (a spent quota, a client-tool
+    pre-check) ends ``failed`` without running, with ``error`` (its problem): nothing stored,
+    no transcript entry (its prompts were never admitted). Like any end, its ``run.finished``
+    event and the deliveries of ``run.failed`` are written with it; its Idempotency-Key
+    answers its record. False when it is not queued."""
+    done = await conn.execute(
+        update(runs)
+        .where(
+            *child_key(runs, tenant, conv_id), runs.c.run_id == run_id, runs.c.status == "queued"
+        )
+        .values(
+            status="failed",
+            finished_at=now,
+            error=error,
+            queue_seq=None,
+            wait_until=None,
+            lease_owner=None,
+            lease_expires_at=None,
+        )
+    )
+    if not done.rowcount:
+        return False
+    await answer_async(conn, tenant, conv_id, run_id)
+    await insert_events(conn, [EventRow(tenant, conv_id, run_id, 1, "run.finished", None, now)])
+    await enqueue_deliveries(conn, tenant, conv_id, run_id, "failed", now)
+    return True
+
+
 __all__ = [
     "ASYNC_ANSWER_KEY",
     "answer_async",
     "async_answer",
     "cancel_queued",
     "drop_queued",
+    "fail_queued",
     "live",
     "next_queue_seq",
     "queue_ahead",

@@ -86,6 +86,7 @@ class FinishingStore(StoreBase):
         tokens: TokenTally,
         size: ContextSize | None,
         events: Sequence[EventRow] = (),
+        paused_events: Sequence[EventRow] | None = None,
     ) -> RunOutcome:
         now = self.clock.now()
         key = conversation_key(tenant, conv_id)
@@ -180,6 +181,8 @@ class FinishingStore(StoreBase):
             await settle(conn, tenant, now, result.usage)
             first_seq = row.transcript_seq - len(entries) + 1
             await insert_transcript(conn, tenant, conv_id, run_id, first_seq, entries, now)
+            if status == "requires_action" and paused_events is not None:
+                events = paused_events  # the pause is stored: it is announced
             await insert_events(conn, events)
             await enqueue_deliveries(conn, tenant, conv_id, run_id, status, now)
         saved = None

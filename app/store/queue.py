@@ -17,19 +17,31 @@ Two kinds of queued runs:
   a background run: it was acknowledged as queued.
 - *background*: no holder (``Prefer: respond-async``). Any process claims it once it is the head
   and the conversation is free.
+
+A claim admits the run as a direct start does, in its transaction: the tenant's quota
+(:func:`~app.store.quotas.refusal`, the quota row locked on PostgreSQL, so replicas cannot
+overspend together) and the caller's pre-check of the run's request on the context it would
+run on (client tools, docs/tools.md). A refused run never becomes ``running``: the claiming
+request's own run is dropped from the queue (its request answers the refusal, as a direct
+start would), a background run ends ``failed`` with the refusal as its problem, and the claim
+goes on with the next run. A spent ``concurrent_runs`` quota is waited out instead: the head
+stays queued (``deferred``) until one of the tenant's runs ends — unless the claiming request
+asked not to wait (``if_busy: reject``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import and_, insert, or_, select, update
+from sqlalchemy import and_, case, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.agent.messages import UserMessage
+from app.agent.messages import Context, UserMessage
 from app.clock import Clock
+from app.errors import CarryoverError
 from app.etag import IfMatch, if_match_holds
 
 from ._sql import StoreBase, child_key, conversation_key, read_context
@@ -38,6 +50,7 @@ from ._turns import (
     answer_async,
     async_answer,
     drop_queued,
+    fail_queued,
     live,
     next_queue_seq,
     queue_ahead,
@@ -47,11 +60,19 @@ from ._turns import (
 from .db import read_transaction, write_transaction
 from .errors import PreconditionFailed, conversation_not_found
 from .idempotency import IdempotencyClaim, IdempotentReplay, claimed, insert_claim
-from .runs import STALE_RUN, OnFailure, StartedRun, _run_values
+from .quotas import QuotaExceeded, count_start, refusal
+from .runs import STALE_RUN, OnFailure, Refusal, StartedRun, _run_values
 from .tables import Conversation, Run, conversations, runs
 
 #: how many conversations with queued runs one sweep looks at
 READY_BATCH = 100
+#: the limits a run is refused for when it is queued (a spent ``concurrent_runs`` is waited out)
+ENQUEUE_LIMITS = ("tokens_per_day", "runs_per_minute")
+
+ClaimCheck = Callable[[Run, Context], None]
+"""The pre-check of a queued run when its turn comes: the run's row and the context it would
+run on; what it raises (a :class:`CarryoverError`) refuses the run (client tools and approvals:
+app/service/pending.py)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +83,8 @@ class Queued:
     once: then ``started`` is it). ``started`` may also be another run: the head of the queue,
     left by a process that went away, which this process claimed on the way and must run.
     ``busy``: refused (``if_busy: reject``) because of this run. ``replay``: the key's answer.
+    ``run`` is None when the claim refused the request's run (``started.refused``): it was
+    removed, and the request answers the refusal.
     """
 
     run: Run | None = None
@@ -96,16 +119,26 @@ class QueueStore(StoreBase):
         reject_if_busy: bool = False,
         idempotency: IdempotencyClaim | None = None,
         respond_async: bool = False,
+        tool_inputs: dict[str, Any] | None = None,
+        arrival_check: Callable[[], None] | None = None,
+        check: ClaimCheck | None = None,
     ) -> Queued:
         """Queue a run at the end of the conversation's queue and, when its turn is now, claim
         it — one write transaction.
 
         Refusals first, as for any run: :class:`NotFound`, the key's answer (or its refusals),
         :class:`PreconditionFailed` when ``if_match`` does not hold *now* (a queued run then
-        runs on whatever context its predecessors leave). ``held``: the request's client waits
-        for it (this process claims it); ``wait_seconds``: an ``if_busy: wait`` bound;
-        ``reject_if_busy``: nothing is queued when the conversation is busy or has a queue.
-        ``respond_async``: the key's answer is kept at once (repeats answer the run's record).
+        runs on whatever context its predecessors leave), busy (``reject_if_busy``), then
+        :class:`QuotaExceeded` when the tenant's ``tokens_per_day`` or ``runs_per_minute`` is
+        spent *now* (nothing is queued: the client learns at once). ``held``: the request's
+        client waits for it (this process claims it); ``wait_seconds``: an ``if_busy: wait``
+        bound; ``reject_if_busy``: nothing is queued when the conversation is busy or has a
+        queue. ``respond_async``: the key's answer is kept at once (repeats answer the run's
+        record). ``arrival_check`` refuses (raises) what is wrong whatever the context, after
+        the quota; ``tool_inputs`` are kept with the run; ``check`` is the claim's pre-check.
+
+        A claim that refuses this run (``started.refused`` names it ``mine``) removed it: the
+        request answers the refusal, and ``run`` is None.
         """
         async with write_transaction(self.engine) as conn:
             locked = await _lock(conn, tenant, conv_id, self.clock)
@@ -125,6 +158,11 @@ class QueueStore(StoreBase):
                 busy = busy or await queue_ahead(conn, tenant, conv_id, now)
                 if busy is not None:
                     return Queued(busy=busy)
+            spent = await refusal(conn, tenant, now, limits=ENQUEUE_LIMITS, lock=False)
+            if spent is not None:
+                raise spent
+            if arrival_check is not None:
+                arrival_check()
 
             values = _run_values(
                 tenant,
@@ -140,6 +178,7 @@ class QueueStore(StoreBase):
                 status="queued",
                 queue_seq=await next_queue_seq(conn, tenant, conv_id),
                 wait_until=None if wait_seconds is None else now + timedelta(seconds=wait_seconds),
+                tool_inputs=tool_inputs or None,
             )
             if held:
                 values.update(
@@ -151,26 +190,44 @@ class QueueStore(StoreBase):
                 if respond_async:
                     await answer_async(conn, tenant, conv_id, run_id)
             started = await _claim(
-                conn, conv, now, owner=owner, lease_seconds=lease_seconds, mine=run_id
+                conn,
+                conv,
+                now,
+                owner=owner,
+                lease_seconds=lease_seconds,
+                mine=run_id,
+                check=check,
+                reject=reject_if_busy,
             )
+        if started is not None and any(r.mine for r in started.refused):
+            return Queued(started=started)
         mine = Run(**values)
         if started is not None and started.run is not None and started.run.run_id == run_id:
             mine = started.run
         return Queued(run=mine, started=started)
 
     async def claim_next(
-        self, tenant: str, conv_id: str, *, owner: str, lease_seconds: float, mine: str | None
+        self,
+        tenant: str,
+        conv_id: str,
+        *,
+        owner: str,
+        lease_seconds: float,
+        mine: str | None,
+        check: ClaimCheck | None = None,
     ) -> StartedRun | None:
         """Claim the head of the conversation's queue when the conversation is free: the run
-        ``mine`` (a request of this process that waits for it) or a background run. None when
-        it is not this process's turn to start anything."""
+        ``mine`` (a request of this process that waits for it) or a background run, admitted
+        (the tenant's quota, ``check``). None when it is not this process's turn to start
+        anything; ``refused`` names the runs refused on the way, ``deferred`` a head that waits
+        for the tenant's ``concurrent_runs``."""
         async with write_transaction(self.engine) as conn:
             locked = await _lock(conn, tenant, conv_id, self.clock)
             if locked is None:
                 return None
             conv, now = locked
             return await _claim(
-                conn, conv, now, owner=owner, lease_seconds=lease_seconds, mine=mine
+                conn, conv, now, owner=owner, lease_seconds=lease_seconds, mine=mine, check=check
             )
 
     async def has_queue(self, tenant: str, conv_id: str) -> bool:
@@ -273,6 +330,19 @@ class QueueStore(StoreBase):
             ).all()
         return frozenset(row.run_id for row in rows)
 
+    async def count_queued(self) -> tuple[int, int]:
+        """A read: the runs in status ``queued`` of every tenant, as ``(background,
+        waiting)`` — waiting: its client holds the request (a holder whose process died counts
+        there until a claim makes it a background run). One statement over the
+        ``ix_runs_status_lease`` range of ``queued``: O(queued runs), not O(runs)."""
+        waiting = func.sum(case((runs.c.lease_owner.is_not(None), 1), else_=0))
+        async with read_transaction(self.engine) as conn:
+            row = (
+                await conn.execute(select(func.count(), waiting).where(runs.c.status == "queued"))
+            ).first()
+        total, held = (int(row[0] or 0), int(row[1] or 0)) if row is not None else (0, 0)
+        return total - held, held
+
     async def ready_queues(self, *, limit: int = READY_BATCH) -> list[tuple[str, str]]:
         """Conversations where a claim would likely start a queued run that no client holds
         (a background run, or one whose holder's process died) — a read. The sweep claims their
@@ -337,13 +407,25 @@ async def _claim(
     owner: str,
     lease_seconds: float,
     mine: str | None,
+    check: ClaimCheck | None = None,
+    reject: bool = False,
 ) -> StartedRun | None:
     """Under the conversation's lock: start the head of its queue if it is this process's to
-    start (see the module's docstring), dropping waiters that gave up on the way."""
+    start (see the module's docstring), dropping waiters that gave up on the way, and admit
+    it — or refuse it and go on with the next (``reject``: ``mine`` does not wait for a
+    ``concurrent_runs`` slot)."""
     tenant, conv_id = conv.tenant, conv.id
     busy, interrupted = await take_free(conn, tenant, conv_id, conv.active_run_id, now)
     if busy is not None:
         return None
+    refused: list[Refusal] = []
+    loaded = None
+
+    def nothing(deferred: QuotaExceeded | None = None) -> StartedRun | None:
+        if interrupted is None and not refused and deferred is None:
+            return None
+        return StartedRun(interrupted=interrupted, refused=tuple(refused), deferred=deferred)
+
     while True:
         head = (
             (
@@ -355,7 +437,7 @@ async def _claim(
             .first()
         )
         if head is None:
-            return StartedRun(interrupted=interrupted) if interrupted else None
+            return nothing()
         held = head["lease_owner"] is not None
         alive = held and head["lease_expires_at"] is not None and head["lease_expires_at"] > now
         gave_up = head["wait_until"] is not None and head["wait_until"] <= now
@@ -363,10 +445,35 @@ async def _claim(
             await drop_queued(conn, tenant, conv_id, head["run_id"])
             continue
         if alive and head["run_id"] != mine:
-            return None  # its holder starts it
+            return nothing()  # its holder starts it
         if held and not alive:  # its client's process died: it is a background run now
             await answer_async(conn, tenant, conv_id, head["run_id"])
-        break
+        # Admission, as for a direct start (app/store/runs.py): the quota first, then the
+        # pre-check of the request on the context it would run on.
+        is_mine = head["run_id"] == mine
+        error: CarryoverError | None = await refusal(conn, tenant, now)
+        if (
+            isinstance(error, QuotaExceeded)
+            and error.limit == "concurrent_runs"
+            and not (reject and is_mine)
+        ):
+            return nothing(deferred=error)  # waited out: one of the tenant's runs ends soon
+        if error is None and check is not None:
+            if loaded is None:
+                loaded = await read_context(conn, conv)
+            try:
+                check(Run(**head), loaded.context)
+            except CarryoverError as exc:
+                error = exc
+        if error is None:
+            break
+        refused.append(Refusal(tenant, conv_id, head["run_id"], head["agent"], error, is_mine))
+        if is_mine:  # its request answers the refusal; nothing of it stays
+            await drop_queued(conn, tenant, conv_id, head["run_id"])
+            mine = None  # the queue goes on: a background run after it may start here
+        else:
+            await fail_queued(conn, tenant, conv_id, head["run_id"], refusal_error(error), now)
+    await count_start(conn, tenant, now)
     claimed_values = {
         "status": "running",
         "base_etag": conv.etag,
@@ -374,6 +481,7 @@ async def _claim(
         "lease_expires_at": now + timedelta(seconds=lease_seconds),
         "queue_seq": None,
         "wait_until": None,
+        "started_at": now,
     }
     await conn.execute(
         update(runs)
@@ -389,9 +497,32 @@ async def _claim(
         .where(*conversation_key(tenant, conv_id))
         .values(active_run_id=head["run_id"])
     )
-    loaded = await read_context(conn, conv)
+    if loaded is None:
+        loaded = await read_context(conn, conv)
     run = Run(**{**head, **claimed_values})
-    return StartedRun(run=run, loaded=loaded, interrupted=interrupted)
+    return StartedRun(run=run, loaded=loaded, interrupted=interrupted, refused=tuple(refused))
 
 
-__all__ = ["ASYNC_ANSWER_KEY", "READY_BATCH", "QueueState", "QueueStore", "Queued", "async_answer"]
+def refusal_error(error: CarryoverError) -> dict[str, Any]:
+    """The ``error`` of a background run refused when its turn came: ``code`` is the slug of
+    the problem a direct start would have answered (``quota_exceeded``,
+    ``tool_results_required``, ``unexpected_tool_answer``, …), ``message`` its detail."""
+    return {
+        "kind": "fatal",
+        "message": f"refused when its turn came, nothing ran: {error.detail}",
+        "status": None,
+        "code": error.slug.replace("-", "_"),
+    }
+
+
+__all__ = [
+    "ASYNC_ANSWER_KEY",
+    "ENQUEUE_LIMITS",
+    "READY_BATCH",
+    "ClaimCheck",
+    "QueueState",
+    "QueueStore",
+    "Queued",
+    "async_answer",
+    "refusal_error",
+]

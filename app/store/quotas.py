@@ -1,18 +1,21 @@
 """Per-tenant quotas and usage (docs/operations.md "Quotas").
 
-:func:`admit` runs inside the transaction of :meth:`RunStore.start_run` that takes the lease:
+:func:`admit` runs inside the transaction that takes a run's lease — :meth:`RunStore.start_run`
+for a direct start, the claim of a queued run (:mod:`.queue`) for a queued or background one:
 on PostgreSQL it locks the tenant's quota row first, so the run starts of one tenant are
 serialised across every replica and none can overspend with another; SQLite's write lock
 serialises them anyway. A spent quota raises :class:`QuotaExceeded` (429 ``quota-exceeded``)
-and the transaction rolls back: nothing runs, nothing is written. Admitted, the run counts in
-the tenant's day. :func:`settle` adds a run's tokens when it ends, in the transaction that
-records its outcome — a run that overshoots the day's tokens is recorded; the next one is
-refused.
+and the transaction rolls back: nothing runs, nothing is written (a claim asks
+:func:`refusal` instead, and decides what becomes of the queued run). Admitted, the run counts
+in the tenant's day (:func:`count_start`). :func:`settle` adds a run's tokens when it ends, in
+the transaction that records its outcome — a run that overshoots the day's tokens is recorded;
+the next one is refused.
 
 The limits:
 
-- ``runs_per_minute``: runs started in the last 60 seconds (a sliding window over the run
-  rows; the count is at most the limit, so it costs O(limit));
+- ``runs_per_minute``: runs *started* in the last 60 seconds (a sliding window over the run
+  rows' ``started_at``: a queued run counts from its claim, not its arrival; the count is at
+  most the limit, so it costs O(limit));
 - ``concurrent_runs``: runs of the tenant running with a live lease;
 - ``tokens_per_day``: input + output tokens of runs ended this UTC day.
 """
@@ -161,8 +164,8 @@ async def _state(
     since = now - WINDOW
     window = (
         await conn.execute(
-            select(func.count(), func.min(runs.c.created_at)).where(
-                runs.c.tenant == tenant, runs.c.created_at > since
+            select(func.count(), func.min(runs.c.started_at)).where(
+                runs.c.tenant == tenant, runs.c.started_at > since
             )
         )
     ).first()
@@ -189,24 +192,50 @@ async def _state(
     return int(window[0]), int(running), int(usage or 0), oldest
 
 
+async def refusal(
+    conn: AsyncConnection,
+    tenant: str,
+    now: datetime,
+    *,
+    limits: Sequence[str] = LIMITS,
+    lock: bool = True,
+) -> QuotaExceeded | None:
+    """Why a run of ``tenant`` may not start now (the first of ``limits`` that is spent), or
+    None. With ``lock`` (a start: inside the lease's transaction) the tenant's quota row is
+    locked on PostgreSQL, so one tenant's starts are decided one at a time on every replica."""
+    stmt = select(tenant_quotas).where(tenant_quotas.c.tenant == tenant)
+    if lock and conn.dialect.name == "postgresql":
+        stmt = stmt.with_for_update()  # one tenant's starts, one at a time, on every replica
+    row = (await conn.execute(stmt)).first()
+    if row is None:
+        return None
+    quota = _quota(row)
+    in_window, running, tokens, oldest = await _state(conn, tenant, now, quota)
+    if "tokens_per_day" in limits and quota.tokens_per_day is not None:
+        if tokens >= quota.tokens_per_day:
+            return QuotaExceeded(tenant, "tokens_per_day", quota, tokens, _seconds_to_midnight(now))
+    if "runs_per_minute" in limits and quota.runs_per_minute is not None:
+        if in_window >= quota.runs_per_minute:
+            wait = (oldest + WINDOW - now).total_seconds() if oldest is not None else 1
+            return QuotaExceeded(tenant, "runs_per_minute", quota, in_window, int(wait) + 1)
+    if "concurrent_runs" in limits and quota.concurrent_runs is not None:
+        if running >= quota.concurrent_runs:
+            return QuotaExceeded(tenant, "concurrent_runs", quota, running, 1)
+    return None
+
+
+async def count_start(conn: AsyncConnection, tenant: str, now: datetime) -> None:
+    """An admitted run counts in the tenant's day (inside the lease's transaction)."""
+    await _add_usage(conn, tenant, day_of(now), runs=1)
+
+
 async def admit(conn: AsyncConnection, tenant: str, now: datetime) -> None:
     """Admit a run of ``tenant`` (inside the lease's transaction) or raise QuotaExceeded;
     an admitted run counts in the tenant's day."""
-    stmt = select(tenant_quotas).where(tenant_quotas.c.tenant == tenant)
-    if conn.dialect.name == "postgresql":
-        stmt = stmt.with_for_update()  # one tenant's starts, one at a time, on every replica
-    row = (await conn.execute(stmt)).first()
-    if row is not None:
-        quota = _quota(row)
-        in_window, running, tokens, oldest = await _state(conn, tenant, now, quota)
-        if quota.tokens_per_day is not None and tokens >= quota.tokens_per_day:
-            raise QuotaExceeded(tenant, "tokens_per_day", quota, tokens, _seconds_to_midnight(now))
-        if quota.runs_per_minute is not None and in_window >= quota.runs_per_minute:
-            wait = (oldest + WINDOW - now).total_seconds() if oldest is not None else 1
-            raise QuotaExceeded(tenant, "runs_per_minute", quota, in_window, int(wait) + 1)
-        if quota.concurrent_runs is not None and running >= quota.concurrent_runs:
-            raise QuotaExceeded(tenant, "concurrent_runs", quota, running, 1)
-    await _add_usage(conn, tenant, day_of(now), runs=1)
+    refused = await refusal(conn, tenant, now)
+    if refused is not None:
+        raise refused
+    await count_start(conn, tenant, now)
 
 
 async def settle(conn: AsyncConnection, tenant: str, now: datetime, usage: Usage) -> None:

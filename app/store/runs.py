@@ -25,6 +25,7 @@ from app.agent.messages import Context, UserMessage
 from app.agent.records import Result
 from app.agent.sizes import ContextSize, advance_size, size_of
 from app.agent.tokens import advance, tally_of
+from app.errors import CarryoverError
 from app.etag import IfMatch, if_match_holds
 
 from ._sql import Loaded, StoredRows, child_key, conversation_key, decode, read_rows
@@ -35,7 +36,7 @@ from .errors import Conflict, PreconditionFailed, conversation_not_found, run_no
 from .events import EventRow
 from .idempotency import IdempotencyClaim, IdempotentReplay, claimed, insert_claim
 from .outcomes import FinishingStore, RunOutcome, RunStatus, _no_longer_running, _NotRunning
-from .quotas import admit
+from .quotas import QuotaExceeded, admit
 from .tables import Conversation, Run, conversations, runs
 
 OnFailure = Literal["keep", "discard"]
@@ -67,15 +68,36 @@ def _locking_select(conn: AsyncConnection) -> Select[Any]:
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """A queued run refused when its turn came (app/store/queue.py): ``error`` is what a direct
+    start would have answered (a spent quota, a client-tool pre-check). ``mine``: the run of
+    the claiming request — dropped from the queue, the request answers ``error``; otherwise a
+    background run, recorded ``failed`` with it."""
+
+    tenant: str
+    conversation_id: str
+    run_id: str
+    agent: str
+    error: CarryoverError
+    mine: bool
+
+
+@dataclass(frozen=True)
 class StartedRun:
     """What :meth:`RunStore.start_run` did: started the run (``run`` and ``loaded``), found
-    the conversation busy (``active_run_id``), or found the answer already given (``replay``)."""
+    the conversation busy (``active_run_id``), or found the answer already given (``replay``).
+
+    A claim of the queue (app/store/queue.py) also says which queued runs it refused on the
+    way (``refused``), and ``deferred``: the head waits for one of the tenant's running runs
+    to end (its ``concurrent_runs`` quota is spent), nothing was started."""
 
     run: Run | None = None
     loaded: Loaded | None = None
     active_run_id: str | None = None
     replay: IdempotentReplay | None = None
     interrupted: str | None = None  # a run of a dead process whose lease this one took over
+    refused: tuple[Refusal, ...] = ()
+    deferred: QuotaExceeded | None = None
 
 
 class RunStore(FinishingStore):
@@ -101,6 +123,7 @@ class RunStore(FinishingStore):
             on_failure=on_failure,
             now=self.clock.now(),
         )
+        values["started_at"] = values["created_at"]
         async with write_transaction(self.engine) as conn:
             try:
                 await conn.execute(insert(runs), values)
@@ -203,6 +226,7 @@ class RunStore(FinishingStore):
                 lease_owner=owner,
                 lease_expires_at=now + timedelta(seconds=lease_seconds),
                 trace_id=trace_id,
+                started_at=now,
             )
             await conn.execute(insert(runs), values)  # values as parameters: no per-call coercion
             if idempotency is not None:
@@ -249,6 +273,7 @@ class RunStore(FinishingStore):
         result: Result,
         store: bool,
         events: Sequence[EventRow] = (),
+        paused_events: Sequence[EventRow] | None = None,
         answered: Mapping[str, Answered] | None = None,
         size: ContextSize | None = None,
     ) -> RunOutcome:
@@ -270,7 +295,10 @@ class RunStore(FinishingStore):
         ``interrupted`` meanwhile writes nothing at all, and learns how it was recorded.
 
         The same transaction stores the run's last ``events`` (not yet written, with the
-        ``run.finished`` marker) and the webhook deliveries its outcome calls for (issue 13).
+        ``run.finished`` marker) and the webhook deliveries its outcome calls for (issue 13);
+        ``paused_events`` instead of ``events`` when given and the run is recorded
+        ``requires_action`` (they say ``run.requires_action`` before the marker: a pause whose
+        save ends ``conflicted`` is not announced).
         """
         plan = plan_context_write(base.context, base.first_position, base.next_position, result)
         entries = run_transcript(result, len(base.context.messages), plan, answered)
@@ -300,6 +328,7 @@ class RunStore(FinishingStore):
                 tokens=tokens,
                 size=size,
                 events=events,
+                paused_events=paused_events,
             )
         except _NotRunning:
             # The lease fences the write: only a run still ``running`` finishes. A run whose
@@ -342,6 +371,8 @@ def _run_values(
         "cancel_requested": False,
         "queue_seq": None,
         "wait_until": None,
+        "started_at": None,
+        "tool_inputs": None,
     }
 
 
@@ -349,6 +380,7 @@ __all__ = [
     "STALE_RUN",
     "CachedContext",
     "OnFailure",
+    "Refusal",
     "RunOutcome",
     "RunStatus",
     "RunStore",

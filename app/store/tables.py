@@ -221,8 +221,8 @@ class Run(SQLModel, table=True):
         Index("ix_runs_status_lease", "status", "lease_expires_at"),
         # a conversation's queue in arrival order (app/store/queue.py)
         Index("ix_runs_queue", "tenant", "conversation_id", "queue_seq"),
-        # runs per minute of a tenant (app/store/quotas.py)
-        Index("ix_runs_tenant_created", "tenant", "created_at"),
+        # runs per minute of a tenant: the runs it started (app/store/quotas.py)
+        Index("ix_runs_tenant_started", "tenant", "started_at"),
     )
 
     tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
@@ -254,6 +254,13 @@ class Run(SQLModel, table=True):
     wait_until: datetime | None = Field(default=None, sa_type=UTCDateTime)
     #: the OpenTelemetry trace the run was started in (32 hex digits), when tracing is on
     trace_id: str | None = Field(default=None, max_length=32)
+    #: when the run was admitted and took its lease (its ``created_at`` for a direct start, its
+    #: claim for a queued run); None while queued and for a run that never started
+    started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    #: a queued run's client tools, gated tool names and answers to pending calls
+    #: (``client_tools``, ``require_approval``, ``tool_results``, ``approvals``), so that the
+    #: process that claims it runs and checks the request it was given; None without any
+    tool_inputs: dict[str, Any] | None = Field(default=None, sa_type=JSONText)
 
 
 class RunNewMessage(SQLModel, table=True):

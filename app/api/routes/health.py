@@ -6,6 +6,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
 from app.observability import render_metrics
+from app.service.metrics import observe_queue
 from app.store.migrate import current_revision, head_revision
 
 from ..deps import ServicesDep
@@ -57,7 +58,8 @@ async def readyz(svc: ServicesDep) -> Response:
     },
     operation_id="metrics",
 )
-async def metrics() -> Response:
+async def metrics(svc: ServicesDep) -> Response:
     """Prometheus metrics."""
+    await observe_queue(svc.runs.repo)  # the queue's depth, as the database has it now
     body, content_type = render_metrics()
     return Response(body, media_type=content_type)
