@@ -155,7 +155,7 @@ async def read_conversation(
         .mappings()
         .first()
     )
-    return Conversation(**row) if row is not None else None
+    return Conversation.model_construct(**row) if row is not None else None
 
 
 async def require_conversation(conn: AsyncConnection, tenant: str, conv_id: str) -> None:

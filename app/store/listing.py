@@ -54,7 +54,7 @@ class ListingStore(StoreBase):
         stmt = stmt.order_by(conversations.c.id).limit(limit)
         async with read_transaction(self.engine) as conn:
             rows = (await conn.execute(stmt)).mappings().all()
-        return [Conversation(**row) for row in rows]
+        return [Conversation.model_construct(**row) for row in rows]
 
     async def search_conversations(
         self,
@@ -114,7 +114,7 @@ class ListingStore(StoreBase):
         stmt = stmt.order_by(*order).limit(limit)
         async with read_transaction(self.engine) as conn:
             rows = (await conn.execute(stmt)).mappings().all()
-        return [Conversation(**row) for row in rows]
+        return [Conversation.model_construct(**row) for row in rows]
 
     async def sweep_expired(self, *, default_seconds: int | None, batch: int) -> int:
         """Delete up to ``batch`` expired conversations with every record (the foreign keys

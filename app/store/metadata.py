@@ -133,7 +133,7 @@ class MetadataStore(StoreBase):
                 if count > max_keys:
                     raise LimitExceeded("max_metadata_keys", max_keys, int(count))
             found = await read_metadata(conn, tenant, [conv_id])
-        return Patched(Conversation(**row), found[conv_id])
+        return Patched(Conversation.model_construct(**row), found[conv_id])
 
 
 __all__ = ["KEEP", "MetadataStore", "Patched", "read_metadata", "write_metadata"]

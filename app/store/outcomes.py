@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
-from sqlalchemy import case, delete, select, update
+from sqlalchemy import Integer, and_, bindparam, case, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.agent.records import Result
@@ -25,7 +25,6 @@ from ._sql import (
     Loaded,
     StoreBase,
     child_key,
-    conversation_key,
     insert_messages,
     insert_transcript,
     read_conversation,
@@ -65,6 +64,65 @@ class RunOutcome:
     saved: Loaded | None = None
 
 
+def _outcome_statements() -> tuple[Any, Any, Any]:
+    """The outcome's three statements on bound parameters, built once (a run's end pays no
+    statement construction): store the context (conditional on incarnation and version),
+    only release the lease and take the transcript's seqs (not stored), finish the run row."""
+    c = conversations.c
+    mine = and_(c.tenant == bindparam("b_tenant"), c.id == bindparam("b_conv_id"))
+    same_incarnation = c.incarnation == bindparam("b_incarnation")
+    release = case((c.active_run_id == bindparam("b_run_id"), None), else_=c.active_run_id)
+    seqs = c.transcript_seq + bindparam("b_entries", type_=Integer())
+    store = (
+        update(conversations)
+        .where(mine, same_incarnation, c.version == bindparam("b_version"))
+        .values(
+            version=c.version + 1,
+            system_prompt=bindparam("b_system_prompt"),
+            summary=bindparam("b_summary"),
+            next_position=bindparam("b_next_position"),
+            message_count=bindparam("b_message_count"),
+            transcript_seq=seqs,
+            updated_at=bindparam("b_updated_at"),
+            active_run_id=release,
+            token_tally=bindparam("b_token_tally"),
+            pending_calls=bindparam("b_pending_calls"),
+            context_bytes=bindparam("b_context_bytes"),
+        )
+        .returning(c.version, c.transcript_seq)
+    )
+    only_release = (
+        update(conversations)
+        .where(mine, same_incarnation)
+        .values(transcript_seq=seqs, active_run_id=release)
+        .returning(c.version, c.transcript_seq)
+    )
+    r = runs.c
+    finish = (
+        update(runs)
+        .where(
+            r.tenant == bindparam("b_tenant"),
+            r.conversation_id == bindparam("b_conv_id"),
+            r.run_id == bindparam("b_run_id"),
+            r.status == "running",
+        )
+        .values(
+            status=bindparam("b_status"),
+            stored=bindparam("b_stored"),
+            result_etag=bindparam("b_result_etag"),
+            usage=bindparam("b_usage"),
+            error=bindparam("b_error"),
+            required_action=bindparam("b_required_action"),
+            finished_at=bindparam("b_finished_at"),
+            lease_expires_at=None,
+        )
+    )
+    return store, only_release, finish
+
+
+_STORE, _RELEASE, _FINISH = _outcome_statements()
+
+
 class _NotRunning(Exception):
     """The run being finished is no longer ``running`` (or no longer exists)."""
 
@@ -89,12 +147,15 @@ class FinishingStore(StoreBase):
         paused_events: Sequence[EventRow] | None = None,
     ) -> RunOutcome:
         now = self.clock.now()
-        key = conversation_key(tenant, conv_id)
-        same_incarnation = conversations.c.incarnation == base.incarnation
-        returning = (conversations.c.version, conversations.c.transcript_seq)
-        release = case(
-            (conversations.c.active_run_id == run_id, None), else_=conversations.c.active_run_id
-        )
+        # the statements' bound parameters are named b_* (SQLAlchemy reserves column names
+        # in an UPDATE for the SET clause)
+        where = {
+            "b_tenant": tenant,
+            "b_conv_id": conv_id,
+            "b_incarnation": base.incarnation,
+            "b_run_id": run_id,
+            "b_entries": len(entries),
+        }
 
         # Lock order, here as everywhere: the conversation row first, then the run row.
         async with write_transaction(self.engine) as conn:
@@ -103,39 +164,26 @@ class FinishingStore(StoreBase):
                 assert size is not None
                 row = (
                     await conn.execute(
-                        update(conversations)
-                        .where(*key, same_incarnation, conversations.c.version == base.version)
-                        .values(
-                            version=conversations.c.version + 1,
-                            system_prompt=result.context.system_prompt,
-                            summary=result.context.summary,
-                            next_position=plan.next_position,
-                            message_count=len(result.context.messages),
-                            transcript_seq=conversations.c.transcript_seq + len(entries),
-                            updated_at=now,
-                            active_run_id=release,
-                            token_tally=tokens.model_dump(mode="json"),
+                        _STORE,
+                        {
+                            **where,
+                            "b_version": base.version,
+                            "b_system_prompt": result.context.system_prompt,
+                            "b_summary": result.context.summary,
+                            "b_next_position": plan.next_position,
+                            "b_message_count": len(result.context.messages),
+                            "b_updated_at": now,
+                            "b_token_tally": tokens.model_dump(mode="json"),
                             # from the result's last batch: O(last batch)
-                            pending_calls=stored_pending(result.context.messages),
-                            context_bytes=size.bytes,
-                        )
-                        .returning(*returning)
+                            "b_pending_calls": stored_pending(result.context.messages),
+                            "b_context_bytes": size.bytes,
+                        },
                     )
                 ).first()
             stored = row is not None
             if row is None:
                 # Not stored (discarded or stale): only allocate the transcript's seqs.
-                row = (
-                    await conn.execute(
-                        update(conversations)
-                        .where(*key, same_incarnation)
-                        .values(
-                            transcript_seq=conversations.c.transcript_seq + len(entries),
-                            active_run_id=release,
-                        )
-                        .returning(*returning)
-                    )
-                ).first()
+                row = (await conn.execute(_RELEASE, where)).first()
                 if row is None:
                     raise NotFound(f"conversation {conv_id!r} was deleted during the run")
 
@@ -153,26 +201,23 @@ class FinishingStore(StoreBase):
             etag = version_etag(base.incarnation, row.version)
             result_etag = etag if stored else None
             finished = await conn.execute(
-                update(runs)
-                .where(
-                    *child_key(runs, tenant, conv_id),
-                    runs.c.run_id == run_id,
-                    runs.c.status == "running",
-                )
-                .values(
-                    status=status,
-                    stored=stored,
-                    result_etag=result_etag,
-                    usage=result.usage.model_dump(mode="json"),
-                    error=result.error.model_dump(mode="json") if result.error else None,
-                    required_action=(
+                _FINISH,
+                {
+                    "b_tenant": tenant,
+                    "b_conv_id": conv_id,
+                    "b_run_id": run_id,
+                    "b_status": status,
+                    "b_stored": stored,
+                    "b_result_etag": result_etag,
+                    "b_usage": result.usage.model_dump(mode="json"),
+                    "b_error": result.error.model_dump(mode="json") if result.error else None,
+                    "b_required_action": (
                         result.required_action.model_dump(mode="json")
                         if status == "requires_action" and result.required_action
                         else None
                     ),
-                    finished_at=now,
-                    lease_expires_at=None,
-                )
+                    "b_finished_at": now,
+                },
             )
             if not finished.rowcount:
                 raise _NotRunning  # rolls the transaction back

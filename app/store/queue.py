@@ -396,7 +396,7 @@ async def _lock(
     found = (await conn.execute(stmt)).mappings().first()
     if found is None:
         return None
-    return Conversation(**found), clock.now()
+    return Conversation.model_construct(**found), clock.now()
 
 
 async def _claim(
@@ -462,7 +462,7 @@ async def _claim(
             if loaded is None:
                 loaded = await read_context(conn, conv)
             try:
-                check(Run(**head), loaded.context)
+                check(Run.model_construct(**head), loaded.context)
             except CarryoverError as exc:
                 error = exc
         if error is None:
@@ -499,7 +499,7 @@ async def _claim(
     )
     if loaded is None:
         loaded = await read_context(conn, conv)
-    run = Run(**{**head, **claimed_values})
+    run = Run.model_construct(**{**head, **claimed_values})
     return StartedRun(run=run, loaded=loaded, interrupted=interrupted, refused=tuple(refused))
 
 

@@ -121,15 +121,16 @@ _usage_upserts: dict[tuple[str, tuple[str, ...]], Any] = {}
 
 
 def _usage_upsert(dialect: str, names: tuple[str, ...]) -> Any:
-    """The upsert adding to ``names`` of a tenant's day, on bound parameters (``tenant``,
-    ``day``, each count, and ``add_<count>``); built once per dialect and set of counts."""
+    """The upsert adding to ``names`` of a tenant's day, on bound parameters (``b_tenant``,
+    ``b_day``, ``b_<count>`` and ``add_<count>``: SQLAlchemy reserves column names in an
+    INSERT); built once per dialect and set of counts."""
     key = (dialect, names)
     stmt = _usage_upserts.get(key)
     if stmt is None:
         insert = pg_insert if dialect == "postgresql" else sqlite_insert
         stmt = (
             insert(tenant_usage)
-            .values({name: bindparam(name) for name in ("tenant", "day", *_COUNTS)})
+            .values({name: bindparam(f"b_{name}") for name in ("tenant", "day", *_COUNTS)})
             .on_conflict_do_update(
                 index_elements=["tenant", "day"],
                 set_={name: tenant_usage.c[name] + bindparam(f"add_{name}") for name in names},
@@ -141,8 +142,8 @@ def _usage_upsert(dialect: str, names: tuple[str, ...]) -> Any:
 
 async def _add_usage(conn: AsyncConnection, tenant: str, day: str, **counts: int) -> None:
     names = tuple(sorted(counts))
-    parameters: dict[str, Any] = {"tenant": tenant, "day": day}
-    parameters.update({name: counts.get(name, 0) for name in _COUNTS})
+    parameters: dict[str, Any] = {"b_tenant": tenant, "b_day": day}
+    parameters.update({f"b_{name}": counts.get(name, 0) for name in _COUNTS})
     parameters.update({f"add_{name}": value for name, value in counts.items()})
     await conn.execute(_usage_upsert(conn.dialect.name, names), parameters)
 
@@ -192,6 +193,11 @@ async def _state(
     return int(window[0]), int(running), int(usage or 0), oldest
 
 
+#: the tenant's quota row, built once (a run's start pays no statement construction)
+_QUOTA = select(tenant_quotas).where(tenant_quotas.c.tenant == bindparam("tenant"))
+_QUOTA_LOCKED = _QUOTA.with_for_update()
+
+
 async def refusal(
     conn: AsyncConnection,
     tenant: str,
@@ -203,10 +209,9 @@ async def refusal(
     """Why a run of ``tenant`` may not start now (the first of ``limits`` that is spent), or
     None. With ``lock`` (a start: inside the lease's transaction) the tenant's quota row is
     locked on PostgreSQL, so one tenant's starts are decided one at a time on every replica."""
-    stmt = select(tenant_quotas).where(tenant_quotas.c.tenant == tenant)
-    if lock and conn.dialect.name == "postgresql":
-        stmt = stmt.with_for_update()  # one tenant's starts, one at a time, on every replica
-    row = (await conn.execute(stmt)).first()
+    # one tenant's starts, one at a time, on every replica: the row locked on PostgreSQL
+    stmt = _QUOTA_LOCKED if lock and conn.dialect.name == "postgresql" else _QUOTA
+    row = (await conn.execute(stmt, {"tenant": tenant})).first()
     if row is None:
         return None
     quota = _quota(row)

@@ -54,7 +54,7 @@ class RecordStore(StoreBase):
             )
             if row is None:
                 return None
-            [record] = await _records(conn, tenant, conv_id, [Run(**row)])
+            [record] = await _records(conn, tenant, conv_id, [Run.model_construct(**row)])
         return record
 
     async def list_runs(
@@ -78,7 +78,7 @@ class RecordStore(StoreBase):
         async with read_transaction(self.engine) as conn:
             await require_conversation(conn, tenant, conv_id)
             rows = (await conn.execute(stmt)).mappings().all()
-        return [Run(**row) for row in rows]
+        return [Run.model_construct(**row) for row in rows]
 
     async def list_run_records(
         self, tenant: str, conv_id: str, *, after: str | None = None, limit: int = 50
@@ -182,7 +182,7 @@ async def insert_audit(
             [{**key, "seq": i, "body": dump_message(m)} for i, m in enumerate(result.new_messages)],
         )
     if result.final is not None:
-        await conn.execute(insert(run_finals).values(**key, body=dump_message(result.final)))
+        await conn.execute(insert(run_finals), {**key, "body": dump_message(result.final)})
     if result.compactions:
         await conn.execute(
             insert(run_compactions),

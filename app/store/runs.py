@@ -186,7 +186,7 @@ class RunStore(FinishingStore):
                 raise conversation_not_found(conv_id)
             values_found = dict(found)
             ahead = values_found.pop("queue_head")
-            conv = Conversation(**values_found)
+            conv = Conversation.model_construct(**values_found)
 
             if idempotency is not None:
                 replay = await claimed(conn, tenant, conv_id, idempotency, now)
@@ -241,7 +241,7 @@ class RunStore(FinishingStore):
                 elif rows is not None:
                     check(last_batch_of(rows.texts))
         loaded = hit if hit is not None else await decode(rows)
-        return StartedRun(run=Run(**values), loaded=loaded, interrupted=interrupted)
+        return StartedRun(run=Run.model_construct(**values), loaded=loaded, interrupted=interrupted)
 
     async def request_cancel(self, tenant: str, conv_id: str, run_id: str) -> Run:
         """Flag a running run for cancellation; the process running it stops it. A queued run
@@ -258,7 +258,7 @@ class RunStore(FinishingStore):
             row = (await conn.execute(select(runs).where(*key))).mappings().first()
         if row is None:
             raise run_not_found(conv_id, run_id)
-        run = Run(**row)
+        run = Run.model_construct(**row)
         if run.status != "running" and not was_queued:
             raise Conflict(f"run {run_id!r} is {run.status}, not running")
         return run

@@ -19,7 +19,19 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Text, delete, func, insert, literal, or_, select, type_coerce, update
+from sqlalchemy import (
+    String,
+    Text,
+    bindparam,
+    delete,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    type_coerce,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ._sql import StoreBase
@@ -44,6 +56,53 @@ def new_secret() -> str:
     return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
 
 
+def _like_pattern(text: str) -> str:
+    """``%text%`` for ``LIKE … ESCAPE '/'``, with the wildcards of ``text`` escaped."""
+    escaped = text.replace("/", "//").replace("%", "/%").replace("_", "/_")
+    return f"%{escaped}%"
+
+
+def _deliveries_insert() -> Any:
+    """One delivery per endpoint of ``:tenant`` whose events match ``:pattern``, as one
+    ``INSERT … SELECT`` on bound parameters: built once, run in every run's outcome."""
+    at = bindparam("b_at", type_=UTCDateTime())
+    rows = select(
+        (bindparam("b_id_prefix", type_=String()) + func.replace(webhooks.c.id, "-", "")).label(
+            "id"
+        ),
+        webhooks.c.id,
+        bindparam("b_tenant", type_=String()),
+        bindparam("b_conv_id", type_=String()),
+        bindparam("b_run_id", type_=String()),
+        bindparam("b_event", type_=String()),
+        literal("pending"),
+        literal(0),
+        at,
+        at,
+    ).where(
+        webhooks.c.tenant == bindparam("b_tenant"),
+        type_coerce(webhooks.c.events, Text).like(bindparam("b_pattern"), escape="/"),
+    )
+    return insert(webhook_deliveries).from_select(
+        [
+            "id",
+            "webhook_id",
+            "tenant",
+            "conversation_id",
+            "run_id",
+            "event",
+            "status",
+            "attempts",
+            "next_attempt_at",
+            "created_at",
+        ],
+        rows,
+    )
+
+
+_INSERT_DELIVERIES = _deliveries_insert()
+
+
 async def enqueue_deliveries(
     conn: AsyncConnection, tenant: str, conv_id: str, run_id: str, status: str, now: datetime
 ) -> int:
@@ -52,38 +111,17 @@ async def enqueue_deliveries(
     transaction; nothing inserted when the tenant has no endpoint). The delivery's id is
     ``msg_`` + the run's id + the endpoint's: one message per run and endpoint."""
     event = f"run.{status}"
-    compact_run = run_id.replace("-", "")
-    rows = select(
-        (literal(f"msg_{compact_run}_") + func.replace(webhooks.c.id, "-", "")).label("id"),
-        webhooks.c.id,
-        literal(tenant),
-        literal(conv_id),
-        literal(run_id),
-        literal(event),
-        literal("pending"),
-        literal(0),
-        literal(now, UTCDateTime()),
-        literal(now, UTCDateTime()),
-    ).where(
-        webhooks.c.tenant == tenant,
-        type_coerce(webhooks.c.events, Text).contains(json.dumps(event), autoescape=True),
-    )
     done = await conn.execute(
-        insert(webhook_deliveries).from_select(
-            [
-                "id",
-                "webhook_id",
-                "tenant",
-                "conversation_id",
-                "run_id",
-                "event",
-                "status",
-                "attempts",
-                "next_attempt_at",
-                "created_at",
-            ],
-            rows,
-        )
+        _INSERT_DELIVERIES,
+        {  # b_*: SQLAlchemy reserves column names in an INSERT
+            "b_id_prefix": f"msg_{run_id.replace('-', '')}_",
+            "b_tenant": tenant,
+            "b_conv_id": conv_id,
+            "b_run_id": run_id,
+            "b_event": event,
+            "b_at": now,
+            "b_pattern": _like_pattern(json.dumps(event)),
+        },
     )
     return int(done.rowcount or 0)
 
