@@ -28,7 +28,7 @@ from app.agent.tokens import advance, tally_of
 from app.errors import CarryoverError
 from app.etag import IfMatch, if_match_holds
 
-from ._sql import Loaded, StoredRows, child_key, conversation_key, decode, read_rows
+from ._sql import Loaded, StoredRows, child_key, decode, read_rows
 from ._turns import cancel_queued, queue_head_by_parameters, take_free
 from .changes import Answered, last_batch_of, plan_context_write, run_transcript
 from .db import read_transaction, write_transaction
@@ -60,6 +60,17 @@ def _conversation_with_queue_head() -> Select[Any]:
 
 _SELECT_FOR_START = _conversation_with_queue_head()
 _SELECT_FOR_START_LOCKED = _SELECT_FOR_START.with_for_update(of=conversations)
+
+
+#: the conversation's lease taken by a run (b_*: SQLAlchemy reserves column names in an UPDATE)
+_TAKE_LEASE = (
+    update(conversations)
+    .where(
+        conversations.c.tenant == bindparam("b_tenant"),
+        conversations.c.id == bindparam("b_conv_id"),
+    )
+    .values(active_run_id=bindparam("b_run_id"))
+)
 
 
 def _locking_select(conn: AsyncConnection) -> Select[Any]:
@@ -208,9 +219,7 @@ class RunStore(FinishingStore):
             # of this transaction is written
             await admit(conn, tenant, now)
             await conn.execute(
-                update(conversations)
-                .where(*conversation_key(tenant, conv_id))
-                .values(active_run_id=run_id)
+                _TAKE_LEASE, {"b_tenant": tenant, "b_conv_id": conv_id, "b_run_id": run_id}
             )
             values = _run_values(
                 tenant,
@@ -228,7 +237,7 @@ class RunStore(FinishingStore):
                 trace_id=trace_id,
                 started_at=now,
             )
-            await conn.execute(insert(runs), values)  # values as parameters: no per-call coercion
+            await conn.execute(insert(runs), values)  # as parameters: no per-call coercion
             if idempotency is not None:
                 await insert_claim(conn, tenant, conv_id, run_id, idempotency, now)
             if cached is not None:
