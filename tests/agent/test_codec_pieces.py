@@ -63,7 +63,7 @@ async def test_dumps_json_is_the_compact_json_of_the_value() -> None:
     items = load_context(
         {
             "messages": [
-                {"type": "user", "content": [{"type": "text", "text": f"ü \u2028 \"{i}\"\n"}]}
+                {"type": "user", "content": [{"type": "text", "text": f'ü \u2028 "{i}"\n'}]}
                 for i in range(7)
             ]
         }
