@@ -17,6 +17,7 @@ duration and compactions, the server's CPU during the run, and the machine's loa
 
     .venv/bin/python bench/compaction.py            # both engines, about a minute
     .venv/bin/python bench/compaction.py --engines sqlite
+    .venv/bin/python bench/compaction.py --repeat 5   # five runs per engine (the machine is noisy)
 
 The target (docs/performance.md): ``/healthz`` under 100 ms meanwhile.
 """
@@ -122,11 +123,13 @@ async def poll(url: str, stop: asyncio.Event, process: str) -> Health:
     )
 
 
-async def scenario(engine: str, urls: list[str], pid: int) -> Scenario:
+async def scenario(engine: str, urls: list[str], pid: int, conversation: str = "long") -> Scenario:
     """PUT the long context on the first server, run there while polling every server."""
     async with httpx.AsyncClient(base_url=urls[0], timeout=httpx.Timeout(600)) as http:
         put = await http.put(
-            "/conversations/long/context", json=long_context(), headers={"If-None-Match": "*"}
+            f"/conversations/{conversation}/context",
+            json=long_context(),
+            headers={"If-None-Match": "*"},
         )
         if put.status_code != 201:
             raise RuntimeError(f"PUT context: {put.status_code} {put.text[:300]}")
@@ -137,7 +140,7 @@ async def scenario(engine: str, urls: list[str], pid: int) -> Scenario:
         cpu_before = cpu_seconds(pid)
         began = time.perf_counter()
         ran = await http.post(
-            "/conversations/long/runs",
+            f"/conversations/{conversation}/runs",
             json={"prompts": ["compact now, please"]},
             headers={"Prefer": "return=minimal"},
         )
@@ -188,6 +191,12 @@ def main() -> None:
     parser.add_argument("--engines", default="sqlite,postgresql", help="default: both")
     parser.add_argument("--app-root", type=Path, default=ROOT, help="the checkout the server runs")
     parser.add_argument("--json", type=Path, default=ROOT / "docs/perf/compaction.json")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs per engine, each on a conversation of its own PUT just before (default 1)",
+    )
     args = parser.parse_args()
 
     done: list[Scenario] = []
@@ -214,7 +223,9 @@ def main() -> None:
                     print(
                         f"{engine}: {count} server(s), pids {[p for _, p in started]}", flush=True
                     )
-                    done.append(asyncio.run(scenario(engine, urls, started[0][1])))
+                    for i in range(args.repeat):
+                        name = "long" if i == 0 else f"long{i}"
+                        done.append(asyncio.run(scenario(engine, urls, started[0][1], name)))
             finally:
                 if engine == "postgresql":
                     drop_pg_database(pg_name)

@@ -7,16 +7,24 @@ strings); ``load_*`` rebuilds the immutable values and refuses anything it does 
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Iterable, Sequence
+import secrets
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from .messages import AnyMessage, Context, Message
 
 _MESSAGE = TypeAdapter(Message)
 _MESSAGES = TypeAdapter(tuple[Message, ...])
+_MESSAGE_LIST = TypeAdapter(list[Message])
+
+#: messages per pydantic call when a long list is encoded or decoded in pieces: one call holds
+#: the GIL from start to end, so a long list in one call stalls every other thread (the event
+#: loop included) for all of it; a few hundred messages take a few milliseconds
+CHUNK = 500
 
 # Discriminator values pydantic inserts into error locations; they are not part of the path.
 _TAGS = frozenset(
@@ -151,3 +159,93 @@ def dumps_message(message: AnyMessage) -> str:
 
 def loads_message(text: str | bytes) -> AnyMessage:
     return load_message(_parse(text))
+
+
+def json_pieces(messages: Sequence[AnyMessage], chunk: int = CHUNK) -> Iterator[bytes]:
+    """The JSON of ``messages`` (an array), in pieces of up to ``chunk`` messages each, with
+    one pydantic call per piece: joined, ``b"[" + b",".join(pieces) + b"]"`` is the array
+    (the same values as :func:`dump_messages`, compact, non-ASCII as it is)."""
+    for start in range(0, len(messages), chunk):
+        yield _MESSAGE_LIST.dump_json(list(messages[start : start + chunk]))[1:-1]
+
+
+async def dumps_messages_json(messages: Sequence[AnyMessage], chunk: int = CHUNK) -> bytes:
+    """The JSON array of ``messages``, built a piece at a time on the event loop, which runs
+    its other tasks between pieces (``asyncio.sleep(0)``): no stall longer than a piece."""
+    pieces: list[bytes] = []
+    for piece in json_pieces(messages, chunk):
+        if pieces:
+            await asyncio.sleep(0)
+        pieces.append(piece)
+    return b"[" + b",".join(pieces) + b"]"
+
+
+def loads_message_texts(
+    texts: Sequence[str], path: str = "messages", chunk: int = CHUNK
+) -> list[AnyMessage]:
+    """Messages from their JSON texts (each a message's JSON), ``chunk`` texts per pydantic
+    call (see :data:`CHUNK`); a bad one raises :class:`CodecError` naming ``path[i]…``."""
+    out: list[AnyMessage] = []
+    for start in range(0, len(texts), chunk):
+        body = "[" + ",".join(texts[start : start + chunk]) + "]"
+        try:
+            out.extend(_MESSAGE_LIST.validate_json(body))
+        except ValidationError as exc:
+            err = exc.errors(include_url=False)[0]
+            loc = list(err["loc"])
+            if loc and isinstance(loc[0], int):
+                loc[0] += start
+            raise CodecError(format_path(loc, path), err["msg"]) from None
+    return out
+
+
+class MessageList:
+    """A list of messages inside a JSON value for :func:`dumps_json`: encoded in pieces."""
+
+    __slots__ = ("messages",)
+
+    def __init__(self, messages: Sequence[AnyMessage]) -> None:
+        self.messages = messages
+
+
+async def dumps_json(value: Any) -> bytes:
+    """``value`` as compact JSON (``json.dumps(value, ensure_ascii=False, allow_nan=False,
+    separators=(",", ":"))``, what a ``JSONResponse`` sends), where each :class:`MessageList`
+    stands for the JSON array of its messages, encoded by :func:`dumps_messages_json`: the
+    event loop runs its other tasks between pieces."""
+    nonce = secrets.token_hex(16)  # no string of the value can be one of its placeholders
+    lists: list[Sequence[AnyMessage]] = []
+
+    def placeholder(obj: Any) -> str:
+        if not isinstance(obj, MessageList):
+            raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+        lists.append(obj.messages)
+        return f"\x00{nonce}:{len(lists) - 1}"
+
+    text = json.dumps(
+        value, ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=placeholder
+    )
+    out: list[bytes] = []
+    at = 0
+    for i, messages in enumerate(lists):  # in the order they were written
+        token = json.dumps(f"\x00{nonce}:{i}")  # NUL is escaped whatever ensure_ascii says
+        index = text.index(token, at)
+        out.append(text[at:index].encode())
+        await asyncio.sleep(0)
+        out.append(await dumps_messages_json(messages))
+        at = index + len(token)
+    out.append(text[at:].encode())
+    return b"".join(out)
+
+
+def in_field_order(model: type[Any], values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` in the order of ``model``'s fields (the order ``model_dump`` gives them)."""
+    return {name: values[name] for name in model.model_fields if name in values}
+
+
+def model_value(model: BaseModel, **lists: Sequence[AnyMessage]) -> dict[str, Any]:
+    """``model.model_dump(mode="json")`` for :func:`dumps_json`, its fields named in
+    ``lists`` (lists of messages, e.g. a compaction's ``folded``) as :class:`MessageList`."""
+    head = model.model_dump(mode="json", exclude=set(lists))
+    pieces = {name: MessageList(messages) for name, messages in lists.items()}
+    return in_field_order(type(model), {**head, **pieces})

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from app.agent.codec import MessageList, dumps_json, in_field_order, model_value
 from app.agent.messages import AttemptError, Usage, UserMessage
 from app.service.conversations import ConversationInfo
 from app.service.pending import split_prompts
@@ -75,6 +76,27 @@ class RunView:
             # never serialized only to be dropped: a long context is most of the work
             return self.model.model_dump(mode="json", exclude={"context"})
         return self.model.model_dump(mode="json")
+
+    async def render(self, *, minimal: bool = False) -> bytes:
+        """:meth:`body` as the JSON a ``JSONResponse`` of it sends (the same values, in the
+        same order), built without one long call: the message lists — ``context.messages``,
+        ``new_messages`` and each compaction's ``folded`` (a compaction of a long context
+        folds thousands) — are encoded a few hundred messages per call, and the event loop
+        runs its other tasks between them (``/healthz`` answers meanwhile)."""
+        model = self.model
+        drop_context = minimal or model.context is None
+        exclude: dict[str, Any] = {
+            "context": True if drop_context else {"messages"},
+            "new_messages": True,
+            "compactions": True,
+        }
+        head = model.model_dump(mode="json", exclude=exclude)
+        if not drop_context:
+            assert model.context is not None
+            head["context"]["messages"] = MessageList(model.context.messages)
+        head["new_messages"] = MessageList(model.new_messages)
+        head["compactions"] = [model_value(c, folded=c.folded) for c in model.compactions]
+        return await dumps_json(in_field_order(type(model), head))
 
 
 def _duration(start: datetime, end: datetime | None) -> int | None:

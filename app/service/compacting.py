@@ -116,7 +116,7 @@ class Compacting:
                 log.exception("compaction %s failed unexpectedly", run_id)
                 result = _internal(started.loaded.context, exc)
             for compaction in result.compactions:
-                active.recorder.add(CompactionCompleted(compaction))
+                await active.recorder.record(CompactionCompleted(compaction))
             active.finishing = True
             return await asyncio.shield(
                 self._finish(active, started.loaded, result, "keep", idempotency=None)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from app.agent.codec import dump_message
+from app.agent.codec import dump_message, dumps_json, model_value
 from app.agent.events import (
     CompactionCompleted,
     Delta,
@@ -39,6 +39,7 @@ from app.errors import CarryoverError
 from app.store.errors import run_not_found
 from app.store.events import EventRow
 from app.store.repository import Repository, RunRecord
+from app.store.tables import Dumped
 
 if TYPE_CHECKING:
     from .types import ActiveRun
@@ -167,6 +168,20 @@ class EventRecorder:
             return
         self._seal()
         self._emit(name, data)
+
+    async def record(self, event: RunEvent) -> None:
+        """:meth:`add`, a compaction's payload encoded as JSON text a few hundred folded
+        messages at a time, the event loop running between them (a compaction of a long
+        context folds thousands: one ``model_dump`` of it, then one ``json.dumps`` when it is
+        written, would stall the loop for tens of milliseconds each). Its ``data`` is then a
+        :class:`~app.store.tables.Dumped` text, stored as it is and streamed as it is."""
+        if isinstance(event, CompactionCompleted):
+            c = event.compaction
+            data = Dumped((await dumps_json(model_value(c, folded=c.folded))).decode())
+            self._seal()
+            self._emit("compaction", data)
+            return
+        self.add(event)
 
     def emit(self, name: str, data: Any) -> None:
         """An event the service adds itself."""

@@ -313,7 +313,7 @@ class RunManager(LeaseKeeping, Queueing, Finishing, Compacting):
     ) -> Result:
         async def on_event(event: RunEvent) -> None:
             if active.recorder is not None:
-                active.recorder.add(event)  # numbered, stored, and streamed live
+                await active.recorder.record(event)  # numbered, stored, and streamed live
 
         agent_input = pending.agent_input(loaded, request, size_bounds(self.settings))
         with RunDeadline(self.settings.run_deadline_seconds, lambda: self.stop(active)) as deadline:

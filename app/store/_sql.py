@@ -16,7 +16,13 @@ from sqlalchemy import ColumnElement, Text, func, insert, literal_column, select
 from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.agent.codec import CodecError, dump_message, dumps_message, format_path
+from app.agent.codec import (
+    CodecError,
+    dump_message,
+    dumps_message,
+    format_path,
+    loads_message_texts,
+)
 from app.agent.messages import AnyMessage, Context
 from app.agent.sizes import ContextSize, frame_bytes, text_bytes
 from app.agent.tokens import TokenTally, tally_of
@@ -77,22 +83,38 @@ class StoredRows:
         return f'{head[:-1]},"messages":[{messages}]}}'.encode()
 
     def decode(self) -> Loaded:
-        """The stored context as values, in one pydantic JSON parse (what was stored was
-        validated when it came in or was built by a run; this is the decoding)."""
+        """The stored context as values (what was stored was validated when it came in or was
+        built by a run; this is the decoding). The message texts are parsed a few hundred at a
+        time (:func:`~app.agent.codec.loads_message_texts`): one pydantic call holds the GIL
+        for its whole length, and a long context in one call would stall the event loop even
+        from a worker thread. The Context is then built from the parsed values, not
+        validated again."""
         conv = self.conversation
-        body = self.context_json()
-        try:
-            context = Context.model_validate_json(body)
-        except ValidationError as exc:  # only a row written around the service could do this
-            err = exc.errors(include_url=False)[0]
-            raise CodecError(format_path(list(err["loc"])), err["msg"]) from None
+        if self.joined is not None:  # one text, as the database joined it: one parse
+            body = self.context_json()
+            try:
+                context = Context.model_validate_json(body)
+            except ValidationError as exc:  # only a row written around the service
+                err = exc.errors(include_url=False)[0]
+                raise CodecError(format_path(list(err["loc"])), err["msg"]) from None
+            count, measured = len(context.messages), len(body)
+        else:
+            messages = tuple(loads_message_texts(self.texts))
+            context = Context.model_construct(
+                system_prompt=conv.system_prompt, summary=conv.summary, messages=messages
+            )
+            count = len(messages)
+            measured = None
         tokens = (
             TokenTally.model_validate(conv.token_tally)
             if conv.token_tally is not None
             else tally_of(context.messages)
         )
-        total = conv.context_bytes if conv.context_bytes is not None else len(body)
-        size = ContextSize.of_total(total, len(self.texts), conv.system_prompt, conv.summary)
+        if conv.context_bytes is not None:
+            total = conv.context_bytes
+        else:
+            total = measured if measured is not None else len(self.context_json())
+        size = ContextSize.of_total(total, count, conv.system_prompt, conv.summary)
         return Loaded(
             context=context,
             etag=conv.etag,

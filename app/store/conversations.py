@@ -36,6 +36,7 @@ from ._sql import (
     new_conversation,
     read_conversation,
     read_joined,
+    read_rows,
     stored_too_large,
 )
 from .changes import TranscriptItem, stored_pending
@@ -280,16 +281,20 @@ class ConversationStore(ListingStore):
 
     async def load_context(self, tenant: str, conv_id: str) -> Loaded:
         """The stored context and its ETag, read in one transaction (decoded after it)."""
-        return await decode(await self.load_context_rows(tenant, conv_id))
+        return await decode(await self.load_context_rows(tenant, conv_id, joined=False))
 
-    async def load_context_rows(self, tenant: str, conv_id: str) -> StoredRows:
+    async def load_context_rows(
+        self, tenant: str, conv_id: str, *, joined: bool = True
+    ) -> StoredRows:
         """The stored context as read, undecoded (its row and message texts), in one read
-        transaction: :meth:`StoredRows.context_json` is its wire format as it is."""
+        transaction: :meth:`StoredRows.context_json` is its wire format as it is. ``joined``:
+        the texts joined by the database (GET context sends them so); otherwise one per
+        message (decoded a few hundred at a time)."""
         async with read_transaction(self.engine) as conn:
             conv = await read_conversation(conn, tenant, conv_id)
             if conv is None:
                 raise conversation_not_found(conv_id)
-            return await read_joined(conn, conv)
+            return await (read_joined if joined else read_rows)(conn, conv)
 
     async def replace_context(
         self,

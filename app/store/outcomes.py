@@ -34,7 +34,7 @@ from .db import write_transaction
 from .errors import NotFound, run_not_found
 from .events import EventRow, insert_events
 from .quotas import settle
-from .records import insert_audit
+from .records import dumped_folded, insert_audit
 from .tables import context_messages, conversations, runs
 from .webhooks import enqueue_deliveries
 
@@ -157,6 +157,7 @@ class FinishingStore(StoreBase):
             "b_entries": len(entries),
         }
 
+        folded = await dumped_folded(result)  # before the transaction: not under its lock
         # Lock order, here as everywhere: the conversation row first, then the run row.
         async with write_transaction(self.engine) as conn:
             row = None
@@ -222,7 +223,7 @@ class FinishingStore(StoreBase):
             if not finished.rowcount:
                 raise _NotRunning  # rolls the transaction back
 
-            await insert_audit(conn, tenant, conv_id, run_id, result)
+            await insert_audit(conn, tenant, conv_id, run_id, result, folded)
             await settle(conn, tenant, now, result.usage)
             first_seq = row.transcript_seq - len(entries) + 1
             await insert_transcript(conn, tenant, conv_id, run_id, first_seq, entries, now)

@@ -10,13 +10,14 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, insert, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.agent.codec import dump_message, dump_messages, load_message
+from app.agent.codec import dump_message, dump_messages, dumps_messages_json, load_message
 from app.agent.messages import AnyMessage, AssistantMessage
 from app.agent.records import Compaction, Result
 
 from ._sql import StoreBase, child_key, require_conversation
 from .db import read_transaction
 from .tables import (
+    Dumped,
     Run,
     TranscriptEntry,
     run_compactions,
@@ -171,10 +172,24 @@ async def _records(
     ]
 
 
+async def dumped_folded(result: Result) -> list[Dumped]:
+    """The JSON text of each compaction's folded messages, for :func:`insert_audit`: built
+    before the write transaction, a few hundred messages per call with the event loop
+    running between them (a compaction of a long context folds thousands; one
+    ``json.dumps`` of them all would stall the loop for tens of milliseconds)."""
+    return [Dumped((await dumps_messages_json(c.folded)).decode()) for c in result.compactions]
+
+
 async def insert_audit(
-    conn: AsyncConnection, tenant: str, conv_id: str, run_id: str, result: Result
+    conn: AsyncConnection,
+    tenant: str,
+    conv_id: str,
+    run_id: str,
+    result: Result,
+    folded: Sequence[Dumped] | None = None,
 ) -> None:
-    """A finished run's audit records: its new messages, final and compactions."""
+    """A finished run's audit records: its new messages, final and compactions (``folded``:
+    :func:`dumped_folded` of ``result``, when the caller has it)."""
     key = {"tenant": tenant, "conversation_id": conv_id, "run_id": run_id}
     if result.new_messages:
         await conn.execute(
@@ -193,7 +208,7 @@ async def insert_audit(
                     "reason": c.reason,
                     "previous_summary": c.previous_summary,
                     "summary": c.summary,
-                    "folded": dump_messages(c.folded),
+                    "folded": folded[i] if folded is not None else dump_messages(c.folded),
                     "tokens_before": c.tokens_before,
                     "tokens_after": c.tokens_after,
                     "usage": c.usage.model_dump(mode="json"),
@@ -204,4 +219,4 @@ async def insert_audit(
         )
 
 
-__all__ = ["RecordStore", "RunRecord", "insert_audit"]
+__all__ = ["RecordStore", "RunRecord", "dumped_folded", "insert_audit"]

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from app.service.runs import ActiveRun, Replayed, RunManager
 from app.store.records import RunRecord
+from app.store.tables import Dumped
 
 from ..deps import prefers_minimal
 from ..handlers import stream_problem
@@ -142,7 +143,9 @@ def _sse(event: str, data: Any, seq: int | None = None) -> bytes:
     """One server-sent event; ``id`` is the run's event seq (issue 13: resume after it at
     ``GET …/runs/{id}/events`` with ``Last-Event-ID``)."""
     tail = f"id: {seq}\n" if seq is not None else ""
-    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n{tail}\n".encode()
+    # a payload already JSON text (a compaction's, app.service.events) is sent as it is
+    body = data if isinstance(data, Dumped) else json.dumps(data, separators=(",", ":"))
+    return f"event: {event}\ndata: {body}\n{tail}\n".encode()
 
 
 async def _events(
@@ -160,7 +163,8 @@ async def _events(
             yield _sse(event.event, event.data, event.seq)
         try:
             finished = await asyncio.shield(active.done)
-            body = run_view(finished).body(minimal=minimal)
+            # a long compaction's folded messages encoded in pieces (RunView.render)
+            body = Dumped((await run_view(finished).render(minimal=minimal)).decode())
         except Exception as exc:  # the outcome could not be stored (or a bug): say so, end
             yield _sse(
                 "error",

@@ -184,7 +184,8 @@ async def create_run(
     headers = {"Location": location, **_preference_applied(minimal)}
     if view.etag:
         headers["ETag"] = view.etag
-    return JSONResponse(view.body(minimal=minimal), status_code=201, headers=headers)
+    rendered = await view.render(minimal=minimal)  # a long compaction's folded messages in pieces
+    return Response(rendered, status_code=201, headers=headers, media_type="application/json")
 
 
 @router.get(
@@ -303,7 +304,8 @@ async def compact(
     }
     if view.etag:
         headers["ETag"] = view.etag
-    return JSONResponse(view.body(minimal=minimal), status_code=201, headers=headers)
+    rendered = await view.render(minimal=minimal)  # the folded messages in pieces
+    return Response(rendered, status_code=201, headers=headers, media_type="application/json")
 
 
 __all__ = ["RUN_IN_PROGRESS", "SSE_EVENT", "VALIDATION_ERROR", "_idempotency_key", "router"]
