@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, bindparam, delete, func, or_, select, update
+from sqlalchemy import BindParameter, and_, bindparam, delete, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ._sql import child_key
@@ -59,7 +59,7 @@ def queued(tenant: str, conv_id: str) -> list[Any]:
     return [*child_key(runs, tenant, conv_id), runs.c.queue_seq.is_not(None)]
 
 
-def live(now: datetime) -> Any:
+def live(now: datetime | BindParameter[Any]) -> Any:
     """A queued run that may still run: not a waiter that gave up or whose process died."""
     return or_(
         runs.c.wait_until.is_(None),
@@ -82,33 +82,17 @@ async def queue_ahead(
     return found
 
 
-def queue_head(tenant: str, conv_id: str, now: datetime) -> Any:
-    """:func:`queue_ahead` as a scalar subquery labelled ``queue_head`` (read with the
-    conversation's row, in the statement that locks it)."""
-    return (
-        select(runs.c.run_id)
-        .where(*queued(tenant, conv_id), live(now))
-        .order_by(runs.c.queue_seq)
-        .limit(1)
-        .scalar_subquery()
-        .label("queue_head")
-    )
-
-
 def queue_head_by_parameters() -> Any:
-    """:func:`queue_head` on bound parameters ``tenant``, ``conv_id`` and ``now``, for
-    statements built once."""
-    now: Any = bindparam("now")
+    """:func:`queue_ahead` as a scalar subquery labelled ``queue_head``, on bound parameters
+    ``tenant``, ``conv_id`` and ``now``: read with the conversation's row, in the statement
+    that locks it, built once (app/store/runs.py)."""
     return (
         select(runs.c.run_id)
         .where(
             runs.c.tenant == bindparam("tenant"),
             runs.c.conversation_id == bindparam("conv_id"),
             runs.c.queue_seq.is_not(None),
-            or_(
-                runs.c.wait_until.is_(None),
-                and_(runs.c.wait_until > now, runs.c.lease_expires_at > now),
-            ),
+            live(bindparam("now")),
         )
         .order_by(runs.c.queue_seq)
         .limit(1)
@@ -232,7 +216,7 @@ __all__ = [
     "live",
     "next_queue_seq",
     "queue_ahead",
-    "queue_head",
+    "queue_head_by_parameters",
     "queued",
     "take_free",
 ]
