@@ -1,12 +1,32 @@
-"""What a provider is sent of the context: the opaque fields another provider issued are
-dropped (contract §1)."""
+"""What a provider is sent of the context: the summary projected as a user message, and the
+opaque fields another provider issued dropped (contract §1).
+
+:func:`for_provider` walks the messages; on a long conversation that walk, and counting what it
+yields, would be most of a run's own cost. :func:`view_of` therefore remembers, per Context
+object, the :class:`ProviderView` it built, and :func:`carry_over` derives the view of a context
+with messages appended from the view of the context before, in O(appended). A run's context is
+only ever extended by appending (``_State.append``) or replaced by a compaction (a new object,
+so a new walk); the service's context cache keeps the Context a run returned, so the next run on
+the same conversation starts from a remembered view and never walks the history again.
+
+A view is remembered by the Context object's identity (through a weak reference, so it goes
+when the Context does) and is only served when the messages tuple and summary it was built from
+are still that Context's: the models are frozen, but a copy made with ``model_copy`` is a new
+object and simply has no view yet.
+"""
 
 from __future__ import annotations
 
-from .messages import AnyMessage, AssistantMessage, RedactedThinkingBlock, ThinkingBlock
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .compaction import project
+from .messages import AnyMessage, AssistantMessage, Context, RedactedThinkingBlock, ThinkingBlock
+from .tokens import heuristic_tokens
 
 
-def for_provider(messages: tuple[AnyMessage, ...], provider: str) -> tuple[AnyMessage, ...]:
+def for_provider(messages: Sequence[AnyMessage], provider: str) -> tuple[AnyMessage, ...]:
     """Drop opaque fields another provider issued (contract §1); they would be refused.
 
     Only a message that holds something to strip (reasoning blocks, ``provider_data``) is
@@ -36,3 +56,88 @@ def for_provider(messages: tuple[AnyMessage, ...], provider: str) -> tuple[AnyMe
 
 
 _OPAQUE = (ThinkingBlock, RedactedThinkingBlock)
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderView:
+    """What ``provider`` is sent of one context: ``messages`` (the projection through
+    :func:`for_provider`) and ``tokens``, the heuristic of those messages
+    (:func:`~app.agent.tokens.heuristic_tokens` summed). ``source`` and ``summary`` are what it
+    was built from, to tell whether it still describes a Context."""
+
+    provider: str
+    source: tuple[AnyMessage, ...]
+    summary: str
+    messages: tuple[AnyMessage, ...]
+    tokens: int
+
+    def describes(self, context: Context, provider: str) -> bool:
+        return (
+            self.provider == provider
+            and self.source is context.messages
+            and self.summary == context.summary
+        )
+
+
+def view_of(context: Context, provider: str) -> ProviderView:
+    """The view of ``context`` for ``provider``: remembered, or built (one walk) and remembered."""
+    view = _remembered(context)
+    if view is not None and view.describes(context, provider):
+        return view
+    messages = for_provider(project(context), provider)
+    view = ProviderView(
+        provider=provider,
+        source=context.messages,
+        summary=context.summary,
+        messages=messages,
+        tokens=sum(heuristic_tokens(m) for m in messages),
+    )
+    _remember(context, view)
+    return view
+
+
+def carry_over(before: Context, after: Context, appended: Sequence[AnyMessage]) -> None:
+    """``after`` is ``before`` with ``appended`` after its messages (same summary): give it the
+    view ``before`` has, extended by ``appended`` in O(appended). Nothing when ``before`` has
+    none."""
+    view = _remembered(before)
+    if view is None or not view.describes(before, view.provider):
+        return
+    if after.summary != before.summary or len(after.messages) != len(before.messages) + len(
+        appended
+    ):
+        return  # not an append: the next request walks ``after`` once
+    added = for_provider(appended, view.provider)
+    _remember(
+        after,
+        ProviderView(
+            provider=view.provider,
+            source=after.messages,
+            summary=after.summary,
+            messages=view.messages + added,
+            tokens=view.tokens + sum(heuristic_tokens(m) for m in added),
+        ),
+    )
+
+
+# id(Context) -> (a weak reference to it, its view); the reference's callback drops the entry
+# when the Context is collected, before its id can be reused
+_views: dict[int, tuple[weakref.ref[Context], ProviderView]] = {}
+
+
+def _remembered(context: Context) -> ProviderView | None:
+    entry = _views.get(id(context))
+    if entry is None or entry[0]() is not context:
+        return None
+    return entry[1]
+
+
+def _remember(context: Context, view: ProviderView) -> None:
+    key = id(context)
+    _views[key] = (weakref.ref(context, lambda _ref, key=key: _forget(key, _ref)), view)
+
+
+def _forget(key: int, ref: weakref.ref[Context]) -> None:
+    entry = _views.get(key)
+    if entry is not None and entry[0] is ref:
+        del _views[key]

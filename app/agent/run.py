@@ -50,7 +50,7 @@ from .messages import (
     ToolCallBlock,
     UserMessage,
 )
-from .opaque import for_provider
+from .opaque import for_provider, view_of
 from .pending import (
     PendingCall,
     classify,
@@ -65,7 +65,7 @@ from .records import CompactionReason, Input, Result, RunStatus
 from .replay import open_batch
 from .sizes import ContextSize, SizeBounds, passed_reason, size_of, too_large
 from .state import CANCELLED, AgentConfig, RunPlan, _Emitter, _error, _RunFailed, _shielded, _State
-from .tokens import TokenTally, estimate_with, tally_of
+from .tokens import TokenTally, estimate_with, heuristic_text_tokens, tally_of
 
 __all__ = ["Agent", "AgentConfig", "RunPlan", "for_provider"]
 
@@ -178,6 +178,9 @@ class Agent(_ToolBatches, _Folding):
             if compact is not None:
                 await self._compact(state, emit, compact, keep_last=True)
             else:
+                # what the provider is sent, walked once if this Context object has no view
+                # yet; every append then carries it over (app.agent.opaque)
+                await _offload(len(context.messages), view_of, context, self.provider.name)
                 await self._run(state, prompts, emit)
         except _RunFailed as failed:
             await self._close_unfinished(state, emit)
@@ -253,12 +256,14 @@ class Agent(_ToolBatches, _Folding):
             raise _RunFailed(
                 AttemptError(kind="internal", message="a tool call of the context has no result")
             )
+        view = view_of(context, self.provider.name)  # O(appended) on a remembered context
         return ProviderRequest(
             system_prompt=context.system_prompt,
-            messages=for_provider(compaction.project(context), self.provider.name),
+            messages=view.messages,
             tools=tools,
             model=self.config.model,
             max_output_tokens=self.config.max_output_tokens,
+            estimated_input_tokens=heuristic_text_tokens(context.system_prompt) + view.tokens,
         )
 
     async def _answer(self, state: _State, emit: _Emitter) -> AssistantMessage:

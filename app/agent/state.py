@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from .events import EventSink, RunEvent
 from .messages import AnyMessage, AssistantMessage, AttemptError, Context, Usage
+from .opaque import carry_over
 from .pending import RequiredAction, Resume, validate_approval_names
 from .providers.base import Provider, ProviderError, ToolSpec
 from .records import Compaction, Result, RunStatus
@@ -78,9 +79,9 @@ class _State:
 
     def append(self, *messages: AnyMessage) -> None:
         """Messages that join both the continuation state and the run record."""
-        self.context = self.context.model_copy(
-            update={"messages": (*self.context.messages, *messages)}
-        )
+        before = self.context
+        self.context = before.model_copy(update={"messages": (*before.messages, *messages)})
+        carry_over(before, self.context, messages)  # what a provider is sent, in O(appended)
         self.tally = self.tally.extend(messages)
         if self.size is not None:
             self.size = self.size.extend(messages)

@@ -354,3 +354,114 @@ async def test_a_short_context_is_handled_on_the_loop(monkeypatch: pytest.Monkey
 def test_a_tally_is_a_plain_value() -> None:
     assert TokenTally() == tally_of(())
     assert estimate_with(TokenTally(), "", "") == estimate("", "", ())
+
+
+# --- what a provider is sent, carried over across appends and runs (app/agent/opaque.py) ----
+
+
+def _imported() -> Context:
+    """An uploaded history holding what another provider issued: reasoning to strip, a
+    reasoning-only message to drop, ``provider_data`` to clear."""
+    messages: list[AnyMessage] = []
+    for i in range(30):
+        messages.append(UserMessage.text(f"question {i}"))
+        if i % 10 == 3:
+            messages.append(
+                AssistantMessage(
+                    content=(ThinkingBlock(thinking="hmm", signature="sig"), TextBlock(text="a")),
+                    provider="anthropic",
+                )
+            )
+        elif i % 10 == 6:
+            messages.append(
+                AssistantMessage(
+                    content=(TextBlock(text="b"),), provider="openai", provider_data={"id": i}
+                )
+            )
+        else:
+            messages.append(AssistantMessage(content=(TextBlock(text=f"answer {i}"),)))
+    return Context(system_prompt="be brief", messages=tuple(messages))
+
+
+def _checked_views(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every view a request is built from is checked against a fresh walk of its context;
+    returns the list of how many messages ``for_provider`` walks, call by call."""
+    from app.agent import compaction, opaque
+
+    walked: list[int] = []
+    walk = opaque.for_provider
+    view_of = opaque.view_of
+
+    def counting(messages: Sequence[AnyMessage], provider: str) -> tuple[AnyMessage, ...]:
+        walked.append(len(messages))
+        return walk(messages, provider)
+
+    def checked(context: Context, provider: str) -> opaque.ProviderView:
+        view = view_of(context, provider)
+        fresh = walk(compaction.project(context), provider)
+        assert view.messages == fresh
+        assert view.tokens == sum(heuristic_tokens(m) for m in fresh)
+        return view
+
+    monkeypatch.setattr(opaque, "for_provider", counting)
+    monkeypatch.setattr(run_module, "view_of", checked)
+    return walked
+
+
+async def test_every_request_is_what_a_fresh_walk_of_its_context_gives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Across runs, tool batches, a pending call answered and an overflow compaction."""
+    walked = _checked_views(monkeypatch)
+    agent = echo_agent(context_window=100_000)
+    context = _imported()
+    for prompt in ("hello", "/tool time_now {}", "/overflow", "after the compaction", "bye"):
+        result = await agent.run(Input(context=context, prompts=(UserMessage.text(prompt),)))
+        assert result.status == "completed", result.error
+        context = result.context
+    assert context.summary  # the overflow compacted
+    assert walked  # the spy saw the walks it checks
+
+
+async def test_a_run_on_the_context_a_run_returned_walks_only_what_it_appended(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A counting test: the messages walked for the provider on the second run are the same
+    for a 10- and a 2,000-message history (its prompt and answer), none of the history."""
+    walked = _checked_views(monkeypatch)
+    agent = echo_agent(context_window=100_000_000)
+    per_size: dict[int, list[int]] = {}
+    for size in (10, 2_000):
+        first = await agent.run(Input(context=history(size), prompts=(UserMessage.text("one"),)))
+        walked.clear()
+        second = await agent.run(
+            Input(context=first.context, prompts=(UserMessage.text("two"),), tokens=None)
+        )
+        assert second.status == "completed"
+        per_size[size] = list(walked)
+    assert per_size[10] == per_size[2_000]
+    assert sum(per_size[10]) <= 2  # the prompt, then the answer
+
+
+async def test_the_echo_provider_reports_the_heuristic_of_what_it_was_sent() -> None:
+    sent: list[Any] = []
+    agent = echo_agent(context_window=100_000_000)
+    original = agent.config.provider.stream
+
+    async def recording(request: Any) -> Any:
+        sent.append(request)
+        async for event in original(request):
+            yield event
+
+    agent.config.provider.stream = recording  # type: ignore[method-assign]
+    context = _imported()
+    for prompt in ("one", "/tool time_now {}", "three"):
+        result = await agent.run(Input(context=context, prompts=(UserMessage.text(prompt),)))
+        context = result.context
+    for request in sent:
+        recount = heuristic_text_tokens(request.system_prompt) + sum(
+            heuristic_tokens(m) for m in request.messages
+        )
+        assert request.estimated_input_tokens == recount
+    reports = [m.usage.input_tokens for m in context.messages if isinstance(m, AssistantMessage)]
+    assert reports[-len(sent) :] == [r.estimated_input_tokens for r in sent]

@@ -60,6 +60,11 @@ class ProviderRequest:
 
     ``purpose`` is ``"summary"`` when the agent asks for a compaction summary; providers send
     it like any request, the offline ``echo`` provider uses it to write a deterministic summary.
+
+    ``estimated_input_tokens``: the heuristic estimate (:mod:`app.agent.tokens`, uncalibrated)
+    of the system prompt and ``messages``, when the agent kept it as a running total; a provider
+    that reports an estimate rather than a count (``echo``) uses it instead of counting the
+    whole request again. Real providers ignore it.
     """
 
     system_prompt: str
@@ -68,6 +73,7 @@ class ProviderRequest:
     model: str = ""
     purpose: Literal["answer", "summary"] = "answer"
     max_output_tokens: int | None = None
+    estimated_input_tokens: int | None = None
 
 
 # --- stream events ------------------------------------------------------------------------

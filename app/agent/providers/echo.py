@@ -51,9 +51,11 @@ class EchoProvider:
         messages = request.messages
         has_summary = bool(messages) and _is_summary(messages[0])
         history = messages[1:] if has_summary else messages
-        input_tokens = heuristic_text_tokens(request.system_prompt) + sum(
-            heuristic_tokens(m) for m in messages
-        )
+        input_tokens = request.estimated_input_tokens
+        if input_tokens is None:
+            input_tokens = heuristic_text_tokens(request.system_prompt) + sum(
+                heuristic_tokens(m) for m in messages
+            )
         response_id = f"echo-{len(messages)}"
         yield MessageStart(response_id=response_id, model=self.model)
 
