@@ -17,6 +17,7 @@ least recently used first out. A context longer than the whole bound is not kept
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 
 from app.store.repository import Loaded, RunOutcome
 
@@ -82,4 +83,111 @@ def _size(loaded: Loaded) -> int:
     return len(loaded.context.messages) + 1  # an empty context still takes an entry
 
 
-__all__ = ["ContextCache"]
+
+class BodyCache:
+    """GET context's body, kept per process: a stored context's message texts joined with
+    commas, exactly as the database would join them (issue 10: GET context of a long
+    conversation must not read and send megabytes from the database every time).
+
+    Keyed like :class:`ContextCache` and served only for the ``(incarnation, version)`` read
+    in GET context's own transaction, so a write anywhere (PUT, delete and re-create, another
+    process's run, a compaction) is simply a miss. An entry comes from what this process read
+    (a GET that missed) or wrote: a run's save that only appended (:attr:`RunOutcome.appended`)
+    extends the entry of its base version with the texts it inserted, the very strings it
+    stored. The texts are kept encoded, as pieces joined on the next read, so a run's save
+    costs O(what it appended).
+
+    Bounded by the bytes held (``CARRYOVER_CONTEXT_BODY_CACHE_BYTES``; 0 turns it off), least
+    recently used first out.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[Key, _Body] = OrderedDict()
+        self._held = 0
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held
+
+    def lookup(self, tenant: str, conv_id: str, incarnation: str, version: int) -> bytes | None:
+        """The joined texts stored at exactly ``(incarnation, version)``, if this process has
+        them."""
+        key = (tenant, conv_id)
+        found = self._entries.get(key)
+        if found is None or (found.incarnation, found.version) != (incarnation, version):
+            if found is not None:
+                self._drop(key)
+            self.misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        if len(found.parts) > 1:  # join once; later reads take the joined text as it is
+            found.parts = [b",".join(p for p in found.parts if p)]
+        return found.parts[0]
+
+    def keep(self, tenant: str, conv_id: str, incarnation: str, version: int, joined: bytes) -> None:
+        """Remember the texts stored at ``(incarnation, version)``, joined with commas."""
+        self._put((tenant, conv_id), _Body(incarnation, version, [joined], len(joined)))
+
+    def saved(
+        self, tenant: str, conv_id: str, base: tuple[str, int], outcome: RunOutcome
+    ) -> None:
+        """A run on the context stored at ``base`` (incarnation, version) recorded its
+        outcome: extend the entry of ``base`` with what the save appended, or forget it."""
+        key = (tenant, conv_id)
+        found = self._entries.get(key)
+        if found is None or not outcome.stored:
+            return  # nothing kept, or the stored context (and any entry of it) is as it was
+        saved = outcome.saved
+        if (
+            (found.incarnation, found.version) != base
+            or saved is None
+            or outcome.appended is None
+        ):
+            self._drop(key)
+            return
+        added = b",".join(t.encode() for t in outcome.appended)
+        self._drop(key)
+        self._put(
+            key,
+            _Body(
+                saved.incarnation,
+                saved.version,
+                [*found.parts, added],
+                found.size + len(added) + (1 if found.size and added else 0),
+            ),
+        )
+
+    def forget(self, tenant: str, conv_id: str) -> None:
+        if (tenant, conv_id) in self._entries:
+            self._drop((tenant, conv_id))
+
+    def _put(self, key: Key, body: _Body) -> None:
+        if key in self._entries:
+            self._drop(key)
+        if not self.max_bytes or body.size > self.max_bytes:
+            return  # off, or longer than the whole bound
+        self._entries[key] = body
+        self._held += body.size
+        while self._held > self.max_bytes:
+            self._drop(next(iter(self._entries)))
+
+    def _drop(self, key: Key) -> None:
+        self._held -= self._entries.pop(key).size
+
+
+@dataclass
+class _Body:
+    incarnation: str
+    version: int
+    parts: list[bytes]  # b",".join of the non-empty parts is the joined texts
+    size: int  # bytes of the joined texts
+
+
+__all__ = ["BodyCache", "ContextCache"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
+import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -217,7 +218,14 @@ class ConversationService:
             outcome = evaluate_conditions(None, if_none_match, conv.etag, safe_method=True)
             if outcome == "not-modified":
                 return NotModified(conv.etag)
-        return await self.repo.load_context_rows(tenant, conv_id)
+        bodies = self.runs.bodies
+        rows = await self.repo.load_context_rows(tenant, conv_id, cached=bodies.lookup)
+        if isinstance(rows.joined, str):  # read from the database: kept for the next read
+            joined = rows.joined.encode()
+            conv = rows.conversation
+            bodies.keep(tenant, conv_id, conv.incarnation, conv.version, joined)
+            rows = dataclasses.replace(rows, joined=joined)
+        return rows
 
     async def put_context(
         self,

@@ -23,7 +23,7 @@ from app.store.repository import EventRow, Loaded, OnFailure, Repository
 
 from . import pending, runlog
 from .bounds import refusal_of, refused
-from .cache import ContextCache
+from .cache import BodyCache, ContextCache
 from .dbfaults import OutcomeNotStored, mark_unstored, outage_reason, retry_write
 from .metrics import observe_result
 from .types import ActiveRun, FinishedRun, Idempotency, RunRequest
@@ -43,6 +43,7 @@ class Finishing:
     owner: str
     closing: bool
     contexts: ContextCache
+    bodies: BodyCache
     problem_slug: Callable[[AttemptError | None, str], str | None]
 
     async def _finish(
@@ -113,6 +114,8 @@ class Finishing:
         if active.recorder is not None:
             active.recorder.settle(outcome.status)  # run.requires_action only if it was stored
         self.contexts.saved(active.tenant, active.conversation_id, outcome)
+        base = (loaded.incarnation, loaded.version)
+        self.bodies.saved(active.tenant, active.conversation_id, base, outcome)
         finished = FinishedRun(run, result, outcome)
         seconds = (
             (outcome.finished_at - run.created_at).total_seconds()

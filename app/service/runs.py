@@ -35,7 +35,7 @@ from app.store.repository import IdempotencyClaim, Loaded, Repository, RunRecord
 from . import pending, runlog
 from .agents import AgentPool
 from .bounds import RunDeadline, size_bounds
-from .cache import ContextCache
+from .cache import BodyCache, ContextCache
 from .compacting import Compacting
 from .dbfaults import OutcomeNotStored, retry_after_busy
 from .errors import Busy, ShuttingDown
@@ -70,6 +70,7 @@ class RunManager(LeaseKeeping, Queueing, Finishing, Compacting):
         self._keeper: asyncio.Task[None] | None = None
         self._hooked: dict[int, tuple[Any, Any]] = {}
         self.contexts = ContextCache(settings.context_cache_messages)
+        self.bodies = BodyCache(settings.context_body_cache_bytes)
         self.waiting: dict[str, Any] = {}  # held queued runs of this process (app.service.queue)
         self._claims: set[asyncio.Task[None]] = set()
         self.queues: set[tuple[str, str]] = set()

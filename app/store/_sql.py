@@ -67,8 +67,9 @@ class StoredRows:
     texts: tuple[str, ...]
     first_position: int
     #: the texts already joined with commas (what :func:`read_joined` reads: the database
-    #: joins them, one value instead of one row per message); ``texts`` is then empty
-    joined: str | None = None
+    #: joins them, one value instead of one row per message; or GET context's body cache,
+    #: already encoded); ``texts`` is then empty
+    joined: str | bytes | None = None
 
     def context_json(self) -> bytes:
         """The stored context as the JSON of ``Context`` (the wire format), built from the
@@ -80,7 +81,9 @@ class StoredRows:
             separators=(",", ":"),
         )
         messages = self.joined if self.joined is not None else ",".join(self.texts)
-        return f'{head[:-1]},"messages":[{messages}]}}'.encode()
+        if isinstance(messages, str):
+            messages = messages.encode()
+        return b"".join((head[:-1].encode(), b',"messages":[', messages, b"]}"))
 
     def decode(self) -> Loaded:
         """The stored context as values (what was stored was validated when it came in or was

@@ -10,7 +10,7 @@ Listing, searching and sweeping conversations are in :mod:`.listing` (a base of
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 
 from sqlalchemy import LargeBinary, String, cast, delete, func, insert, literal, select, update
@@ -54,6 +54,11 @@ from .tables import Conversation, context_messages, conversation_metadata, conve
 
 #: the detail of a refused If-Match on a conversation
 STALE = "If-Match does not match the stored context"
+
+CachedBody = Callable[[str, str, str, int], bytes | None]
+"""GET context's body cache: ``(tenant, conversation_id, incarnation, version)`` → the stored
+message texts joined with commas, encoded, when the caller holds them at exactly that version
+(:class:`app.service.cache.BodyCache`)."""
 
 
 async def read_last_batch(
@@ -284,16 +289,31 @@ class ConversationStore(ListingStore):
         return await decode(await self.load_context_rows(tenant, conv_id, joined=False))
 
     async def load_context_rows(
-        self, tenant: str, conv_id: str, *, joined: bool = True
+        self,
+        tenant: str,
+        conv_id: str,
+        *,
+        joined: bool = True,
+        cached: CachedBody | None = None,
     ) -> StoredRows:
         """The stored context as read, undecoded (its row and message texts), in one read
         transaction: :meth:`StoredRows.context_json` is its wire format as it is. ``joined``:
-        the texts joined by the database (GET context sends them so); otherwise one per
-        message (decoded a few hundred at a time)."""
+        the texts joined by the database (GET context sends them so), or by ``cached`` when
+        it holds them at the version just read (then no message row is read); otherwise one
+        per message (decoded a few hundred at a time)."""
         async with read_transaction(self.engine) as conn:
             conv = await read_conversation(conn, tenant, conv_id)
             if conv is None:
                 raise conversation_not_found(conv_id)
+            if joined and cached is not None:
+                hit = cached(tenant, conv_id, conv.incarnation, conv.version)
+                if hit is not None:
+                    return StoredRows(
+                        conversation=conv,
+                        texts=(),
+                        first_position=conv.next_position - conv.message_count,
+                        joined=hit,
+                    )
             return await (read_joined if joined else read_rows)(conn, conv)
 
     async def replace_context(

@@ -21,6 +21,8 @@ from app.agent.sizes import ContextSize
 from app.agent.tokens import TokenTally
 from app.etag import version_etag
 
+from app.agent.codec import dumps_message
+
 from ._sql import (
     Loaded,
     StoreBase,
@@ -35,7 +37,7 @@ from .errors import NotFound, run_not_found
 from .events import EventRow, insert_events
 from .quotas import settle
 from .records import dumped_folded, insert_audit
-from .tables import context_messages, conversations, runs
+from .tables import Dumped, context_messages, conversations, runs
 from .webhooks import enqueue_deliveries
 
 RunStatus = Literal[
@@ -62,6 +64,9 @@ class RunOutcome:
     finished_at: datetime | None = None
     #: what is stored now, when this run stored it (exactly the run's context): for a cache
     saved: Loaded | None = None
+    #: when the save only appended to the stored messages (no compaction, nothing rewritten):
+    #: the texts it inserted, in order, exactly as stored (GET context's body cache)
+    appended: tuple[str, ...] | None = None
 
 
 def _outcome_statements() -> tuple[Any, Any, Any]:
@@ -158,6 +163,7 @@ class FinishingStore(StoreBase):
         }
 
         folded = await dumped_folded(result)  # before the transaction: not under its lock
+        inserts = [(p, Dumped(dumps_message(m))) for p, m in plan.inserts] if store else []
         # Lock order, here as everywhere: the conversation row first, then the run row.
         async with write_transaction(self.engine) as conn:
             row = None
@@ -196,7 +202,7 @@ class FinishingStore(StoreBase):
                             context_messages.c.position < plan.delete_before,
                         )
                     )
-                await insert_messages(conn, tenant, conv_id, plan.inserts)
+                await insert_messages(conn, tenant, conv_id, inserts)
 
             status: RunStatus = result.status if stored or not store else "conflicted"
             etag = version_etag(base.incarnation, row.version)
@@ -250,6 +256,11 @@ class FinishingStore(StoreBase):
             result_etag=result_etag,
             finished_at=now,
             saved=saved,
+            appended=(
+                tuple(text for _, text in inserts)
+                if stored and plan.delete_before is None and not plan.rewritten
+                else None
+            ),
         )
 
 
