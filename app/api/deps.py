@@ -36,9 +36,15 @@ class Services:
     auth: Authenticator
 
 
-def services(request: Request) -> Services:
+def services_of(request: Request) -> Services:
     found: Services = request.app.state.services
     return found
+
+
+async def services(request: Request) -> Services:
+    """The app's services (a coroutine: FastAPI runs a plain function dependency in its
+    thread pool, a thread hop on every request)."""
+    return services_of(request)
 
 
 ServicesDep = Annotated[Services, Depends(services)]
@@ -61,7 +67,7 @@ async def tenant(
     if isinstance(found, str):
         return found
     # Not behind the middleware (a route on a public path): authenticate here.
-    return await services(request).auth.authenticate(request.headers.get("authorization"))
+    return await services_of(request).auth.authenticate(request.headers.get("authorization"))
 
 
 TenantDep = Annotated[str, Depends(tenant)]
