@@ -111,6 +111,17 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
     __slots__ = ()
     _cursor_cls = OneHopCursor
 
+    def rollback(self) -> None:
+        """Roll back, without a thread hop when there is nothing to roll back: the pool resets
+        every connection it takes back with a rollback, and after a committed transaction
+        (every transaction here ends by commit or rollback) none is open. ``in_transaction``
+        only reads SQLite's autocommit flag, safe from the loop while no statement runs on
+        this connection (it is checked out to no one when the pool resets it)."""
+        raw = self._connection._connection
+        if raw is not None and not raw.in_transaction:
+            return
+        super().rollback()
+
 
 class OneHopDBAPI(AsyncAdapt_aiosqlite_dbapi):
     def connect(self, *arg: Any, **kw: Any) -> OneHopConnection:
