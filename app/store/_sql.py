@@ -300,6 +300,11 @@ def stored_too_large(actual: int, max_bytes: int, what: str = "the context") -> 
     )
 
 
+#: built once (a run's path pays no statement construction)
+_INSERT_MESSAGES = insert(context_messages)
+_INSERT_TRANSCRIPT = insert(transcript)
+
+
 async def insert_messages(
     conn: AsyncConnection,
     tenant: str,
@@ -309,7 +314,7 @@ async def insert_messages(
     """Insert message rows, each a message or its :class:`Dumped` text."""
     if rows:
         await conn.execute(
-            insert(context_messages),
+            _INSERT_MESSAGES,
             [
                 {
                     "tenant": tenant,
@@ -333,7 +338,7 @@ async def insert_transcript(
 ) -> None:
     if entries:
         await conn.execute(
-            insert(transcript),
+            _INSERT_TRANSCRIPT,
             [
                 {
                     "tenant": tenant,

@@ -55,12 +55,13 @@ async def insert_events(conn: AsyncConnection, rows: Sequence[EventRow]) -> None
     connection broke) is written again with the outcome, and must not make it fail."""
     if not rows:
         return
-    stmt: Any
-    if conn.dialect.name == "postgresql":
-        stmt = pg_insert(run_events).on_conflict_do_nothing()
-    else:
-        stmt = sqlite_insert(run_events).on_conflict_do_nothing()
+    stmt = _INSERT_PG if conn.dialect.name == "postgresql" else _INSERT_SQLITE
     await conn.execute(stmt, [row.values() for row in rows])
+
+
+#: built once per dialect (a run's path pays no statement construction)
+_INSERT_PG: Any = pg_insert(run_events).on_conflict_do_nothing()
+_INSERT_SQLITE: Any = sqlite_insert(run_events).on_conflict_do_nothing()
 
 
 class EventStore(StoreBase):

@@ -180,6 +180,12 @@ async def dumped_folded(result: Result) -> list[Dumped]:
     return [Dumped((await dumps_messages_json(c.folded)).decode()) for c in result.compactions]
 
 
+#: built once (a run's path pays no statement construction)
+_INSERT_NEW_MESSAGES = insert(run_new_messages)
+_INSERT_FINAL = insert(run_finals)
+_INSERT_COMPACTIONS = insert(run_compactions)
+
+
 async def insert_audit(
     conn: AsyncConnection,
     tenant: str,
@@ -193,14 +199,14 @@ async def insert_audit(
     key = {"tenant": tenant, "conversation_id": conv_id, "run_id": run_id}
     if result.new_messages:
         await conn.execute(
-            insert(run_new_messages),
+            _INSERT_NEW_MESSAGES,
             [{**key, "seq": i, "body": dump_message(m)} for i, m in enumerate(result.new_messages)],
         )
     if result.final is not None:
-        await conn.execute(insert(run_finals), {**key, "body": dump_message(result.final)})
+        await conn.execute(_INSERT_FINAL, {**key, "body": dump_message(result.final)})
     if result.compactions:
         await conn.execute(
-            insert(run_compactions),
+            _INSERT_COMPACTIONS,
             [
                 {
                     **key,

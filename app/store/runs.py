@@ -44,6 +44,9 @@ OnFailure = Literal["keep", "discard"]
 #: the detail of a run refused by its If-Match
 STALE_RUN = "If-Match does not match the stored context; nothing ran"
 
+#: built once: constructing an INSERT costs more than executing it (docs/performance.md)
+_INSERT_RUN = insert(runs)
+
 CachedContext = Callable[[str, str, str, int], Loaded | None]
 """A cache of stored contexts: ``(tenant, conversation_id, incarnation, version)`` → the
 :class:`Loaded` stored at exactly that version, or ``None``."""
@@ -137,7 +140,7 @@ class RunStore(FinishingStore):
         values["started_at"] = values["created_at"]
         async with write_transaction(self.engine) as conn:
             try:
-                await conn.execute(insert(runs), values)
+                await conn.execute(_INSERT_RUN, values)
             except IntegrityError:
                 # The foreign key: the conversation does not exist (run ids are fresh uuids).
                 raise conversation_not_found(conv_id) from None
@@ -237,7 +240,7 @@ class RunStore(FinishingStore):
                 trace_id=trace_id,
                 started_at=now,
             )
-            await conn.execute(insert(runs), values)  # as parameters: no per-call coercion
+            await conn.execute(_INSERT_RUN, values)  # as parameters: no per-call coercion
             if idempotency is not None:
                 await insert_claim(conn, tenant, conv_id, run_id, idempotency, now)
             if cached is not None:
