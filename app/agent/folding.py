@@ -14,6 +14,7 @@ from app import telemetry
 from . import compaction
 from .events import CompactionCompleted
 from .messages import AnyMessage, AssistantMessage, AttemptError, Context, Usage, text_of
+from .opaque import view_of
 from .providers.base import ProviderError, ProviderRequest
 from .records import Compaction, CompactionReason
 from .sizes import ContextSize, SizeBounds
@@ -120,6 +121,9 @@ class _Folding:
         after, tally, after_size, record = await _offload(
             size, _fold, before, state.tally, state.size, cut, summary, reason, at, answer.usage
         )
+        # what the provider is sent of the compacted context, walked once here (off the loop
+        # for a long one) rather than by the next request (app/agent/opaque.py)
+        await _offload(len(after.messages), view_of, after, self.config.provider.name)
         state.context = after
         state.tally = tally
         state.size = after_size

@@ -134,10 +134,10 @@ def _remembered(context: Context) -> ProviderView | None:
 
 def _remember(context: Context, view: ProviderView) -> None:
     key = id(context)
-    _views[key] = (weakref.ref(context, lambda _ref, key=key: _forget(key, _ref)), view)
 
+    def forget(ref: weakref.ref[Context]) -> None:
+        entry = _views.get(key)
+        if entry is not None and entry[0] is ref:
+            del _views[key]
 
-def _forget(key: int, ref: weakref.ref[Context]) -> None:
-    entry = _views.get(key)
-    if entry is not None and entry[0] is ref:
-        del _views[key]
+    _views[key] = (weakref.ref(context, forget), view)

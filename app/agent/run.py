@@ -37,7 +37,6 @@ from collections.abc import Iterable
 
 from app import telemetry
 
-from . import compaction
 from .assembly import AttemptBuilder
 from .batches import _ToolBatches
 from .events import Delta, EventSink, MessageCompleted

@@ -83,7 +83,6 @@ def _size(loaded: Loaded) -> int:
     return len(loaded.context.messages) + 1  # an empty context still takes an entry
 
 
-
 class BodyCache:
     """GET context's body, kept per process: a stored context's message texts joined with
     commas, exactly as the database would join them (issue 10: GET context of a long
@@ -131,13 +130,13 @@ class BodyCache:
             found.parts = [b",".join(p for p in found.parts if p)]
         return found.parts[0]
 
-    def keep(self, tenant: str, conv_id: str, incarnation: str, version: int, joined: bytes) -> None:
+    def keep(
+        self, tenant: str, conv_id: str, incarnation: str, version: int, joined: bytes
+    ) -> None:
         """Remember the texts stored at ``(incarnation, version)``, joined with commas."""
         self._put((tenant, conv_id), _Body(incarnation, version, [joined], len(joined)))
 
-    def saved(
-        self, tenant: str, conv_id: str, base: tuple[str, int], outcome: RunOutcome
-    ) -> None:
+    def saved(self, tenant: str, conv_id: str, base: tuple[str, int], outcome: RunOutcome) -> None:
         """A run on the context stored at ``base`` (incarnation, version) recorded its
         outcome: extend the entry of ``base`` with what the save appended, or forget it."""
         key = (tenant, conv_id)
@@ -145,11 +144,7 @@ class BodyCache:
         if found is None or not outcome.stored:
             return  # nothing kept, or the stored context (and any entry of it) is as it was
         saved = outcome.saved
-        if (
-            (found.incarnation, found.version) != base
-            or saved is None
-            or outcome.appended is None
-        ):
+        if (found.incarnation, found.version) != base or saved is None or outcome.appended is None:
             self._drop(key)
             return
         added = b",".join(t.encode() for t in outcome.appended)

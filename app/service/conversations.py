@@ -3,9 +3,9 @@ context; the transcript; compact now. Each takes parsed values and returns plain
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
-import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any

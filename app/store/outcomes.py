@@ -16,12 +16,11 @@ from typing import Any, Literal
 from sqlalchemy import Integer, and_, bindparam, case, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.agent.codec import dumps_message
 from app.agent.records import Result
 from app.agent.sizes import ContextSize
 from app.agent.tokens import TokenTally
 from app.etag import version_etag
-
-from app.agent.codec import dumps_message
 
 from ._sql import (
     Loaded,

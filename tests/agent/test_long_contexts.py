@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.agent import folding, tokens
+from app.agent import compaction as compaction_module
+from app.agent import folding, opaque, tokens
 from app.agent import run as run_module
 from app.agent.compaction import choose_cut, is_safe_cut
 from app.agent.messages import (
@@ -324,12 +325,21 @@ async def test_compacting_a_long_context_runs_its_cpu_heavy_steps_in_a_worker_th
     on_loop: dict[str, list[bool]] = {}
     for module, name in (
         (tokens, "heuristic_tokens"),
-        (run_module.compaction, "choose_cut"),
-        (run_module.compaction, "render"),
+        (compaction_module, "choose_cut"),
+        (compaction_module, "render"),
         (folding, "_fold"),
         (run_module, "tally_of"),
     ):
         _spy(monkeypatch, module, name, on_loop.setdefault(name, []))
+    walked_on_loop: list[int] = []  # messages for_provider walks on the loop, call by call
+    walk = opaque.for_provider
+
+    def walking(messages: Sequence[AnyMessage], provider: str) -> tuple[AnyMessage, ...]:
+        if threading.current_thread() is threading.main_thread():
+            walked_on_loop.append(len(messages))
+        return walk(messages, provider)
+
+    monkeypatch.setattr(opaque, "for_provider", walking)
     result = await once()
     assert result == reference  # the same run, whichever thread did the work
     [compaction] = result.compactions
@@ -339,12 +349,15 @@ async def test_compacting_a_long_context_runs_its_cpu_heavy_steps_in_a_worker_th
     # On the loop: only what the run itself added (its prompt and answer), not the history.
     assert len(on_loop["heuristic_tokens"]) > 9_000
     assert sum(on_loop["heuristic_tokens"]) <= 4
+    # what the provider is sent: the history and the compacted context are walked in a
+    # thread; on the loop only the appended prompt and answer
+    assert sum(walked_on_loop) <= 4, walked_on_loop
 
 
 async def test_a_short_context_is_handled_on_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     """Below the threshold nothing is sent to a thread (the hop would cost more)."""
     seen: list[bool] = []
-    _spy(monkeypatch, run_module.compaction, "choose_cut", seen)
+    _spy(monkeypatch, compaction_module, "choose_cut", seen)
     provider = ScriptedProvider(script=["ok"], summaries=["the gist"])
     agent = agent_for(provider, context_window=2000, compact_at=0.5, keep_after_compaction=0.2)
     result = await agent.run(Input(context=history(10), prompts=(UserMessage.text("q"),)))

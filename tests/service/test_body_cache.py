@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+
 import pytest
 
 from app.agent.messages import Context, UserMessage, text_of
@@ -19,7 +20,7 @@ from app.service.agents import AgentPool
 from app.service.cache import BodyCache
 from app.service.conversations import ConversationService
 from app.service.runs import RunManager
-from app.store.repository import StoredRows
+from app.store.repository import Loaded, StoredRows
 from tests.fakes.gated import GatedProvider, gated_pool
 
 from .conftest import TENANT, Services
@@ -48,7 +49,8 @@ async def same(services: Services, truth: ConversationService, conv: str) -> byt
     served = await body(services.conversations, conv)
     assert served == await body(truth, conv)
     loaded = await services.conversations.get_context(TENANT, conv)
-    assert Context.model_validate_json(served) == getattr(loaded, "context")
+    assert isinstance(loaded, Loaded)
+    assert Context.model_validate_json(served) == loaded.context
     return served
 
 
