@@ -3,6 +3,7 @@ context; the transcript; compact now. Each takes parsed values and returns plain
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from app.agent.folding import OFFLOAD_MESSAGES
 from app.agent.messages import Context
 from app.agent.pending import PendingCall
 from app.agent.replay import ReplayError, validate_storable
@@ -17,7 +19,7 @@ from app.etag import ETagCondition, IfMatch, evaluate_conditions
 from app.store.conversations import Search
 from app.store.errors import PreconditionFailed, conversation_not_found
 from app.store.metadata import KEEP
-from app.store.repository import Loaded, Repository, StoredRows
+from app.store.repository import DumpedContext, Loaded, Repository, StoredRows
 from app.store.tables import Conversation, TranscriptEntry
 
 from .bounds import size_bounds
@@ -52,6 +54,7 @@ class NotModified:
 class ContextWritten:
     etag: str
     created: bool  # the conversation was created with it (If-None-Match: *)
+    body: bytes = b""  # the stored context's JSON, as GET context answers it
 
 
 class ConversationService:
@@ -241,8 +244,11 @@ class ConversationService:
         or ending with pending calls (docs/tools.md)."""
         if if_match is None and (if_none_match is None or not if_none_match.any):
             raise ValueError("give if_match, or if_none_match '*' to create")
-        try:
-            validate_storable(context)  # it may end with pending calls (docs/tools.md)
+        try:  # it may end with pending calls (docs/tools.md); a long one off the loop
+            if len(context.messages) >= OFFLOAD_MESSAGES:
+                await asyncio.to_thread(validate_storable, context)
+            else:
+                validate_storable(context)
         except ReplayError as exc:
             raise UnreplayableContext(exc.index, str(exc)) from None
         if if_match is not None and if_none_match is not None:
@@ -257,16 +263,17 @@ class ConversationService:
         # Stored, a context may be larger than it was sent (every field written out): what a
         # GET of it would answer must be PUT-able back (max_body_bytes).
         max_bytes = self.runs.settings.max_body_bytes
+        dumped = await DumpedContext.dump(context.system_prompt, context.summary, context.messages)
         try:
             if if_match is not None:
                 etag = await self.repo.replace_context(
-                    tenant, conv_id, context, if_match=if_match, max_bytes=max_bytes
+                    tenant, conv_id, context, if_match=if_match, max_bytes=max_bytes, dumped=dumped
                 )
-                return ContextWritten(etag, created=False)
+                return ContextWritten(etag, created=False, body=dumped.body)
             etag = await self.repo.replace_context(
-                tenant, conv_id, context, create=True, max_bytes=max_bytes
+                tenant, conv_id, context, create=True, max_bytes=max_bytes, dumped=dumped
             )
-            return ContextWritten(etag, created=True)
+            return ContextWritten(etag, created=True, body=dumped.body)
         except PreconditionFailed as exc:
             current = exc.current_etag
             if current is None:  # If-None-Match: * found the conversation

@@ -4,6 +4,7 @@ conditions, and the statements more than one of them runs."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import uuid
 from collections.abc import Sequence
@@ -56,6 +57,19 @@ class Loaded:
     size: ContextSize | None = None  # the running size of context (app.agent.sizes), when known
 
 
+def context_body(system_prompt: str, summary: str, joined: str | bytes) -> bytes:
+    """The JSON of a ``Context`` (the wire format, compact, UTF-8) from its message texts
+    already joined with commas: byte for byte ``json.dumps(dump_context(context),
+    ensure_ascii=False, separators=(",", ":"))``, without dumping a message again."""
+    head = json.dumps(
+        {"system_prompt": system_prompt, "summary": summary},
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
+    messages = joined.encode() if isinstance(joined, str) else joined
+    return b"".join((head[:-1].encode(), b',"messages":[', messages, b"]}"))
+
+
 @dataclass(frozen=True)
 class StoredRows:
     """A stored context as read, not yet decoded: the conversation row and each message's
@@ -75,15 +89,8 @@ class StoredRows:
         """The stored context as the JSON of ``Context`` (the wire format), built from the
         stored texts without decoding them."""
         conv = self.conversation
-        head = json.dumps(
-            {"system_prompt": conv.system_prompt, "summary": conv.summary},
-            ensure_ascii=False,
-            separators=(",", ":"),
-        )
         messages = self.joined if self.joined is not None else ",".join(self.texts)
-        if isinstance(messages, str):
-            messages = messages.encode()
-        return b"".join((head[:-1].encode(), b',"messages":[', messages, b"]}"))
+        return context_body(conv.system_prompt, conv.summary, messages)
 
     def decode(self) -> Loaded:
         """The stored context as values (what was stored was validated when it came in or was
@@ -146,9 +153,10 @@ def new_conversation(
     now: datetime,
     transcript_seq: int,
     size: ContextSize | None = None,
+    tally: TokenTally | None = None,
 ) -> dict[str, Any]:
-    """The row of a new conversation holding ``context`` (of ``size``, counted when not
-    given)."""
+    """The row of a new conversation holding ``context`` (of ``size`` and ``tally``, counted
+    when not given)."""
     n = len(context.messages)
     if size is None:
         size = ContextSize(frame=frame_bytes(context.system_prompt, context.summary))
@@ -166,7 +174,7 @@ def new_conversation(
         "created_at": now,
         "updated_at": now,
         "active_run_id": None,
-        "token_tally": tally_of(context.messages).model_dump(mode="json"),
+        "token_tally": (tally or tally_of(context.messages)).model_dump(mode="json"),
         "pending_calls": stored_pending(context.messages),
         "context_bytes": size.bytes,
     }
@@ -269,6 +277,8 @@ class DumpedContext:
 
     texts: tuple[Dumped, ...]
     size: ContextSize
+    system_prompt: str = ""
+    summary: str = ""
 
     @classmethod
     def of(
@@ -280,7 +290,22 @@ class DumpedContext:
             messages=sum(text_bytes(t) for t in dumped),
             count=len(dumped),
         )
-        return cls(dumped, size)
+        return cls(dumped, size, system_prompt, summary)
+
+    @classmethod
+    async def dump(
+        cls, system_prompt: str, summary: str, texts: Sequence[str] | Sequence[AnyMessage]
+    ) -> DumpedContext:
+        """:meth:`of`, in a worker thread for a long context: dumping is one small call per
+        message, so the event loop gets the GIL back between them."""
+        if len(texts) >= DECODE_IN_THREAD_FROM:
+            return await asyncio.to_thread(cls.of, system_prompt, summary, texts)
+        return cls.of(system_prompt, summary, texts)
+
+    @functools.cached_property
+    def body(self) -> bytes:
+        """The context's JSON as GET context answers it (:func:`context_body`), built once."""
+        return context_body(self.system_prompt, self.summary, ",".join(self.texts))
 
     def check(self, max_bytes: int | None, what: str = "the context") -> None:
         """:class:`LimitExceeded` (``max_body_bytes``) when the stored JSON would be larger
@@ -305,6 +330,12 @@ _INSERT_MESSAGES = insert(context_messages)
 _INSERT_TRANSCRIPT = insert(transcript)
 
 
+#: message rows per INSERT: SQLAlchemy prepares an executemany's parameters on the event loop
+#: (~20 µs a row), so a long context is written in statements of this many rows, the loop
+#: running other tasks between them
+INSERT_CHUNK = 500
+
+
 async def insert_messages(
     conn: AsyncConnection,
     tenant: str,
@@ -312,7 +343,7 @@ async def insert_messages(
     rows: Sequence[tuple[int, AnyMessage | Dumped]],
 ) -> None:
     """Insert message rows, each a message or its :class:`Dumped` text."""
-    if rows:
+    for start in range(0, len(rows), INSERT_CHUNK):
         await conn.execute(
             _INSERT_MESSAGES,
             [
@@ -322,7 +353,7 @@ async def insert_messages(
                     "position": p,
                     "body": m if isinstance(m, Dumped) else dump_message(m),
                 }
-                for p, m in rows
+                for p, m in rows[start : start + INSERT_CHUNK]
             ],
         )
 

@@ -29,6 +29,8 @@ from app.agent.messages import (
 from app.agent.pending import open_calls
 from app.agent.records import Compaction, Result
 
+from .tables import Dumped
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -160,7 +162,7 @@ def pending_blocks(stored: Sequence[Mapping[str, str]] | None) -> tuple[ToolCall
 class TranscriptItem:
     kind: TranscriptKind
     failed: bool
-    body: dict[str, Any]
+    body: dict[str, Any] | Dumped  # Dumped: the body's JSON text, already dumped
 
 
 def _message_item(message: AnyMessage) -> TranscriptItem:

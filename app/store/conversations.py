@@ -10,6 +10,8 @@ Listing, searching and sweeping conversations are in :mod:`.listing` (a base of
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Callable, Mapping
 from datetime import datetime
 
@@ -17,13 +19,14 @@ from sqlalchemy import LargeBinary, String, cast, delete, func, insert, literal,
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.agent.codec import dump_context, load_message
+from app.agent.codec import load_message
 from app.agent.messages import AnyMessage, Context, ToolResultMessage
 from app.agent.sizes import ContextSize, SizeBounds, frame_bytes
 from app.agent.tokens import tally_of
 from app.etag import IfMatch, sql_if_match, version_etag
 
 from ._sql import (
+    DECODE_IN_THREAD_FROM,
     DumpedContext,
     Loaded,
     StoredRows,
@@ -50,7 +53,14 @@ from .errors import (
 )
 from .listing import ListingStore, Search
 from .metadata import write_metadata
-from .tables import Conversation, context_messages, conversation_metadata, conversations, runs
+from .tables import (
+    Conversation,
+    Dumped,
+    context_messages,
+    conversation_metadata,
+    conversations,
+    runs,
+)
 
 #: the detail of a refused If-Match on a conversation
 STALE = "If-Match does not match the stored context"
@@ -325,9 +335,15 @@ class ConversationStore(ListingStore):
         if_match: IfMatch | None = None,
         create: bool = False,
         max_bytes: int | None = None,
+        dumped: DumpedContext | None = None,
     ) -> str:
         """Replace (``if_match``) or create (``create``, i.e. If-None-Match: *) the stored
-        context, in one transaction; returns the new ETag.
+        context, in one transaction; returns the new ETag. ``dumped``: the context's texts, when
+        the caller dumped them already (:meth:`DumpedContext.dump`).
+
+        A long context costs the event loop no long stall: its texts are dumped and its tally
+        counted in a worker thread, its rows written a chunk at a time, and the transcript's
+        ``context_replaced`` entry built from the dumped texts.
 
         Raises :class:`NotFound` when replacing a conversation that does not exist and
         :class:`PreconditionFailed` when ``if_match`` is stale or ``create`` finds one (then
@@ -337,15 +353,30 @@ class ConversationStore(ListingStore):
         """
         if create == (if_match is not None):
             raise ValueError("give exactly one of if_match and create")
-        dumped = DumpedContext.of(context.system_prompt, context.summary, context.messages)
+        if dumped is None:
+            dumped = await DumpedContext.dump(
+                context.system_prompt, context.summary, context.messages
+            )
         dumped.check(max_bytes)
-        now = self.clock.now()
         n = len(context.messages)
+        tally = (
+            await asyncio.to_thread(tally_of, context.messages)
+            if n >= DECODE_IN_THREAD_FROM
+            else tally_of(context.messages)
+        )
+        body = dumped.body.decode()
+        now = self.clock.now()
         async with write_transaction(self.engine) as conn:
             if create:
                 # The context_replaced entry below takes transcript seq 1.
                 values = new_conversation(
-                    tenant, conv_id, context, now=now, transcript_seq=1, size=dumped.size
+                    tenant,
+                    conv_id,
+                    context,
+                    now=now,
+                    transcript_seq=1,
+                    size=dumped.size,
+                    tally=tally,
                 )
                 try:
                     await conn.execute(insert(conversations).values(values))
@@ -371,7 +402,7 @@ class ConversationStore(ListingStore):
                             message_count=n,
                             transcript_seq=conversations.c.transcript_seq + 1,
                             updated_at=now,
-                            token_tally=tally_of(context.messages).model_dump(mode="json"),
+                            token_tally=tally.model_dump(mode="json"),
                             pending_calls=stored_pending(context.messages),
                             context_bytes=dumped.size.bytes,
                         )
@@ -397,7 +428,8 @@ class ConversationStore(ListingStore):
             await insert_messages(
                 conn, tenant, conv_id, [(first + i, t) for i, t in enumerate(dumped.texts)]
             )
-            replaced = {"etag": etag, "context": dump_context(context)}
+            # {"etag": …, "context": dump_context(context)}, from the texts just dumped
+            replaced = Dumped(f'{{"etag":{json.dumps(etag)},"context":{body}}}')
             entry = TranscriptItem("context_replaced", False, replaced)
             await insert_transcript(conn, tenant, conv_id, None, seq, [entry], now)
         return etag

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from app.etag import IfMatch
 
-from ._sql import Loaded, StoredRows
+from ._sql import DumpedContext, Loaded, StoredRows
 from .conversations import ConversationStore
 from .events import EventRow, EventStore
 from .idempotency import IdempotencyClaim, IdempotencyStore, IdempotentReplay
@@ -44,6 +44,7 @@ class Repository(
 
 
 __all__ = [
+    "DumpedContext",
     "EventRow",
     "IdempotencyClaim",
     "IdempotentReplay",

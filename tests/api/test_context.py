@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 from typing import Any
 
 import httpx
+
+from app.agent.messages import Context
 
 from ..helpers import assert_problem
 from .conftest import AppClient
@@ -455,3 +458,26 @@ async def test_put_records_a_context_replacement_in_the_transcript(client: AppCl
     assert last["kind"] == "context_replaced" and last["run_id"] is None
     assert last["body"] == {"etag": replaced.headers["etag"], "context": body}
     assert [e["seq"] for e in entries] == list(range(1, len(entries) + 1))
+
+
+async def test_put_answers_the_bytes_get_answers_and_a_json_response_of_the_context_would(
+    client: AppClient,
+) -> None:
+    """The PUT answer is built from the texts the write dumped (no second dump of the context):
+    byte for byte what GET context sends and what a JSONResponse of the validated context sent
+    before — edge values, non-ASCII and escapes included, and a context long enough to be dumped
+    in a worker thread and written in several INSERTs."""
+    odd = text("user", 'quote " backslash \\ newline \n tab \t nul-free \u2028 emoji 🦀 ünï')
+    long = [text("user" if i % 2 == 0 else "assistant", f"m{i}") for i in range(2_101)]
+    for body in (FULL, context(odd, *long, summary="s ✓")):
+        conv, etag = await create(client)
+        answer = await put(client, conv, body, {"If-Match": etag})
+        assert answer.status_code == 200
+        got = await client.get(f"/conversations/{conv}/context")
+        assert answer.content == got.content
+        expected = Context.model_validate(body).model_dump(mode="json")
+        assert answer.content == json.dumps(
+            expected, ensure_ascii=False, separators=(",", ":")
+        ).encode("utf-8")
+        created = await put(client, f"{conv}-new", body, {"If-None-Match": "*"})
+        assert created.status_code == 201 and created.content == answer.content

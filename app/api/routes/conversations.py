@@ -7,13 +7,14 @@ and renders its result; refusals are answered by the one problem handler."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Query, Request, Response
-from fastapi.responses import JSONResponse
 
+from app.agent.folding import OFFLOAD_MESSAGES
 from app.agent.messages import Context
 from app.service.conversations import NotModified, Search
 from app.store.metadata import KEEP
@@ -297,19 +298,26 @@ async def put_context(
             PRECONDITION_REQUIRED,
             "If-None-Match on PUT only supports '*' (create if absent); use If-Match to replace",
         )
-    check_context(svc.settings, context)
+    if len(context.messages) >= OFFLOAD_MESSAGES:  # a long context: off the event loop
+        await asyncio.to_thread(check_context, svc.settings, context)
+    else:
+        check_context(svc.settings, context)
     written = await svc.conversations.put_context(
         tenant, conversation_id, context, if_match=match, if_none_match=none_match
     )
+    # the answer is the context as stored, built from the texts the write dumped (the same
+    # bytes a JSONResponse of it would send, without dumping it again)
     if not written.created:
-        return JSONResponse(context.model_dump(mode="json"), headers={"ETag": written.etag})
-    return JSONResponse(
-        context.model_dump(mode="json"),
+        return Response(written.body, media_type=JSON, headers={"ETag": written.etag})
+    return Response(
+        written.body,
         status_code=201,
+        media_type=JSON,
         headers={"ETag": written.etag, "Location": f"/conversations/{conversation_id}"},
     )
 
 
+JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 
 
