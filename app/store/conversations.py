@@ -212,12 +212,18 @@ class ConversationStore(ListingStore):
             values.update(next_position=n, message_count=n, expires_at=None)
             # its pending calls: the source's when it copies the whole context, else those of
             # the copied prefix's last batch (read alone, O(last batch); a safe cut leaves none
-            # of a storable context, but the row says what the copied messages say)
+            # of a storable context, but the row says what the copied messages say). Its token
+            # tally: the source's for the whole context; for a prefix none is stored (NULL),
+            # so the first read of the fork counts it (as for rows from before migration 0002)
+            # — never the empty context's tally new_conversation wrote, which would have every
+            # run on the fork underestimate its context by the whole copied history.
             if n == total:
                 values["pending_calls"] = source.pending_calls
+                values["token_tally"] = source.token_tally
             elif n:
                 tail = await read_last_batch(conn, tenant, source_id, below=first + n)
                 values["pending_calls"] = stored_pending(tail)
+                values["token_tally"] = None
             try:
                 await conn.execute(insert(conversations).values(values))
             except IntegrityError:

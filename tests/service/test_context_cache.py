@@ -243,3 +243,28 @@ async def test_a_cached_run_reads_the_same_rows_at_10_and_5000_messages(
     assert not any("context_messages" in s for s in reads)
     assert len(reads) == 2 and "FROM conversations" in reads[0]
     assert "FROM tenant_quotas" in reads[1]
+
+
+async def test_a_forks_tally_equals_a_recount_whole_or_a_prefix_and_after_a_run(
+    services: Services,
+) -> None:
+    """A fork once stored the empty context's tally: every run on it underestimated its
+    context by the whole copied history (and compacted too late)."""
+    await services.conversations.put_context(
+        TENANT,
+        "src",
+        history(40),
+        if_match=None,
+        if_none_match=parse_condition("*", "If-None-Match"),
+    )
+    await services.conversations.fork(TENANT, "src", "whole")
+    await services.conversations.fork(TENANT, "src", "prefix", messages=10)
+    for conv, n in (("whole", 40), ("prefix", 10)):
+        loaded = await stored(services, conv)  # read back from the database
+        assert len(loaded.context.messages) == n
+        assert loaded.tokens == tally_of(loaded.context.messages)
+        assert loaded.tokens is not None and loaded.tokens.messages > 0
+        await run_on(services.runs, conv, request("on the fork"))
+        services.runs.contexts.forget(TENANT, conv)
+        after = await stored(services, conv)
+        assert after.tokens == tally_of(after.context.messages)
