@@ -7,9 +7,10 @@ One loop, every :attr:`LeaseKeeping.tick`:
   statement which of them another replica asked to cancel (they are cancelled) and which are no
   longer this process's (another process found the lease expired and marked the run
   ``interrupted``; the run is cancelled, and the store refuses its outcome);
-- marks runs of dead processes (their lease expired) ``interrupted`` — but not in the
-  :data:`SWEEP_GRACE_TICKS` ticks after a pass failed on the database: a lease that expired
-  while the database was away may belong to a live run, whose process renews it first — a
+- marks runs of dead processes (their lease expired) ``interrupted`` — but not after a pass
+  failed on the database until the database answered this process again and
+  :data:`SWEEP_GRACE_TICKS` ticks passed since: a lease that expired while the database was
+  away may belong to a live run, whose process renews it first (at its own next tick) — a
   read on the ``(status, lease_expires_at)`` index, and a short write per run found, so a dead
   process's runs end within about ``lease_seconds + tick`` of its last renewal;
 - renews the holds of this process's requests waiting in a conversation's queue, and (outside
@@ -52,7 +53,8 @@ log = logging.getLogger(__name__)
 SHUTDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 #: idempotency keys past their retention are deleted at most this often (seconds)
 PURGE_EVERY = 60.0
-#: ticks without sweeping after a failed keeping pass: the live processes renew first
+#: ticks without sweeping once the database answers again after a failed keeping pass: the
+#: live processes renew first
 SWEEP_GRACE_TICKS = 2
 #: the most batches of expired conversations one sweep deletes (the rest wait a tick)
 SWEEP_BATCHES = 10
@@ -193,16 +195,24 @@ class LeaseKeeping:
         purge_every = min(PURGE_EVERY, float(self.settings.idempotency_ttl_seconds))
         # After the database failed, dead processes are swept again only once every live one
         # had ticks to renew its leases: a lease that expired during the outage belongs to a
-        # run that may be alive (and finishing) elsewhere (docs/faults.md).
+        # run that may be alive (and finishing) elsewhere (docs/faults.md). The grace counts
+        # from the pass that found the database back, not from the last failed one (up to a
+        # tick before the return: the grace then left the others no tick of their own).
         sweep_after: float | None = None
+        down = False  # a pass failed on the database, none reached it since
         while True:
             await asyncio.sleep(self.tick)
             try:
                 # Bounded: a database call that hangs must not stop the keeping. (asyncio.timeout,
                 # not wait_for: Python 3.11's wait_for can swallow the keeper's cancellation.)
                 async with asyncio.timeout(self.settings.lease_seconds):
-                    await self._renew()
+                    renewed = await self._renew()
+                    if down and not renewed:  # no run to renew: ask the database itself
+                        await self.lease_repo.ping()
                 now = self.clock.monotonic()
+                if down:
+                    down = False
+                    sweep_after = now + SWEEP_GRACE_TICKS * self.tick
                 if sweep_after is None or now >= sweep_after:
                     sweep_after = None
                     async with asyncio.timeout(self.settings.lease_seconds):
@@ -224,7 +234,7 @@ class LeaseKeeping:
                     swept = now
                     await self.sweep_retention()
             except Exception as exc:  # the database may be away for a while: next tick
-                sweep_after = self.clock.monotonic() + SWEEP_GRACE_TICKS * self.tick
+                down = True
                 fault = classify(exc)
                 if fault is None and not isinstance(exc, TimeoutError):
                     log.exception("lease keeping failed")
@@ -232,10 +242,11 @@ class LeaseKeeping:
                     what = fault.kind if fault is not None else "timeout"
                     log.warning("lease keeping failed (database %s); trying again", what)
 
-    async def _renew(self) -> None:
+    async def _renew(self) -> bool:
+        """Renew the leases of this process's runs; False when it has none (nothing asked)."""
         ids = list(self.active)  # finishing ones too: recording may take a while
         if not ids:
-            return
+            return False
         renewal = await self.lease_repo.renew_leases(
             ids, owner=self.owner, lease_seconds=self.settings.lease_seconds
         )
@@ -252,6 +263,7 @@ class LeaseKeeping:
                 self.stop(active)
             elif run_id in renewal.cancel_requested:
                 self.stop(active)
+        return True
 
     def _register(self, active: ActiveRun) -> None:
         self.active[active.run_id] = active

@@ -29,6 +29,7 @@ import httpx
 
 from app.clock import Clock
 from app.config import Settings
+from app.store.faults import classify
 from app.store.repository import Repository, RunRecord
 from app.store.tables import Webhook, WebhookDelivery
 
@@ -91,8 +92,14 @@ class WebhookWorker:
             try:
                 while await self.deliver_due():
                     pass
-            except Exception:  # the database may be away for a moment: next poll
-                log.exception("delivering webhooks failed")
+            except Exception as exc:  # the database may be away for a moment: next poll
+                fault = classify(exc)
+                if fault is None:
+                    log.exception("delivering webhooks failed")
+                else:  # as the lease keeper: a warning naming the fault, no traceback
+                    log.warning(
+                        "delivering webhooks failed (database %s); trying again", fault.kind
+                    )
             await asyncio.sleep(self.settings.webhook_poll_seconds)
 
     async def deliver_due(self) -> int:

@@ -8,7 +8,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, delete, or_, select, update
+from sqlalchemy import and_, delete, literal, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ._sql import StoreBase, child_key, conversation_key
@@ -128,6 +128,11 @@ class LeaseStore(StoreBase):
             renewed=frozenset(row.run_id for row in rows),
             cancel_requested=frozenset(row.run_id for row in rows if row.cancel_requested),
         )
+
+    async def ping(self) -> None:
+        """One round trip to the database (the lease keeper's: does it answer again?)."""
+        async with read_transaction(self.engine) as conn:
+            await conn.execute(select(literal(1)))
 
     async def interrupt_expired(self, *, alive: Collection[str] = ()) -> int:
         """Mark runs whose lease expired (their process died) ``interrupted``; free their

@@ -3,8 +3,10 @@
 Each :class:`BurstClient` owns one conversation and sends runs one after the other, each with a
 prompt of its own (``c<client>-<n>``), over one keep-alive ``httpx.AsyncClient`` per server,
 alternating servers. It records every answer in a :class:`Tally`: 201s (the prompts
-*acknowledged*), 503 problems (and whether they carried ``Retry-After``), anything else, and
-transport errors. After a 503 it waits what ``Retry-After`` says, as a client should.
+*acknowledged* are those of a 201 that says ``stored: true``; a 201 that says ``stored: false``
+promised nothing and is listed apart), 503 problems (and whether they carried ``Retry-After``),
+anything else, and transport errors. After a 503 it waits what ``Retry-After`` says, as a
+client should.
 """
 
 from __future__ import annotations
@@ -34,7 +36,11 @@ class Tally:
     without_retry_after: list[str] = field(default_factory=list)
     others: list[str] = field(default_factory=list)  # answers neither 201 nor a 503 problem
     run_statuses: Counter[str] = field(default_factory=Counter)
-    acknowledged: dict[str, list[str]] = field(default_factory=dict)  # conv -> prompts (201)
+    #: conv -> prompts of the 201s that said ``stored: true`` (the run's context, its prompt
+    #: in it, became the stored state: the promise the bursts check)
+    acknowledged: dict[str, list[str]] = field(default_factory=dict)
+    #: 201s that said ``stored: false`` (e.g. a run that lost its lease: ``interrupted``)
+    unstored: list[str] = field(default_factory=list)
     refused: dict[str, list[str]] = field(default_factory=dict)  # conv -> prompts (503)
     created_at: list[float] = field(default_factory=list)  # when each 201 arrived
     problems: Counter[str] = field(default_factory=Counter)
@@ -52,7 +58,10 @@ class Tally:
         if answer.status_code == 201:
             body = answer.json()
             self.run_statuses[body["status"]] += 1
-            self.acknowledged.setdefault(conv, []).append(prompt)
+            if body["stored"]:
+                self.acknowledged.setdefault(conv, []).append(prompt)
+            else:
+                self.unstored.append(f"{prompt}: run {body['run_id']} {body['status']}")
             self.created_at.append(time.monotonic())
             return
         is_problem = answer.headers.get("content-type") == "application/problem+json"
@@ -75,6 +84,7 @@ class Tally:
             "transport errors": len(self.transport_errors),
             "problem types": dict(self.slugs),
             "run statuses": dict(self.run_statuses),
+            "201 not stored": len(self.unstored),
         }
 
 
@@ -117,8 +127,9 @@ class BurstClient:
 
 
 async def check_stored_exactly_once(http: httpx.AsyncClient, tally: Tally, conv: str) -> int:
-    """Every acknowledged prompt of ``conv`` is in its context and its transcript exactly once,
-    in order, and no refused (503) prompt is; every 201 has its completed run record. Returns
+    """Every acknowledged prompt of ``conv`` (a 201 with ``stored: true``) is in its context and
+    its transcript exactly once, in order, and no refused (503) prompt is; every acknowledged
+    prompt has its completed run record. Returns
     how many runs of ``conv`` ended ``interrupted``."""
     acknowledged = tally.acknowledged.get(conv, [])
     refused = set(tally.refused.get(conv, []))

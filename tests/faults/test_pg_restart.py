@@ -1,7 +1,8 @@
 """PostgreSQL restarted twice (``pg_ctl restart -m fast``) during a 20-client burst on two
 server processes (docs/faults.md, issue 11):
 
-- every acknowledged prompt is stored exactly once (contexts and transcripts), no refused one;
+- every acknowledged prompt (its 201 said ``stored: true``) is stored exactly once (contexts and
+  transcripts), no refused one;
 - zero 500s, zero transport errors: every failure is a 503 problem with ``Retry-After``;
 - no finished run is lost: every 201 is ``completed`` and stored;
 - no conversation stays held: every run ends, and the ones interrupted (a start whose commit
@@ -112,6 +113,8 @@ async def test_two_fast_restarts_during_a_burst_lose_nothing(
     assert not tally.others, tally.others
     assert not tally.without_retry_after, tally.without_retry_after
     assert set(tally.slugs) <= {"database-unavailable"}, tally.slugs
+    # a 201 that stored nothing lost no acknowledged prompt, but it is a finished run lost
+    assert not tally.unstored, tally.unstored
     assert set(tally.run_statuses) == {"completed"}, tally.run_statuses
     assert tally.statuses[201] >= 3 * PROGRESS
     # an interrupted run held its conversation at most about one lease past the return
