@@ -145,6 +145,37 @@ def child_key(table: Any, tenant: str, conv_id: str) -> list[ColumnElement[bool]
     return [table.c.tenant == tenant, table.c.conversation_id == conv_id]
 
 
+@dataclass(frozen=True)
+class ContextStats:
+    """What every write of a whole stored context keeps on the conversation row beside it,
+    written together (:meth:`columns`) by each writer — create, PUT, a run's save, fork,
+    import — so that none of them can leave one out: the token tally of its messages (``None``:
+    not known, the first read counts it), its stored size (``context_bytes``) and the calls its
+    last batch waits on (:func:`~app.store.changes.stored_pending`)."""
+
+    tally: TokenTally | None
+    size: ContextSize
+    pending: list[dict[str, str]] | None
+
+    @classmethod
+    def counted(cls, context: Context) -> ContextStats:
+        """The stats of ``context``, counted from its messages (O(n): a short context)."""
+        size = ContextSize(frame=frame_bytes(context.system_prompt, context.summary))
+        return cls(
+            tally_of(context.messages),
+            size.extend(context.messages),
+            stored_pending(context.messages),
+        )
+
+    def columns(self) -> dict[str, Any]:
+        """The conversation row's columns for these stats."""
+        return {
+            "token_tally": None if self.tally is None else self.tally.model_dump(mode="json"),
+            "context_bytes": self.size.bytes,
+            "pending_calls": self.pending,
+        }
+
+
 def new_conversation(
     tenant: str,
     conv_id: str,
@@ -152,15 +183,11 @@ def new_conversation(
     *,
     now: datetime,
     transcript_seq: int,
-    size: ContextSize | None = None,
-    tally: TokenTally | None = None,
+    stats: ContextStats,
 ) -> dict[str, Any]:
-    """The row of a new conversation holding ``context`` (of ``size`` and ``tally``, counted
-    when not given)."""
+    """The row of a new conversation holding ``context``, whose ``stats`` the caller states
+    (a fork's row holds no message of the context it is given: nothing is counted here)."""
     n = len(context.messages)
-    if size is None:
-        size = ContextSize(frame=frame_bytes(context.system_prompt, context.summary))
-        size = size.extend(context.messages)
     return {
         "tenant": tenant,
         "id": conv_id,
@@ -174,9 +201,7 @@ def new_conversation(
         "created_at": now,
         "updated_at": now,
         "active_run_id": None,
-        "token_tally": (tally or tally_of(context.messages)).model_dump(mode="json"),
-        "pending_calls": stored_pending(context.messages),
-        "context_bytes": size.bytes,
+        **stats.columns(),
     }
 
 

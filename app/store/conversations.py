@@ -22,11 +22,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.agent.codec import load_message
 from app.agent.messages import AnyMessage, Context, ToolResultMessage
 from app.agent.sizes import ContextSize, SizeBounds, frame_bytes
-from app.agent.tokens import tally_of
+from app.agent.tokens import TokenTally, tally_of
 from app.etag import IfMatch, sql_if_match, version_etag
 
 from ._sql import (
     DECODE_IN_THREAD_FROM,
+    ContextStats,
     DumpedContext,
     Loaded,
     StoredRows,
@@ -116,12 +117,14 @@ class ConversationStore(ListingStore):
         expires_at: datetime | None = None,
     ) -> Conversation:
         """Create an empty conversation; :class:`AlreadyExists` if the id is taken."""
+        empty = Context(system_prompt=system_prompt)
         values = new_conversation(
             tenant,
             conv_id,
-            Context(system_prompt=system_prompt),
+            empty,
             now=self.clock.now(),
             transcript_seq=0,
+            stats=ContextStats.counted(empty),
         )
         values["expires_at"] = expires_at
         async with write_transaction(self.engine) as conn:
@@ -201,29 +204,33 @@ class ConversationStore(ListingStore):
                     raise LimitExceeded("max_context_messages", bounds.max_messages, n)
                 if size.bytes > bounds.max_bytes:
                     raise stored_too_large(size.bytes, bounds.max_bytes, "the forked context")
+            # Its stats. The whole context: the source's. A prefix: the pending calls of its
+            # last batch (read alone, O(last batch); a safe cut leaves none of a storable
+            # context, but the row says what the copied messages say) and no tally (NULL), so
+            # the first read of the fork counts it, as for rows from before migration 0002.
+            # (The empty context's tally, once written here, had every run on the fork
+            # underestimate its context by the whole copied history.)
+            if n == total:
+                tally = (
+                    TokenTally.model_validate(source.token_tally)
+                    if source.token_tally is not None
+                    else None
+                )
+                stats = ContextStats(tally, size, source.pending_calls)
+            elif n:
+                tail = await read_last_batch(conn, tenant, source_id, below=first + n)
+                stats = ContextStats(None, size, stored_pending(tail))
+            else:
+                stats = ContextStats(TokenTally(), size, None)
             values = new_conversation(
                 tenant,
                 new_id,
                 Context(system_prompt=source.system_prompt, summary=source.summary),
                 now=now,
                 transcript_seq=1,
-                size=size,
+                stats=stats,
             )
             values.update(next_position=n, message_count=n, expires_at=None)
-            # its pending calls: the source's when it copies the whole context, else those of
-            # the copied prefix's last batch (read alone, O(last batch); a safe cut leaves none
-            # of a storable context, but the row says what the copied messages say). Its token
-            # tally: the source's for the whole context; for a prefix none is stored (NULL),
-            # so the first read of the fork counts it (as for rows from before migration 0002)
-            # — never the empty context's tally new_conversation wrote, which would have every
-            # run on the fork underestimate its context by the whole copied history.
-            if n == total:
-                values["pending_calls"] = source.pending_calls
-                values["token_tally"] = source.token_tally
-            elif n:
-                tail = await read_last_batch(conn, tenant, source_id, below=first + n)
-                values["pending_calls"] = stored_pending(tail)
-                values["token_tally"] = None
             try:
                 await conn.execute(insert(conversations).values(values))
             except IntegrityError:
@@ -370,19 +377,14 @@ class ConversationStore(ListingStore):
             if n >= DECODE_IN_THREAD_FROM
             else tally_of(context.messages)
         )
+        stats = ContextStats(tally, dumped.size, stored_pending(context.messages))
         body = dumped.body.decode()
         now = self.clock.now()
         async with write_transaction(self.engine) as conn:
             if create:
                 # The context_replaced entry below takes transcript seq 1.
                 values = new_conversation(
-                    tenant,
-                    conv_id,
-                    context,
-                    now=now,
-                    transcript_seq=1,
-                    size=dumped.size,
-                    tally=tally,
+                    tenant, conv_id, context, now=now, transcript_seq=1, stats=stats
                 )
                 try:
                     await conn.execute(insert(conversations).values(values))
@@ -408,9 +410,7 @@ class ConversationStore(ListingStore):
                             message_count=n,
                             transcript_seq=conversations.c.transcript_seq + 1,
                             updated_at=now,
-                            token_tally=tally.model_dump(mode="json"),
-                            pending_calls=stored_pending(context.messages),
-                            context_bytes=dumped.size.bytes,
+                            **stats.columns(),
                         )
                         .returning(
                             conversations.c.incarnation,

@@ -23,6 +23,7 @@ from app.agent.tokens import TokenTally
 from app.etag import version_etag
 
 from ._sql import (
+    ContextStats,
     Loaded,
     StoreBase,
     child_key,
@@ -164,10 +165,13 @@ class FinishingStore(StoreBase):
         folded = await dumped_folded(result)  # before the transaction: not under its lock
         inserts = [(p, Dumped(dumps_message(m))) for p, m in plan.inserts] if store else []
         # Lock order, here as everywhere: the conversation row first, then the run row.
+        stats = None
+        if store:
+            assert size is not None
+            stats = ContextStats(tokens, size, stored_pending(result.context.messages))
         async with write_transaction(self.engine) as conn:
             row = None
-            if store:
-                assert size is not None
+            if stats is not None:
                 row = (
                     await conn.execute(
                         _STORE,
@@ -179,10 +183,8 @@ class FinishingStore(StoreBase):
                             "b_next_position": plan.next_position,
                             "b_message_count": len(result.context.messages),
                             "b_updated_at": now,
-                            "b_token_tally": tokens.model_dump(mode="json"),
-                            # from the result's last batch: O(last batch)
-                            "b_pending_calls": stored_pending(result.context.messages),
-                            "b_context_bytes": size.bytes,
+                            # pending calls from the result's last batch: O(last batch)
+                            **{f"b_{k}": v for k, v in stats.columns().items()},
                         },
                     )
                 ).first()

@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.etag import version_etag
 
-from ._sql import DumpedContext, StoreBase, child_key, read_conversation
+from ._sql import ContextStats, DumpedContext, StoreBase, child_key, read_conversation
 from .changes import last_batch_of_bodies, stored_pending
 from .db import read_transaction, write_transaction
 from .errors import AlreadyExists, StoreError, conversation_not_found
@@ -204,9 +204,11 @@ class PortabilityStore(StoreBase):
             "updated_at": now,
             "active_run_id": None,
             "expires_at": conv.get("expires_at"),
-            # the pending calls of the document's context, from its last batch alone
-            "pending_calls": stored_pending(last_batch_of_bodies(messages)),
-            "context_bytes": dumped.size.bytes,
+            # no tally (the first read counts it); the pending calls of the document's
+            # context from its last batch alone
+            **ContextStats(
+                None, dumped.size, stored_pending(last_batch_of_bodies(messages))
+            ).columns(),
         }
         async with write_transaction(self.engine) as conn:
             try:
