@@ -4,8 +4,9 @@ Seeds N conversations (default 100,000) straight into a migrated database with S
 ``user`` = one of N/100 values and ``topic`` = one of 10), then times
 ``GET /conversations?metadata.topic=t3&limit=50`` through the real app in process (ASGI, no
 network): the first page, and a deep page (the cursor of page ``--deep``, i.e. after
-``deep * 50`` matches), plus a selective filter (``metadata.user=u42``: 100 matches). Prints
-the p50 and p90 of each, per engine, and the query plan of the filtered listing.
+``deep * 50`` matches), plus a selective filter (``metadata.user=u42``: 100 matches) and
+``has_pending_action=true|false`` (one conversation in 2,000 waits on a call). Prints the p50
+and p90 of each, per engine, and the query plan of the filtered listing.
 
     .venv/bin/python bench/listing.py                 # 100,000 conversations, both engines
     .venv/bin/python bench/listing.py --count 20000 --engines sqlite
@@ -39,6 +40,10 @@ TENANT = "default"
 BATCH = 5_000
 
 
+#: one conversation in this many has a pending call (50 of 100,000)
+PENDING_EVERY = 2_000
+
+
 async def seed(url: str, count: int) -> None:
     engine = make_engine(url)
     start = datetime(2026, 1, 1, tzinfo=UTC)
@@ -63,6 +68,12 @@ async def seed(url: str, count: int) -> None:
                         "updated_at": at,
                         "active_run_id": None,
                         "expires_at": None,
+                        # one in PENDING_EVERY waits on a call (has_pending_action=true)
+                        "pending_calls": (
+                            [{"id": f"call_{i}", "name": "lookup", "arguments": "{}"}]
+                            if i % PENDING_EVERY == 0
+                            else None
+                        ),
                     }
                 )
                 key = {"tenant": TENANT, "conversation_id": conv_id}
@@ -98,7 +109,7 @@ def p(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
-async def measure(url: str, repeats: int, deep: int) -> dict[str, list[float]]:
+async def measure(url: str, repeats: int, deep: int, count: int) -> dict[str, list[float]]:
     app = create_app(Settings(database_url=url))
     timings: dict[str, list[float]] = {}
     async with (
@@ -118,20 +129,29 @@ async def measure(url: str, repeats: int, deep: int) -> dict[str, list[float]]:
             cursor = (await get({**filtered, **({"cursor": cursor} if cursor else {})}))[
                 "next_cursor"
             ]
-        cases = {
-            "first page, metadata.topic=t3 (10% match)": filtered,
-            f"page {deep + 1} of it (after {deep * 50})": {**filtered, "cursor": cursor},
-            "first page, metadata.user=u42 (100 match)": {"metadata.user": "u42", "limit": 50},
-            "first page, no filter": {"limit": 50},
+        pending = -(-count // PENDING_EVERY)
+        cases: dict[str, tuple[dict[str, Any], int]] = {
+            "first page, metadata.topic=t3 (10% match)": (filtered, 50),
+            f"page {deep + 1} of it (after {deep * 50})": ({**filtered, "cursor": cursor}, 50),
+            "first page, metadata.user=u42 (100 match)": (
+                {"metadata.user": "u42", "limit": 50},
+                50,
+            ),
+            "first page, no filter": ({"limit": 50}, 50),
+            f"has_pending_action=true ({pending} match)": (
+                {"has_pending_action": "true", "limit": 50},
+                min(50, pending),
+            ),
+            "has_pending_action=false": ({"has_pending_action": "false", "limit": 50}, 50),
         }
-        for name, params in cases.items():
+        for name, (params, expected) in cases.items():
             await get(params)  # warm
             samples = []
             for _ in range(repeats):
                 began = time.perf_counter()
                 body = await get(params)
                 samples.append(time.perf_counter() - began)
-            assert len(body["items"]) == 50, (name, len(body["items"]))
+            assert len(body["items"]) == expected, (name, len(body["items"]))
             timings[name] = samples
     return timings
 
@@ -168,7 +188,7 @@ async def bench(engine: str, count: int, repeats: int, deep: int) -> None:
             print(
                 f"\n{engine}: {count:,} conversations seeded in {time.perf_counter() - began:.1f} s"
             )
-            timings = await measure(url, repeats, deep)
+            timings = await measure(url, repeats, deep, count)
             for name, samples in timings.items():
                 print(f"  {name:45s} p50 {p(samples, 0.5):7.2f} ms   p90 {p(samples, 0.9):7.2f} ms")
             for key, value in (("topic", "t3"), ("user", "u42")):
