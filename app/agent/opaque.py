@@ -30,9 +30,11 @@ def for_provider(messages: Sequence[AnyMessage], provider: str) -> tuple[AnyMess
     """Drop opaque fields another provider issued (contract §1); they would be refused.
 
     Only a message that holds something to strip (reasoning blocks, ``provider_data``) is
-    copied; every other message is passed on as the same object.
+    copied; every other message is passed on as the same object, and a tuple with nothing to
+    strip is given back as it is (no copy of a long context).
     """
     out: list[AnyMessage] = []
+    changed = False
     for message in messages:
         if (
             isinstance(message, AssistantMessage)
@@ -48,10 +50,13 @@ def for_provider(messages: Sequence[AnyMessage], provider: str) -> tuple[AnyMess
                 for b in message.content
                 if not isinstance(b, ThinkingBlock | RedactedThinkingBlock)
             )
+            changed = True
             if not content:
                 continue  # nothing left to replay (it only held reasoning)
             message = message.model_copy(update={"content": content, "provider_data": {}})
         out.append(message)
+    if not changed and isinstance(messages, tuple):
+        return messages
     return tuple(out)
 
 
@@ -107,14 +112,19 @@ def carry_over(before: Context, after: Context, appended: Sequence[AnyMessage]) 
         appended
     ):
         return  # not an append: the next request walks ``after`` once
+    appended = tuple(appended)
     added = for_provider(appended, view.provider)
+    if view.messages is before.messages and added is appended:
+        messages = after.messages  # the view is the context itself: shared, not copied
+    else:
+        messages = view.messages + added
     _remember(
         after,
         ProviderView(
             provider=view.provider,
             source=after.messages,
             summary=after.summary,
-            messages=view.messages + added,
+            messages=messages,
             tokens=view.tokens + sum(heuristic_tokens(m) for m in added),
         ),
     )

@@ -94,7 +94,7 @@ def plan_context_write(
     dropped = min(folded, len(old))  # base messages folded away
     kept = len(old) - dropped  # base messages still at the front of the result
 
-    if new[:kept] == old[dropped:]:
+    if _extends(new, old, kept, dropped):
         first_insert = next_position + (folded - dropped)
         inserts = tuple((first_insert + i, m) for i, m in enumerate(new[kept:]))
         return ContextWrite(
@@ -119,6 +119,18 @@ def plan_context_write(
         fold_ranges=tuple(fold_ranges),
         rewritten=True,
     )
+
+
+def _extends(new: Sequence[AnyMessage], old: Sequence[AnyMessage], kept: int, dropped: int) -> bool:
+    """``new[:kept] == old[dropped:]``, in O(1) for the agent's own results: the messages a
+    run keeps are the base's very objects (it appends and slices, never copies), so the first
+    and the last kept one being the base's settles it. Anything else is compared in full
+    (slicing and comparing a 20,000-message context costs ~0.4 ms of a run, every run)."""
+    if kept == 0:
+        return True
+    if len(new) >= kept and new[0] is old[dropped] and new[kept - 1] is old[-1]:
+        return True
+    return tuple(new[:kept]) == tuple(old[dropped:])
 
 
 def last_batch_of(texts: Sequence[str]) -> Context:

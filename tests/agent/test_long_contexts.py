@@ -478,3 +478,18 @@ async def test_the_echo_provider_reports_the_heuristic_of_what_it_was_sent() -> 
         assert request.estimated_input_tokens == recount
     reports = [m.usage.input_tokens for m in context.messages if isinstance(m, AssistantMessage)]
     assert reports[-len(sent) :] == [r.estimated_input_tokens for r in sent]
+
+
+async def test_with_nothing_to_strip_and_no_summary_the_view_is_the_contexts_own_tuple() -> None:
+    """No copy of a long history per request: the view shares the context's tuple, run after
+    run; with a summary (or something to strip) it is a tuple of its own."""
+    agent = echo_agent(context_window=100_000_000)
+    context = history(3_000)
+    for prompt in ("one", "two"):
+        result = await agent.run(Input(context=context, prompts=(UserMessage.text(prompt),)))
+        context = result.context
+        assert opaque.view_of(context, "echo").messages is context.messages
+    summarized = context.model_copy(update={"summary": "earlier"})
+    view = opaque.view_of(summarized, "echo")
+    assert view.messages is not summarized.messages
+    assert view.messages[1:] == summarized.messages
