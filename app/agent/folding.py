@@ -1,6 +1,6 @@
 """The compaction stage of :class:`~app.agent.run.Agent` (contract §4): choose a cut, ask the
 provider for a summary, fold the history into it. The pure parts live in
-:mod:`app.agent.compaction`; the CPU-heavy steps go to a worker thread through :func:`_offload`
+:mod:`app.agent.compaction`; the CPU-heavy steps go to a worker thread through :func:`offload`
 once the context holds :data:`OFFLOAD_MESSAGES` messages."""
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
 
-async def _offload(size: int, fn: Callable[_P, _T], *args: _P.args, **kw: _P.kwargs) -> _T:
-    """``fn(*args, **kw)``, in a worker thread when ``size`` (messages) makes it CPU-heavy."""
+async def offload(size: int, fn: Callable[_P, _T], *args: _P.args, **kw: _P.kwargs) -> _T:
+    """``fn(*args, **kw)``, in a worker thread when ``size`` (messages) makes it CPU-heavy:
+    the one rule for CPU work on long contexts, in the agent and outside it (the store's
+    decoding and dumping, a PUT's checks)."""
     if size >= OFFLOAD_MESSAGES:
         return await asyncio.to_thread(fn, *args, **kw)
     return fn(*args, **kw)
@@ -81,7 +83,7 @@ class _Folding:
         before = state.context
         at = len(state.new_messages)  # it happens before the next run message (Compaction.at)
         size = len(before.messages)
-        cut = await _offload(
+        cut = await offload(
             size,
             _cut,
             before,
@@ -102,7 +104,7 @@ class _Folding:
                     code="nothing_to_compact",
                 )
             )
-        request = await _offload(
+        request = await offload(
             cut, compaction.summary_request, before.summary, before.messages[:cut], model=cfg.model
         )
         try:
@@ -118,12 +120,12 @@ class _Folding:
                     message="compaction failed: the provider wrote an empty summary",
                 )
             )
-        after, tally, after_size, record = await _offload(
+        after, tally, after_size, record = await offload(
             size, _fold, before, state.tally, state.size, cut, summary, reason, at, answer.usage
         )
         # what the provider is sent of the compacted context, walked once here (off the loop
         # for a long one) rather than by the next request (app/agent/opaque.py)
-        await _offload(len(after.messages), view_of, after, self.config.provider.name)
+        await offload(len(after.messages), view_of, after, self.config.provider.name)
         state.context = after
         state.tally = tally
         state.size = after_size

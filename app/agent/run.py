@@ -40,7 +40,7 @@ from app import telemetry
 from .assembly import AttemptBuilder
 from .batches import _ToolBatches
 from .events import Delta, EventSink, MessageCompleted
-from .folding import _Folding, _offload
+from .folding import _Folding, offload
 from .messages import (
     AnyMessage,
     AssistantMessage,
@@ -165,9 +165,9 @@ class Agent(_ToolBatches, _Folding):
         )
         try:
             if tokens is None:
-                state.tally = await _offload(len(context.messages), tally_of, context.messages)
+                state.tally = await offload(len(context.messages), tally_of, context.messages)
             if bounds is not None and size is None:
-                state.size = await _offload(
+                state.size = await offload(
                     len(context.messages),
                     size_of,
                     context.system_prompt,
@@ -179,7 +179,7 @@ class Agent(_ToolBatches, _Folding):
             else:
                 # what the provider is sent, walked once if this Context object has no view
                 # yet; every append then carries it over (app.agent.opaque)
-                await _offload(len(context.messages), view_of, context, self.provider.name)
+                await offload(len(context.messages), view_of, context, self.provider.name)
                 await self._run(state, prompts, emit)
         except _RunFailed as failed:
             await self._close_unfinished(state, emit)

@@ -18,32 +18,39 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from app.store.repository import Loaded, RunOutcome
 
 Key = tuple[str, str]
+E = TypeVar("E")
 
 
-class ContextCache:
-    def __init__(self, max_messages: int) -> None:
-        self.max_messages = max_messages
-        self._entries: OrderedDict[Key, Loaded] = OrderedDict()
-        self._held = 0  # messages held, over all entries
+class _Versioned(Generic[E]):
+    """What both caches share: entries keyed by ``(tenant, conversation)``, each holding what
+    is stored at one ``(incarnation, version)`` and served only for exactly that pair (an
+    outdated entry is dropped on sight), least recently used first out, bounded by the sum of
+    the entries' sizes (``bound``; 0 keeps nothing)."""
+
+    def __init__(self, bound: int) -> None:
+        self.bound = bound
+        self._entries: OrderedDict[Key, E] = OrderedDict()
+        self._held = 0  # the entries' sizes, summed
         self.hits = 0
         self.misses = 0
+
+    def _size(self, entry: E) -> int:
+        raise NotImplementedError
+
+    def _stored_at(self, entry: E) -> tuple[str, int]:
+        raise NotImplementedError
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    @property
-    def held_messages(self) -> int:
-        return self._held
-
-    def lookup(self, tenant: str, conv_id: str, incarnation: str, version: int) -> Loaded | None:
-        """The context stored at exactly ``(incarnation, version)``, if this process has it."""
-        key = (tenant, conv_id)
+    def _lookup(self, key: Key, incarnation: str, version: int) -> E | None:
         found = self._entries.get(key)
-        if found is None or found.incarnation != incarnation or found.version != version:
+        if found is None or self._stored_at(found) != (incarnation, version):
             if found is not None:  # outdated: it will never be served again
                 self._drop(key)
             self.misses += 1
@@ -52,18 +59,49 @@ class ContextCache:
         self.hits += 1
         return found
 
-    def keep(self, tenant: str, conv_id: str, loaded: Loaded) -> None:
-        """Remember what is stored at ``loaded``'s version (replacing an older entry)."""
-        key = (tenant, conv_id)
+    def _put(self, key: Key, entry: E) -> None:
+        """Keep ``entry`` (replacing the key's older one) unless it alone passes the bound."""
         if key in self._entries:
             self._drop(key)
-        size = _size(loaded)
-        if size > self.max_messages:
+        size = self._size(entry)
+        if not self.bound or size > self.bound:
             return
-        self._entries[key] = loaded
+        self._entries[key] = entry
         self._held += size
-        while self._held > self.max_messages:
+        while self._held > self.bound:
             self._drop(next(iter(self._entries)))
+
+    def forget(self, tenant: str, conv_id: str) -> None:
+        if (tenant, conv_id) in self._entries:
+            self._drop((tenant, conv_id))
+
+    def _drop(self, key: Key) -> None:
+        self._held -= self._size(self._entries.pop(key))
+
+
+class ContextCache(_Versioned[Loaded]):
+    """Parsed contexts (this module's docstring), bounded in messages."""
+
+    def __init__(self, max_messages: int) -> None:
+        super().__init__(max_messages)
+
+    @property
+    def held_messages(self) -> int:
+        return self._held
+
+    def _size(self, entry: Loaded) -> int:
+        return len(entry.context.messages) + 1  # an empty context still takes an entry
+
+    def _stored_at(self, entry: Loaded) -> tuple[str, int]:
+        return entry.incarnation, entry.version
+
+    def lookup(self, tenant: str, conv_id: str, incarnation: str, version: int) -> Loaded | None:
+        """The context stored at exactly ``(incarnation, version)``, if this process has it."""
+        return self._lookup((tenant, conv_id), incarnation, version)
+
+    def keep(self, tenant: str, conv_id: str, loaded: Loaded) -> None:
+        """Remember what is stored at ``loaded``'s version (replacing an older entry)."""
+        self._put((tenant, conv_id), loaded)
 
     def saved(self, tenant: str, conv_id: str, outcome: RunOutcome) -> None:
         """A run's outcome was recorded: keep what it stored (a run that stored nothing left
@@ -71,19 +109,8 @@ class ContextCache:
         if outcome.saved is not None:
             self.keep(tenant, conv_id, outcome.saved)
 
-    def forget(self, tenant: str, conv_id: str) -> None:
-        if (tenant, conv_id) in self._entries:
-            self._drop((tenant, conv_id))
 
-    def _drop(self, key: Key) -> None:
-        self._held -= _size(self._entries.pop(key))
-
-
-def _size(loaded: Loaded) -> int:
-    return len(loaded.context.messages) + 1  # an empty context still takes an entry
-
-
-class BodyCache:
+class BodyCache(_Versioned["_Body"]):
     """GET context's body, kept per process: a stored context's message texts joined with
     commas, exactly as the database would join them (issue 10: GET context of a long
     conversation must not read and send megabytes from the database every time).
@@ -101,31 +128,24 @@ class BodyCache:
     """
 
     def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._entries: OrderedDict[Key, _Body] = OrderedDict()
-        self._held = 0
-        self.hits = 0
-        self.misses = 0
-
-    def __len__(self) -> int:
-        return len(self._entries)
+        super().__init__(max_bytes)
 
     @property
     def held_bytes(self) -> int:
         return self._held
 
+    def _size(self, entry: _Body) -> int:
+        return entry.size
+
+    def _stored_at(self, entry: _Body) -> tuple[str, int]:
+        return entry.incarnation, entry.version
+
     def lookup(self, tenant: str, conv_id: str, incarnation: str, version: int) -> bytes | None:
         """The joined texts stored at exactly ``(incarnation, version)``, if this process has
         them."""
-        key = (tenant, conv_id)
-        found = self._entries.get(key)
-        if found is None or (found.incarnation, found.version) != (incarnation, version):
-            if found is not None:
-                self._drop(key)
-            self.misses += 1
+        found = self._lookup((tenant, conv_id), incarnation, version)
+        if found is None:
             return None
-        self._entries.move_to_end(key)
-        self.hits += 1
         if len(found.parts) > 1:  # join once; later reads take the joined text as it is
             found.parts = [b",".join(p for p in found.parts if p)]
         return found.parts[0]
@@ -144,11 +164,10 @@ class BodyCache:
         if found is None or not outcome.stored:
             return  # nothing kept, or the stored context (and any entry of it) is as it was
         saved = outcome.saved
-        if (found.incarnation, found.version) != base or saved is None or outcome.appended is None:
+        if self._stored_at(found) != base or saved is None or outcome.appended is None:
             self._drop(key)
             return
         added = b",".join(t.encode() for t in outcome.appended)
-        self._drop(key)
         self._put(
             key,
             _Body(
@@ -158,23 +177,6 @@ class BodyCache:
                 found.size + len(added) + (1 if found.size and added else 0),
             ),
         )
-
-    def forget(self, tenant: str, conv_id: str) -> None:
-        if (tenant, conv_id) in self._entries:
-            self._drop((tenant, conv_id))
-
-    def _put(self, key: Key, body: _Body) -> None:
-        if key in self._entries:
-            self._drop(key)
-        if not self.max_bytes or body.size > self.max_bytes:
-            return  # off, or longer than the whole bound
-        self._entries[key] = body
-        self._held += body.size
-        while self._held > self.max_bytes:
-            self._drop(next(iter(self._entries)))
-
-    def _drop(self, key: Key) -> None:
-        self._held -= self._entries.pop(key).size
 
 
 @dataclass

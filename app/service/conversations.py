@@ -3,7 +3,6 @@ context; the transcript; compact now. Each takes parsed values and returns plain
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -11,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from app.agent.folding import OFFLOAD_MESSAGES
+from app.agent.folding import offload
 from app.agent.messages import Context
 from app.agent.pending import PendingCall
 from app.agent.replay import ReplayError, validate_storable
@@ -245,10 +244,7 @@ class ConversationService:
         if if_match is None and (if_none_match is None or not if_none_match.any):
             raise ValueError("give if_match, or if_none_match '*' to create")
         try:  # it may end with pending calls (docs/tools.md); a long one off the loop
-            if len(context.messages) >= OFFLOAD_MESSAGES:
-                await asyncio.to_thread(validate_storable, context)
-            else:
-                validate_storable(context)
+            await offload(len(context.messages), validate_storable, context)
         except ReplayError as exc:
             raise UnreplayableContext(exc.index, str(exc)) from None
         if if_match is not None and if_none_match is not None:

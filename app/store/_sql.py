@@ -3,7 +3,6 @@ conditions, and the statements more than one of them runs."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import uuid
@@ -24,6 +23,7 @@ from app.agent.codec import (
     format_path,
     loads_message_texts,
 )
+from app.agent.folding import offload
 from app.agent.messages import AnyMessage, Context
 from app.agent.sizes import ContextSize, frame_bytes, text_bytes
 from app.agent.tokens import TokenTally, tally_of
@@ -283,16 +283,10 @@ async def read_context(conn: AsyncConnection, conv: Conversation) -> Loaded:
     return (await read_rows(conn, conv)).decode()
 
 
-#: decode a stored context in a worker thread from this many messages on (off the event loop)
-DECODE_IN_THREAD_FROM = 2_000
-
-
 async def decode(rows: StoredRows | None) -> Loaded:
     """Decode stored rows; a long context in a worker thread, so the event loop goes on."""
     assert rows is not None
-    if max(len(rows.texts), rows.conversation.message_count) >= DECODE_IN_THREAD_FROM:
-        return await asyncio.to_thread(rows.decode)
-    return rows.decode()
+    return await offload(max(len(rows.texts), rows.conversation.message_count), rows.decode)
 
 
 @dataclass(frozen=True)
@@ -323,9 +317,7 @@ class DumpedContext:
     ) -> DumpedContext:
         """:meth:`of`, in a worker thread for a long context: dumping is one small call per
         message, so the event loop gets the GIL back between them."""
-        if len(texts) >= DECODE_IN_THREAD_FROM:
-            return await asyncio.to_thread(cls.of, system_prompt, summary, texts)
-        return cls.of(system_prompt, summary, texts)
+        return await offload(len(texts), cls.of, system_prompt, summary, texts)
 
     @functools.cached_property
     def body(self) -> bytes:

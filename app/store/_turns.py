@@ -149,13 +149,27 @@ async def cancel_queued(
         "status": None,
         "code": "cancelled_queued",
     }
+    return await _end_queued(conn, tenant, conv_id, run_id, "cancelled", error, now)
+
+
+async def _end_queued(
+    conn: AsyncConnection,
+    tenant: str,
+    conv_id: str,
+    run_id: str,
+    status: str,
+    error: dict[str, Any],
+    now: datetime,
+) -> bool:
+    """End a run that is still queued with ``status`` and ``error``, out of the queue and
+    holding nothing, and answer its waiting Idempotency-Key; False when it is not queued."""
     done = await conn.execute(
         update(runs)
         .where(
             *child_key(runs, tenant, conv_id), runs.c.run_id == run_id, runs.c.status == "queued"
         )
         .values(
-            status="cancelled",
+            status=status,
             finished_at=now,
             error=error,
             queue_seq=None,
@@ -183,24 +197,8 @@ async def fail_queued(
     no transcript entry (its prompts were never admitted). Like any end, its ``run.finished``
     event and the deliveries of ``run.failed`` are written with it; its Idempotency-Key
     answers its record. False when it is not queued."""
-    done = await conn.execute(
-        update(runs)
-        .where(
-            *child_key(runs, tenant, conv_id), runs.c.run_id == run_id, runs.c.status == "queued"
-        )
-        .values(
-            status="failed",
-            finished_at=now,
-            error=error,
-            queue_seq=None,
-            wait_until=None,
-            lease_owner=None,
-            lease_expires_at=None,
-        )
-    )
-    if not done.rowcount:
+    if not await _end_queued(conn, tenant, conv_id, run_id, "failed", error, now):
         return False
-    await answer_async(conn, tenant, conv_id, run_id)
     await insert_events(conn, [EventRow(tenant, conv_id, run_id, 1, "run.finished", None, now)])
     await enqueue_deliveries(conn, tenant, conv_id, run_id, "failed", now)
     return True

@@ -121,7 +121,9 @@ def plan_context_write(
     )
 
 
-def _extends(new: Sequence[AnyMessage], old: Sequence[AnyMessage], kept: int, dropped: int) -> bool:
+def _extends(
+    new: tuple[AnyMessage, ...], old: tuple[AnyMessage, ...], kept: int, dropped: int
+) -> bool:
     """``new[:kept] == old[dropped:]``, in O(1) for the agent's own results: the messages a
     run keeps are the base's very objects (it appends and slices, never copies), so the first
     and the last kept one being the base's settles it. Anything else is compared in full
@@ -130,7 +132,7 @@ def _extends(new: Sequence[AnyMessage], old: Sequence[AnyMessage], kept: int, dr
         return True
     if len(new) >= kept and new[0] is old[dropped] and new[kept - 1] is old[-1]:
         return True
-    return tuple(new[:kept]) == tuple(old[dropped:])
+    return new[:kept] == old[dropped:]
 
 
 def last_batch_of(texts: Sequence[str]) -> Context:

@@ -10,7 +10,6 @@ Listing, searching and sweeping conversations are in :mod:`.listing` (a base of
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -20,13 +19,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.agent.codec import load_message
+from app.agent.folding import offload
 from app.agent.messages import AnyMessage, Context, ToolResultMessage
 from app.agent.sizes import ContextSize, SizeBounds, frame_bytes
 from app.agent.tokens import TokenTally, tally_of
 from app.etag import IfMatch, sql_if_match, version_etag
 
 from ._sql import (
-    DECODE_IN_THREAD_FROM,
     ContextStats,
     DumpedContext,
     Loaded,
@@ -372,11 +371,7 @@ class ConversationStore(ListingStore):
             )
         dumped.check(max_bytes)
         n = len(context.messages)
-        tally = (
-            await asyncio.to_thread(tally_of, context.messages)
-            if n >= DECODE_IN_THREAD_FROM
-            else tally_of(context.messages)
-        )
+        tally = await offload(n, tally_of, context.messages)
         stats = ContextStats(tally, dumped.size, stored_pending(context.messages))
         body = dumped.body.decode()
         now = self.clock.now()

@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 import pytest
 
 from app.agent.messages import Context, UserMessage, text_of
-from app.etag import parse_condition
 from app.service.agents import AgentPool
 from app.service.cache import BodyCache
 from app.service.conversations import ConversationService
@@ -24,7 +23,7 @@ from app.store.repository import Loaded, StoredRows
 from tests.fakes.gated import GatedProvider, gated_pool
 
 from .conftest import TENANT, Services
-from .test_context_cache import history, put, request, run_on, selects
+from .test_context_cache import create_with, history, put, request, run_on, selects
 
 
 async def body(conversations: ConversationService, conv: str) -> bytes:
@@ -103,13 +102,7 @@ async def test_a_put_a_delete_and_re_create_and_another_processs_run_are_misses(
 async def test_failed_runs_discarded_or_kept_and_compactions(
     services: Services, truth: ConversationService
 ) -> None:
-    await services.conversations.put_context(
-        TENANT,
-        "c1",
-        history(40),
-        if_match=None,
-        if_none_match=parse_condition("*", "If-None-Match"),
-    )
+    await create_with(services, "c1", history(40))
     await same(services, truth, "c1")
     discarded = await run_on(services.runs, "c1", request("/fail", on_failure="discard"))
     assert discarded.outcome.stored is False
@@ -154,13 +147,7 @@ async def test_a_conflicted_run_leaves_the_body_of_the_put(
 async def test_a_get_served_from_the_body_cache_reads_no_message_row(
     services: Services,
 ) -> None:
-    await services.conversations.put_context(
-        TENANT,
-        "c1",
-        history(2_000),
-        if_match=None,
-        if_none_match=parse_condition("*", "If-None-Match"),
-    )
+    await create_with(services, "c1", history(2_000))
     await body(services.conversations, "c1")
     await run_on(services.runs, "c1", request("a run extends the kept body"))
     with selects(services) as statements:

@@ -62,6 +62,13 @@ async def stored(services: Services, conv: str) -> Loaded:
     return loaded
 
 
+async def create_with(services: Services, conv: str, context: Context) -> None:
+    """Create ``conv`` holding ``context`` (PUT with If-None-Match: *)."""
+    await services.conversations.put_context(
+        TENANT, conv, context, if_match=None, if_none_match=parse_condition("*", "If-None-Match")
+    )
+
+
 async def put(services: Services, conv: str, context: Context) -> None:
     current = await stored(services, conv)
     await services.conversations.put_context(
@@ -224,13 +231,7 @@ async def test_a_cached_run_reads_the_same_rows_at_10_and_5000_messages(
     seen: dict[int, list[str]] = {}
     for size in (10, 5_000):
         conv = f"c{size}"
-        await services.conversations.put_context(
-            TENANT,
-            conv,
-            history(size),
-            if_match=None,
-            if_none_match=parse_condition("*", "If-None-Match"),
-        )
+        await create_with(services, conv, history(size))
         await run_on(services.runs, conv, request("warm"))  # a miss: it fills the cache
         with selects(services) as statements:
             finished = await run_on(services.runs, conv, request("cached"))
@@ -250,13 +251,7 @@ async def test_a_forks_tally_equals_a_recount_whole_or_a_prefix_and_after_a_run(
 ) -> None:
     """A fork once stored the empty context's tally: every run on it underestimated its
     context by the whole copied history (and compacted too late)."""
-    await services.conversations.put_context(
-        TENANT,
-        "src",
-        history(40),
-        if_match=None,
-        if_none_match=parse_condition("*", "If-None-Match"),
-    )
+    await create_with(services, "src", history(40))
     await services.conversations.fork(TENANT, "src", "whole")
     await services.conversations.fork(TENANT, "src", "prefix", messages=10)
     for conv, n in (("whole", 40), ("prefix", 10)):

@@ -7,14 +7,13 @@ and renders its result; refusals are answered by the one problem handler."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Query, Request, Response
 
-from app.agent.folding import OFFLOAD_MESSAGES
+from app.agent.folding import offload
 from app.agent.messages import Context
 from app.service.conversations import NotModified, Search
 from app.store.metadata import KEEP
@@ -298,10 +297,7 @@ async def put_context(
             PRECONDITION_REQUIRED,
             "If-None-Match on PUT only supports '*' (create if absent); use If-Match to replace",
         )
-    if len(context.messages) >= OFFLOAD_MESSAGES:  # a long context: off the event loop
-        await asyncio.to_thread(check_context, svc.settings, context)
-    else:
-        check_context(svc.settings, context)
+    await offload(len(context.messages), check_context, svc.settings, context)  # long: a thread
     written = await svc.conversations.put_context(
         tenant, conversation_id, context, if_match=match, if_none_match=none_match
     )
