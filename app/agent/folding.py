@@ -14,8 +14,8 @@ from app import telemetry
 from . import compaction
 from .events import CompactionCompleted
 from .messages import AnyMessage, AssistantMessage, AttemptError, Context, Usage, text_of
-from .opaque import view_of
-from .providers.base import ProviderError, ProviderRequest
+from .opaque import prepare
+from .providers.base import ProviderError, ProviderRequest, wire_of
 from .records import Compaction, CompactionReason
 from .sizes import ContextSize, SizeBounds
 from .state import AgentConfig, _Emitter, _error, _RunFailed, _State
@@ -125,7 +125,8 @@ class _Folding:
         )
         # what the provider is sent of the compacted context, walked once here (off the loop
         # for a long one) rather than by the next request (app/agent/opaque.py)
-        await offload(len(after.messages), view_of, after, self.config.provider.name)
+        provider = self.config.provider
+        await offload(len(after.messages), prepare, after, provider.name, wire_of(provider))
         state.context = after
         state.tally = tally
         state.size = after_size

@@ -9,6 +9,11 @@ only ever extended by appending (``_State.append``) or replaced by a compaction 
 so a new walk); the service's context cache keeps the Context a run returned, so the next run on
 the same conversation starts from a remembered view and never walks the history again.
 
+A view also carries the encodings of its messages in the wire formats of the providers that
+sent it (:mod:`app.agent.providers.wire`), extended by :func:`carry_over` in O(appended) too, so
+a real provider's request is built from bytes encoded once per message, not from the history
+encoded again.
+
 A view is remembered by the Context object's identity (through a weak reference, so it goes
 when the Context does) and is only served when the messages tuple and summary it was built from
 are still that Context's: the models are frozen, but a copy made with ``model_copy`` is a new
@@ -19,10 +24,11 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .compaction import project
 from .messages import AnyMessage, AssistantMessage, Context, RedactedThinkingBlock, ThinkingBlock
+from .providers.wire import Encoded, WireFormat
 from .tokens import heuristic_tokens
 
 
@@ -68,13 +74,27 @@ class ProviderView:
     """What ``provider`` is sent of one context: ``messages`` (the projection through
     :func:`for_provider`) and ``tokens``, the heuristic of those messages
     (:func:`~app.agent.tokens.heuristic_tokens` summed). ``source`` and ``summary`` are what it
-    was built from, to tell whether it still describes a Context."""
+    was built from, to tell whether it still describes a Context. ``encodings``: ``messages``
+    encoded in each wire format asked for so far (:meth:`encoded`), by the format's key."""
 
     provider: str
     source: tuple[AnyMessage, ...]
     summary: str
     messages: tuple[AnyMessage, ...]
     tokens: int
+    encodings: dict[str, Encoded] = field(default_factory=dict)
+
+    def encoded(self, wire: WireFormat) -> Encoded:
+        """``messages`` in ``wire``'s format: remembered, or encoded (one walk) and remembered."""
+        encoded = self.encodings.get(wire.key)
+        if encoded is None:
+            encoded = self.encodings[wire.key] = wire.encode(self.messages)
+        return encoded
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes its encodings hold."""
+        return sum(e.nbytes for e in self.encodings.values())
 
     def describes(self, context: Context, provider: str) -> bool:
         return (
@@ -98,6 +118,16 @@ def view_of(context: Context, provider: str) -> ProviderView:
         tokens=sum(heuristic_tokens(m) for m in messages),
     )
     _remember(context, view)
+    return view
+
+
+def prepare(context: Context, provider: str, wire: WireFormat | None) -> ProviderView:
+    """:func:`view_of`, with its messages encoded in ``wire``'s format too when the provider
+    has one: the whole walk a request of ``context`` needs, done ahead (in a thread for a long
+    context) so the request itself costs nothing more."""
+    view = view_of(context, provider)
+    if wire is not None:
+        view.encoded(wire)
     return view
 
 
@@ -126,8 +156,15 @@ def carry_over(before: Context, after: Context, appended: Sequence[AnyMessage]) 
             summary=after.summary,
             messages=messages,
             tokens=view.tokens + sum(heuristic_tokens(m) for m in added),
+            encodings={key: e.extend(added) for key, e in view.encodings.items()},
         ),
     )
+
+
+def held_bytes(context: Context) -> int:
+    """The bytes the provider encodings remembered for ``context`` hold (0: none)."""
+    view = _remembered(context)
+    return 0 if view is None else view.nbytes
 
 
 # id(Context) -> (a weak reference to it, its view); the reference's callback drops the entry

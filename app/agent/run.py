@@ -49,7 +49,7 @@ from .messages import (
     ToolCallBlock,
     UserMessage,
 )
-from .opaque import for_provider, view_of
+from .opaque import for_provider, prepare, view_of
 from .pending import (
     PendingCall,
     classify,
@@ -59,7 +59,8 @@ from .pending import (
     validate_approval_names,
     validate_client_tools,
 )
-from .providers.base import Provider, ProviderError, ProviderRequest, ToolSpec
+from .providers.base import Provider, ProviderError, ProviderRequest, ToolSpec, wire_of
+from .providers.wire import WireFormat
 from .records import CompactionReason, Input, Result, RunStatus
 from .replay import open_batch
 from .sizes import ContextSize, SizeBounds, passed_reason, size_of, too_large
@@ -78,6 +79,11 @@ class Agent(_ToolBatches, _Folding):
     @property
     def provider(self) -> Provider:
         return self.config.provider
+
+    @property
+    def _wire(self) -> WireFormat | None:
+        """The provider's wire format, when it sends the history encoded (app.agent.opaque)."""
+        return wire_of(self.config.provider)
 
     async def run(self, input: Input, *, on_event: EventSink | None = None) -> Result:
         """Run on ``input.context`` plus ``input.prompts``; never mutates the input.
@@ -179,7 +185,9 @@ class Agent(_ToolBatches, _Folding):
             else:
                 # what the provider is sent, walked once if this Context object has no view
                 # yet; every append then carries it over (app.agent.opaque)
-                await offload(len(context.messages), view_of, context, self.provider.name)
+                await offload(
+                    len(context.messages), prepare, context, self.provider.name, self._wire
+                )
                 await self._run(state, prompts, emit)
         except _RunFailed as failed:
             await self._close_unfinished(state, emit)
@@ -256,6 +264,7 @@ class Agent(_ToolBatches, _Folding):
                 AttemptError(kind="internal", message="a tool call of the context has no result")
             )
         view = view_of(context, self.provider.name)  # O(appended) on a remembered context
+        wire = self._wire
         return ProviderRequest(
             system_prompt=context.system_prompt,
             messages=view.messages,
@@ -263,6 +272,7 @@ class Agent(_ToolBatches, _Folding):
             model=self.config.model,
             max_output_tokens=self.config.max_output_tokens,
             estimated_input_tokens=heuristic_text_tokens(context.system_prompt) + view.tokens,
+            encoded=None if wire is None else view.encoded(wire),
         )
 
     async def _answer(self, state: _State, emit: _Emitter) -> AssistantMessage:

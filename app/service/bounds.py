@@ -43,6 +43,7 @@ from app.agent.providers.base import (
     TextDelta,
     ThinkingDelta,
     ToolCallDelta,
+    wire_of,
 )
 from app.agent.records import Result
 from app.agent.sizes import (
@@ -80,6 +81,7 @@ class BoundedProvider:
     def __init__(self, inner: Provider, max_chars: int) -> None:
         self.inner = inner
         self.name = inner.name  # its answers are the inner provider's, under its name
+        self.wire = wire_of(inner)  # and its requests too (their carried-over encoding)
         self.max_chars = max_chars
 
     async def stream(self, request: ProviderRequest) -> AsyncIterator[StreamEvent]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from ..messages import AnyMessage, Usage
+from .wire import Encoded, WireFormat
 
 ErrorClass = Literal["overflow", "retryable", "fatal"]
 
@@ -65,6 +66,11 @@ class ProviderRequest:
     of the system prompt and ``messages``, when the agent kept it as a running total; a provider
     that reports an estimate rather than a count (``echo``) uses it instead of counting the
     whole request again. Real providers ignore it.
+
+    ``encoded``: ``messages`` already encoded in the provider's wire format (``Provider.wire``),
+    carried over from the run's earlier requests (:mod:`app.agent.providers.wire`); a provider
+    builds its body from it instead of encoding the history again. ``None``: encode
+    ``messages``.
     """
 
     system_prompt: str
@@ -74,6 +80,7 @@ class ProviderRequest:
     purpose: Literal["answer", "summary"] = "answer"
     max_output_tokens: int | None = None
     estimated_input_tokens: int | None = None
+    encoded: Encoded | None = None
 
 
 # --- stream events ------------------------------------------------------------------------
@@ -159,7 +166,11 @@ StreamEvent = (
 
 @runtime_checkable
 class Provider(Protocol):
-    """A model provider. ``name`` is stored on every assistant message it produces."""
+    """A model provider. ``name`` is stored on every assistant message it produces.
+
+    A provider that sends the history over the wire may also declare ``wire``, a
+    :class:`~app.agent.providers.wire.WireFormat`: the agent then keeps each message's encoding
+    from run to run and hands it over as ``ProviderRequest.encoded`` (:func:`wire_of`)."""
 
     name: str
 
@@ -170,3 +181,9 @@ class Provider(Protocol):
     async def aclose(self) -> None:
         """Release connections."""
         ...
+
+
+def wire_of(provider: Provider) -> WireFormat | None:
+    """The wire format ``provider`` declares, if any."""
+    wire: WireFormat | None = getattr(provider, "wire", None)
+    return wire

@@ -11,12 +11,11 @@
 from __future__ import annotations
 
 from .client import AnthropicProvider
-from .request import build_messages, build_tools, continues_unthinking_loop, tool_input
+from .request import build_messages, build_tools, tool_input
 
 __all__ = [
     "AnthropicProvider",
     "build_messages",
     "build_tools",
-    "continues_unthinking_loop",
     "tool_input",
 ]

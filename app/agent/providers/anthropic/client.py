@@ -18,24 +18,24 @@ not_an_event_stream``).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import anthropic
+from anthropic.types import Message, RawMessageStreamEvent
 
 from .._http import (
-    BODY_DECODE_ERRORS,
     DECODE_ERRORS,
     TRANSPORT_ERRORS,
-    check_event_stream,
     connection_error,
     error_fields,
     is_overflow_text,
     malformed_error,
-    no_events_error,
     not_a_response,
     scrub,
     status_error,
 )
+from .._sdk import events, send
 from ..base import (
     BlockStop,
     MessageStart,
@@ -51,7 +51,8 @@ from ..base import (
     ToolCallStart,
     UsageUpdate,
 )
-from .request import build_messages, build_tools, continues_unthinking_loop
+from ..wire import splice
+from .request import MESSAGES, MessagesEncoded, build_tools
 from .stream import _compact, _get, _merge_usage, _Translator, _usage
 
 OVERFLOW_STOP = "model_context_window_exceeded"
@@ -72,7 +73,12 @@ _EVENT_ERRORS: dict[str, tuple[str, int]] = {
 
 
 class AnthropicProvider:
-    """Anthropic Messages over the official ``anthropic`` SDK (``max_retries=0``)."""
+    """Anthropic Messages over the official ``anthropic`` SDK (``max_retries=0``).
+
+    The body is built from the messages' carried-over encoding (``wire``, :mod:`..wire`) and
+    posted as bytes: the SDK sends it and decodes the answer, it does not re-encode it."""
+
+    wire = MESSAGES
 
     def __init__(
         self,
@@ -99,19 +105,38 @@ class AnthropicProvider:
     async def aclose(self) -> None:
         await self._client.close()
 
-    def _params(self, request: ProviderRequest) -> dict[str, Any]:
+    def _body(self, request: ProviderRequest, *, stream: bool) -> bytes:
+        """The request body: the messages' encoded pieces joined, the other fields around."""
+        encoded = request.encoded
+        if not isinstance(encoded, MessagesEncoded):
+            encoded = MESSAGES.encode(request.messages)
         params: dict[str, Any] = {
             "model": request.model or self.model,
             "max_tokens": request.max_output_tokens or self.max_tokens,
-            "messages": build_messages(request.messages),
         }
         if request.system_prompt:
             params["system"] = request.system_prompt
         if request.tools:
             params["tools"] = build_tools(request.tools)
-        if self.thinking_budget and not continues_unthinking_loop(params["messages"]):
+        if self.thinking_budget and not encoded.continues_unthinking_loop:
             params["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget}
-        return params
+        if stream:
+            params["stream"] = True
+        return splice(params, "messages", encoded.messages())
+
+    async def _call(self, body: bytes, *, stream: bool) -> Any:
+        return await send(
+            self.name,
+            self._api_key,
+            self._error,
+            self._client.post(
+                "/v1/messages",
+                cast_to=Message,
+                content=body,
+                stream=stream,
+                stream_cls=anthropic.AsyncStream[RawMessageStreamEvent],
+            ),
+        )
 
     def _error(self, exc: BaseException) -> ProviderError | None:
         if isinstance(exc, ProviderError):
@@ -148,47 +173,15 @@ class AnthropicProvider:
             code=error_type,
         )
 
-    def _raise(self, exc: Exception) -> ProviderError:
-        error = self._error(exc)
-        if error is None:
-            raise exc
-        return error
-
     async def stream(self, request: ProviderRequest) -> AsyncIterator[StreamEvent]:
-        params = self._params(request)
         if not self.stream_mode:
-            async for event in self._complete(params):
+            async for event in self._complete(self._body(request, stream=False)):
                 yield event
             return
         translator = _Translator(provider=self.name)
-        try:
-            events = await self._client.messages.create(**params, stream=True)
-        except BODY_DECODE_ERRORS as exc:  # the SDK could not decode a JSON body
-            raise malformed_error(self.name, exc, self._api_key) from None
-        except Exception as exc:
-            raise self._raise(exc) from None
-        async with events:
-            try:
-                media = await check_event_stream(self.name, events.response, self._api_key)
-            except Exception as exc:  # reading the body: a ProviderError, or a dropped line
-                raise self._raise(exc) from None
-            iterator = aiter(events)
-            received = 0
-            while True:
-                try:
-                    event = await anext(iterator)
-                    received += 1
-                except StopAsyncIteration:
-                    if not received:
-                        status = events.response.status_code
-                        error = no_events_error(self.name, status, media)
-                        if error is not None:
-                            raise error from None
-                    break
-                except DECODE_ERRORS as exc:  # the SDK could not decode an event
-                    raise malformed_error(self.name, exc, self._api_key) from None
-                except Exception as exc:
-                    raise self._raise(exc) from None
+        stream = await self._call(self._body(request, stream=True), stream=True)
+        async with aclosing(events(self.name, self._api_key, self._error, stream)) as received:
+            async for event in received:
                 try:
                     translated = translator.event(event)
                 except DECODE_ERRORS as exc:  # an event of a shape the API never sends
@@ -207,13 +200,8 @@ class AnthropicProvider:
             "overflow", f"{self.name}: the model stopped: {OVERFLOW_STOP}", code=OVERFLOW_STOP
         )
 
-    async def _complete(self, params: dict[str, Any]) -> AsyncIterator[StreamEvent]:
-        try:
-            response = await self._client.messages.create(**params)
-        except BODY_DECODE_ERRORS as exc:  # the SDK could not decode a JSON body
-            raise malformed_error(self.name, exc, self._api_key) from None
-        except Exception as exc:
-            raise self._raise(exc) from None
+    async def _complete(self, body: bytes) -> AsyncIterator[StreamEvent]:
+        response = await self._call(body, stream=False)
         if isinstance(response, str):  # the SDK hands over a body that is not JSON as text
             raise not_a_response(self.name, response, self._api_key)
         usage = _usage(_merge_usage({}, _get(response, "usage")))

@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ...messages import (
@@ -53,6 +54,7 @@ from ...messages import (
     ToolResultMessage,
 )
 from ..base import ToolSpec
+from ..wire import Array, Pieces, dumps
 
 _BAD_ID_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 _DATA_URL = re.compile(r"^data:([^;,]+);base64,(.*)$", re.DOTALL)
@@ -132,38 +134,122 @@ def _tool_result(message: ToolResultMessage) -> dict[str, Any]:
     return out
 
 
+def _turn_of(message: AnyMessage) -> tuple[str, list[dict[str, Any]]]:
+    """The role and blocks ``message`` adds to the Messages API turns."""
+    if isinstance(message, AssistantMessage):
+        return "assistant", _assistant_blocks(message)
+    if isinstance(message, ToolResultMessage):
+        return "user", [_tool_result(message)]
+    return "user", _user_blocks(message.content)
+
+
+@dataclass(frozen=True, slots=True)
+class _Turn:
+    """What the thinking rule needs to know of a turn: its role, the type of its first block,
+    and whether it holds tool results."""
+
+    role: str
+    first: str
+    tool_results: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Open:
+    """The last turn, which the next message of the same role still extends: its blocks are the
+    first ``n`` of ``blocks``."""
+
+    turn: _Turn
+    blocks: Pieces
+    n: int
+
+    def json(self) -> bytes:
+        return (
+            b'{"role":' + dumps(self.turn.role) + b',"content":' + self.blocks.array(self.n) + b"}"
+        )
+
+
+class MessagesEncoded:
+    """The Messages API turns of a sequence of messages, each message encoded once
+    (:mod:`..wire`): the first ``n`` closed turns of ``pieces``, then the open last turn.
+    Consecutive messages of one role merge into one turn; a message with no block to send adds
+    nothing (see the module doc)."""
+
+    __slots__ = ("_n", "_open", "_pieces", "_prev")
+
+    def __init__(self, pieces: Pieces, n: int, open_: _Open | None, prev: _Turn | None) -> None:
+        self._pieces = pieces
+        self._n = n
+        self._open = open_
+        self._prev = prev  # the last closed turn
+
+    @property
+    def nbytes(self) -> int:
+        return self._pieces.nbytes + (self._open.blocks.nbytes if self._open else 0)
+
+    def extend(self, messages: Sequence[AnyMessage]) -> MessagesEncoded:
+        pieces = self._pieces.at(self._n)
+        prev = self._prev
+        turn: _Turn | None = None
+        blocks = Pieces()
+        if self._open is not None:
+            turn, blocks = self._open.turn, self._open.blocks.at(self._open.n)
+        for message in messages:
+            role, new = _turn_of(message)
+            if not new:
+                continue
+            results = any(b["type"] == "tool_result" for b in new)
+            if turn is not None and turn.role == role:
+                if results and not turn.tool_results:
+                    turn = _Turn(role, turn.first, True)
+            else:
+                if turn is not None:
+                    pieces.append(_Open(turn, blocks, len(blocks)).json())
+                    prev = turn
+                turn, blocks = _Turn(role, new[0]["type"], results), Pieces()
+            for block in new:
+                blocks.append(dumps(block))
+        open_ = None if turn is None else _Open(turn, blocks, len(blocks))
+        return MessagesEncoded(pieces, len(pieces), open_, prev)
+
+    def messages(self) -> Array:
+        """The request's ``messages`` array."""
+        after = [self._open.json()] if self._open is not None else []
+        return Array(self._pieces, self._n, (), after)
+
+    def messages_json(self) -> bytes:
+        return self.messages().json()
+
+    @property
+    def continues_unthinking_loop(self) -> bool:
+        """Do the turns end inside a tool loop whose assistant turn has no thinking block first?
+
+        That is: the last (user) turn holds ``tool_result`` blocks and the assistant turn before
+        it does not start with ``thinking`` / ``redacted_thinking`` — Anthropic then refuses a
+        request with thinking enabled.
+        """
+        last, prev = (self._open.turn if self._open else None), self._prev
+        if last is None or prev is None or last.role != "user" or not last.tool_results:
+            return False
+        return prev.first not in ("thinking", "redacted_thinking")
+
+
+class MessagesWire:
+    """The Messages API wire format (``Provider.wire``)."""
+
+    key = "anthropic-messages"
+
+    def encode(self, messages: Sequence[AnyMessage]) -> MessagesEncoded:
+        return MessagesEncoded(Pieces(), 0, None, None).extend(messages)
+
+
+MESSAGES = MessagesWire()
+
+
 def build_messages(messages: Sequence[AnyMessage]) -> list[dict[str, Any]]:
-    """The Messages API ``messages`` array: alternating turns, no empty block or turn."""
-    turns: list[dict[str, Any]] = []
-    for message in messages:
-        if isinstance(message, AssistantMessage):
-            role, blocks = "assistant", _assistant_blocks(message)
-        elif isinstance(message, ToolResultMessage):
-            role, blocks = "user", [_tool_result(message)]
-        else:
-            role, blocks = "user", _user_blocks(message.content)
-        if not blocks:
-            continue
-        if turns and turns[-1]["role"] == role:
-            turns[-1]["content"].extend(blocks)
-        else:
-            turns.append({"role": role, "content": blocks})
-    return turns
-
-
-def continues_unthinking_loop(turns: Sequence[dict[str, Any]]) -> bool:
-    """Do ``turns`` end inside a tool loop whose assistant turn has no thinking block first?
-
-    That is: the last (user) turn holds ``tool_result`` blocks and the assistant turn before it
-    does not start with ``thinking`` / ``redacted_thinking`` — Anthropic then refuses a
-    request with thinking enabled.
-    """
-    if len(turns) < 2 or turns[-1]["role"] != "user":
-        return False
-    if not any(b.get("type") == "tool_result" for b in turns[-1]["content"]):
-        return False
-    assistant = turns[-2]["content"]
-    return not assistant or assistant[0].get("type") not in ("thinking", "redacted_thinking")
+    """The Messages API ``messages`` array, as it is sent: alternating turns, no empty block or
+    turn."""
+    value: list[dict[str, Any]] = json.loads(MESSAGES.encode(messages).messages_json())
+    return value
 
 
 def build_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:

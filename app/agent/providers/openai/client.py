@@ -13,31 +13,37 @@ another type from which no event arrived) is ``fatal`` (``code: not_an_event_str
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import openai
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from .._http import (
-    BODY_DECODE_ERRORS,
     DECODE_ERRORS,
     TRANSPORT_ERRORS,
-    check_event_stream,
     connection_error,
     error_fields,
     is_overflow_text,
     malformed_error,
-    no_events_error,
     not_a_response,
     scrub,
     status_error,
 )
+from .._sdk import events, send
 from ..base import ProviderError, ProviderRequest, StreamEvent, UsageUpdate
-from .request import build_messages, build_tools
+from ..wire import splice
+from .request import CHAT, ChatEncoded, build_tools
 from .stream import _get, _Translator, _usage
 
 
 class OpenAIProvider:
-    """Chat Completions over the official ``openai`` SDK (``max_retries=0``: the agent retries)."""
+    """Chat Completions over the official ``openai`` SDK (``max_retries=0``: the agent retries).
+
+    The body is built from the messages' carried-over encoding (``wire``, :mod:`..wire`) and
+    posted as bytes: the SDK sends it and decodes the answer, it does not re-encode it."""
+
+    wire = CHAT
 
     def __init__(
         self,
@@ -63,16 +69,20 @@ class OpenAIProvider:
     async def aclose(self) -> None:
         await self._client.close()
 
-    def _params(self, request: ProviderRequest) -> dict[str, Any]:
-        params: dict[str, Any] = {
-            "model": request.model or self.model,
-            "messages": build_messages(request.system_prompt, request.messages),
-        }
+    def _body(self, request: ProviderRequest, *, stream: bool) -> bytes:
+        """The request body: the messages' encoded pieces joined, the other fields around."""
+        params: dict[str, Any] = {"model": request.model or self.model}
         if request.tools:
             params["tools"] = build_tools(request.tools)
         if request.max_output_tokens is not None:
             params[self._max_tokens_field] = request.max_output_tokens
-        return params
+        if stream:
+            params["stream"] = True
+            params["stream_options"] = {"include_usage": True}
+        encoded = request.encoded
+        if not isinstance(encoded, ChatEncoded):
+            encoded = CHAT.encode(request.messages)
+        return splice(params, "messages", encoded.messages(request.system_prompt))
 
     def _error(self, exc: BaseException) -> ProviderError | None:
         """``exc`` classified, or ``None`` for an exception that is not a provider failure."""
@@ -104,20 +114,19 @@ class OpenAIProvider:
             )
         return None
 
-    async def _call(self, params: dict[str, Any], *, stream: bool) -> Any:
-        try:
-            if stream:
-                return await self._client.chat.completions.create(
-                    **params, stream=True, stream_options={"include_usage": True}
-                )
-            return await self._client.chat.completions.create(**params)
-        except BODY_DECODE_ERRORS as exc:  # the SDK could not decode a JSON body
-            raise malformed_error(self.name, exc, self._api_key) from None
-        except Exception as exc:
-            error = self._error(exc)
-            if error is None:
-                raise
-            raise error from None
+    async def _call(self, body: bytes, *, stream: bool) -> Any:
+        return await send(
+            self.name,
+            self._api_key,
+            self._error,
+            self._client.post(
+                "/chat/completions",
+                cast_to=ChatCompletion,
+                content=body,
+                stream=stream,
+                stream_cls=openai.AsyncStream[ChatCompletionChunk],
+            ),
+        )
 
     def _chunk(self, translator: _Translator, chunk: Any) -> list[StreamEvent]:
         """The events of one chunk; a chunk that is not the documented shape is malformed."""
@@ -140,41 +149,14 @@ class OpenAIProvider:
         return events
 
     async def stream(self, request: ProviderRequest) -> AsyncIterator[StreamEvent]:
-        params = self._params(request)
         if not self.stream_mode:
-            async for event in self._complete(params):
+            async for event in self._complete(self._body(request, stream=False)):
                 yield event
             return
         translator = _Translator()
-        chunks = await self._call(params, stream=True)
-        async with chunks:
-            try:
-                media = await check_event_stream(self.name, chunks.response, self._api_key)
-            except Exception as exc:  # reading the body: a ProviderError, or a dropped line
-                error = self._error(exc)
-                if error is None:
-                    raise
-                raise error from None
-            iterator = aiter(chunks)
-            received = 0
-            while True:
-                try:
-                    chunk = await anext(iterator)
-                    received += 1
-                except StopAsyncIteration:
-                    if not received:
-                        status = chunks.response.status_code
-                        error = no_events_error(self.name, status, media)
-                        if error is not None:
-                            raise error from None
-                    break
-                except DECODE_ERRORS as exc:  # the SDK could not decode an event
-                    raise malformed_error(self.name, exc, self._api_key) from None
-                except Exception as exc:
-                    error = self._error(exc)
-                    if error is None:
-                        raise
-                    raise error from None
+        chunks = await self._call(self._body(request, stream=True), stream=True)
+        async with aclosing(events(self.name, self._api_key, self._error, chunks)) as received:
+            async for chunk in received:
                 for event in self._chunk(translator, chunk):
                     yield event
         if translator.finish_reason is None:
@@ -184,8 +166,8 @@ class OpenAIProvider:
         for event in translator.stop():
             yield event
 
-    async def _complete(self, params: dict[str, Any]) -> AsyncIterator[StreamEvent]:
-        response = await self._call(params, stream=False)
+    async def _complete(self, body: bytes) -> AsyncIterator[StreamEvent]:
+        response = await self._call(body, stream=False)
         if isinstance(response, str):  # the SDK hands over a body that is not JSON as text
             raise not_a_response(self.name, response, self._api_key)
         translator = _Translator()

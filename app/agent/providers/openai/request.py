@@ -19,7 +19,8 @@ Request mapping (our messages -> ``messages``):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...messages import (
@@ -33,6 +34,7 @@ from ...messages import (
     UserMessage,
 )
 from ..base import ToolSpec
+from ..wire import Array, Pieces, dumps
 
 
 def _image_url(block: ImageBlock) -> str:
@@ -75,44 +77,101 @@ def _assistant(message: AssistantMessage) -> dict[str, Any]:
     return out
 
 
-def build_messages(system_prompt: str, messages: Sequence[AnyMessage]) -> list[dict[str, Any]]:
-    """The Chat Completions ``messages`` array for a request."""
-    out: list[dict[str, Any]] = []
-    if system_prompt:
-        out.append({"role": "system", "content": system_prompt})
-    pending_images: list[dict[str, Any]] = []
+class _Writer:
+    """Our messages -> Chat Completions items, one message at a time: the one home of the
+    mapping above. ``emit`` takes each finished item; images returned by tools wait in
+    ``pending`` until the next message that is not a tool result (or the end of the request)."""
 
-    def flush_images() -> None:
-        if pending_images:
-            out.append({"role": "user", "content": list(pending_images)})
-            pending_images.clear()
+    __slots__ = ("emit", "pending")
 
-    for message in messages:
+    def __init__(self, emit: Callable[[dict[str, Any]], None], pending: list[dict[str, Any]]):
+        self.emit = emit
+        self.pending = pending
+
+    def add(self, message: AnyMessage) -> None:
         if isinstance(message, ToolResultMessage):
             text = "".join(b.text for b in message.content if isinstance(b, TextBlock))
             images = [b for b in message.content if isinstance(b, ImageBlock)]
             if images:
-                pending_images.append(
+                self.pending.append(
                     {
                         "type": "text",
                         "text": f"Image output of tool call {message.tool_call_id} "
                         f"({message.tool_name}):",
                     }
                 )
-                pending_images.extend(
+                self.pending.extend(
                     {"type": "image_url", "image_url": {"url": _image_url(b)}} for b in images
                 )
                 if not text:
                     text = "(the image output follows in the next user message)"
-            out.append({"role": "tool", "tool_call_id": message.tool_call_id, "content": text})
-            continue
-        flush_images()
+            self.emit({"role": "tool", "tool_call_id": message.tool_call_id, "content": text})
+            return
+        self.flush()
         if isinstance(message, UserMessage):
-            out.append({"role": "user", "content": _user_content(message.content)})
+            self.emit({"role": "user", "content": _user_content(message.content)})
         else:
-            out.append(_assistant(message))
-    flush_images()
-    return out
+            self.emit(_assistant(message))
+
+    def flush(self) -> None:
+        if self.pending:
+            self.emit(_images(self.pending))
+            self.pending.clear()
+
+
+def _images(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    return {"role": "user", "content": list(parts)}
+
+
+class ChatEncoded:
+    """The Chat Completions items of a sequence of messages, encoded once each
+    (:mod:`..wire`): the first ``n`` of ``pieces``, then any tool images still waiting."""
+
+    __slots__ = ("_n", "_pending", "_pieces")
+
+    def __init__(self, pieces: Pieces, n: int, pending: tuple[dict[str, Any], ...]) -> None:
+        self._pieces = pieces
+        self._n = n
+        self._pending = pending
+
+    @property
+    def nbytes(self) -> int:
+        return self._pieces.nbytes
+
+    def extend(self, messages: Sequence[AnyMessage]) -> ChatEncoded:
+        pieces = self._pieces.at(self._n)
+        pending = list(self._pending)
+        writer = _Writer(lambda item: pieces.append(dumps(item)), pending)
+        for message in messages:
+            writer.add(message)
+        return ChatEncoded(pieces, len(pieces), tuple(pending))
+
+    def messages(self, system_prompt: str) -> Array:
+        """The request's ``messages`` array: the system prompt first, when there is one."""
+        before = [dumps({"role": "system", "content": system_prompt})] if system_prompt else []
+        after = [dumps(_images(self._pending))] if self._pending else []
+        return Array(self._pieces, self._n, before, after)
+
+    def messages_json(self, system_prompt: str) -> bytes:
+        return self.messages(system_prompt).json()
+
+
+class ChatWire:
+    """The Chat Completions wire format (``Provider.wire``)."""
+
+    key = "openai-chat"
+
+    def encode(self, messages: Sequence[AnyMessage]) -> ChatEncoded:
+        return ChatEncoded(Pieces(), 0, ()).extend(messages)
+
+
+CHAT = ChatWire()
+
+
+def build_messages(system_prompt: str, messages: Sequence[AnyMessage]) -> list[dict[str, Any]]:
+    """The Chat Completions ``messages`` array for a request, as it is sent."""
+    value: list[dict[str, Any]] = json.loads(CHAT.encode(messages).messages_json(system_prompt))
+    return value
 
 
 def build_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:

@@ -1,0 +1,89 @@
+"""What the SDK providers share around one request: sending it, and reading its event stream.
+
+Both providers send a body they built from encoded pieces (:mod:`.wire`) through their SDK's
+``post`` (so the SDK neither walks nor encodes the history again, while its HTTP client, auth,
+headers, error types and stream decoding stay the SDK's), and both read an SDK stream the same
+way: an HTML page behind a 200 is fatal, an event the SDK cannot decode is malformed, a body
+from which no event arrived is judged by its type, and every other failure is classified by the
+provider's own ``classify`` (its SDK's error types), or raised as it is when it is not a
+provider failure. The classification itself lives in :mod:`._http`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+from ._http import (
+    BODY_DECODE_ERRORS,
+    DECODE_ERRORS,
+    check_event_stream,
+    malformed_error,
+    no_events_error,
+)
+from .base import ProviderError
+
+_T = TypeVar("_T")
+
+#: an exception, classified as a provider failure; ``None``: not one (raised as it is)
+Classify = Callable[[BaseException], ProviderError | None]
+
+
+class SdkStream(Protocol):
+    """An SDK's async event stream (``openai.AsyncStream``, ``anthropic.AsyncStream``)."""
+
+    @property
+    def response(self) -> Any: ...
+
+    def __aiter__(self) -> AsyncIterator[Any]: ...
+
+    async def __aenter__(self) -> Any: ...
+
+    async def __aexit__(self, *exc: object) -> Any: ...
+
+
+def _classified(classify: Classify, exc: Exception) -> Exception:
+    error = classify(exc)
+    return exc if error is None else error
+
+
+async def send(provider: str, api_key: str, classify: Classify, call: Awaitable[_T]) -> _T:
+    """The SDK's answer to ``call``; its failures as :class:`ProviderError`."""
+    try:
+        return await call
+    except BODY_DECODE_ERRORS as exc:  # the SDK could not decode a JSON body
+        raise malformed_error(provider, exc, api_key) from None
+    except Exception as exc:
+        error = classify(exc)
+        if error is None:
+            raise
+        raise error from None
+
+
+async def events(
+    provider: str, api_key: str, classify: Classify, stream: SdkStream
+) -> AsyncGenerator[Any, None]:
+    """The events of ``stream`` (closed when the iteration ends or is closed), its faults as
+    :class:`ProviderError`. Close the iterator (``contextlib.aclosing``) to stop early."""
+    async with stream:
+        try:
+            media = await check_event_stream(provider, stream.response, api_key)
+        except Exception as exc:  # reading the body: a ProviderError, or a dropped line
+            raise _classified(classify, exc) from None
+        iterator = aiter(stream)
+        received = 0
+        while True:
+            try:
+                event = await anext(iterator)
+                received += 1
+            except StopAsyncIteration:
+                if not received:
+                    error = no_events_error(provider, stream.response.status_code, media)
+                    if error is not None:
+                        raise error from None
+                return
+            except DECODE_ERRORS as exc:  # the SDK could not decode an event
+                raise malformed_error(provider, exc, api_key) from None
+            except Exception as exc:
+                raise _classified(classify, exc) from None
+            yield event
