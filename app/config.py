@@ -162,6 +162,8 @@ class Settings(_ProfileFields, BaseSettings):
     # --- long conversations (docs/performance.md) ----------------------------------------------
     #: messages of parsed contexts kept in memory per process (LRU); 0: no cache
     context_cache_messages: int = Field(default=200_000, ge=0)
+    #: bytes of parsed contexts (with their provider encodings) kept per process, estimated
+    context_cache_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
     #: bytes of GET context bodies (stored texts, joined) kept per process (LRU); 0: none
     context_body_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
     #: the garbage collector's young-generation threshold once started (0: Python's defaults)

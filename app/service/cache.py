@@ -10,8 +10,12 @@ a miss; nothing has to be invalidated for correctness. Entries come from what th
 itself read (a miss) or stored (a run's own save: the Context the run returned is exactly what
 the store wrote), never from a request body.
 
-Bounded by the number of messages held (``CARRYOVER_CONTEXT_CACHE_MESSAGES``, 0 turns it off),
-least recently used first out. A context longer than the whole bound is not kept.
+Bounded in bytes (``CARRYOVER_CONTEXT_CACHE_BYTES``) and in messages
+(``CARRYOVER_CONTEXT_CACHE_MESSAGES``), least recently used first out; 0 for either turns it
+off. A context larger than a whole bound is not kept. An entry's bytes are an estimate made when
+it is kept, in O(1): the context's JSON size (kept as a running total by the store and the
+run), a fixed allowance per message for its parsed objects, and the provider encodings
+carried with it (:mod:`app.agent.opaque`).
 """
 
 from __future__ import annotations
@@ -20,26 +24,33 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from app.agent.opaque import held_bytes
 from app.store.repository import Loaded, RunOutcome
 
 Key = tuple[str, str]
 E = TypeVar("E")
 
 
+#: what one parsed message costs in memory beyond its JSON text (its model objects), for the
+#: context cache's byte bound: measured with tracemalloc on short messages, rounded up
+MESSAGE_OVERHEAD_BYTES = 1_024
+
+
 class _Versioned(Generic[E]):
     """What both caches share: entries keyed by ``(tenant, conversation)``, each holding what
     is stored at one ``(incarnation, version)`` and served only for exactly that pair (an
-    outdated entry is dropped on sight), least recently used first out, bounded by the sum of
-    the entries' sizes (``bound``; 0 keeps nothing)."""
+    outdated entry is dropped on sight), least recently used first out, bounded by the sums of
+    the entries' sizes (``bounds``, one per measure; 0 keeps nothing). An entry's sizes are
+    taken when it is kept."""
 
-    def __init__(self, bound: int) -> None:
-        self.bound = bound
-        self._entries: OrderedDict[Key, E] = OrderedDict()
-        self._held = 0  # the entries' sizes, summed
+    def __init__(self, *bounds: int) -> None:
+        self.bounds = bounds
+        self._entries: OrderedDict[Key, tuple[E, tuple[int, ...]]] = OrderedDict()
+        self._held = [0] * len(bounds)  # the entries' sizes, summed per measure
         self.hits = 0
         self.misses = 0
 
-    def _size(self, entry: E) -> int:
+    def _sizes(self, entry: E) -> tuple[int, ...]:
         raise NotImplementedError
 
     def _stored_at(self, entry: E) -> tuple[str, int]:
@@ -48,8 +59,12 @@ class _Versioned(Generic[E]):
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _lookup(self, key: Key, incarnation: str, version: int) -> E | None:
+    def _get(self, key: Key) -> E | None:
         found = self._entries.get(key)
+        return None if found is None else found[0]
+
+    def _lookup(self, key: Key, incarnation: str, version: int) -> E | None:
+        found = self._get(key)
         if found is None or self._stored_at(found) != (incarnation, version):
             if found is not None:  # outdated: it will never be served again
                 self._drop(key)
@@ -60,15 +75,16 @@ class _Versioned(Generic[E]):
         return found
 
     def _put(self, key: Key, entry: E) -> None:
-        """Keep ``entry`` (replacing the key's older one) unless it alone passes the bound."""
+        """Keep ``entry`` (replacing the key's older one) unless it alone passes a bound."""
         if key in self._entries:
             self._drop(key)
-        size = self._size(entry)
-        if not self.bound or size > self.bound:
+        sizes = self._sizes(entry)
+        if any(not bound or size > bound for size, bound in zip(sizes, self.bounds, strict=True)):
             return
-        self._entries[key] = entry
-        self._held += size
-        while self._held > self.bound:
+        self._entries[key] = (entry, sizes)
+        for i, size in enumerate(sizes):
+            self._held[i] += size
+        while any(held > bound for held, bound in zip(self._held, self.bounds, strict=True)):
             self._drop(next(iter(self._entries)))
 
     def forget(self, tenant: str, conv_id: str) -> None:
@@ -76,21 +92,34 @@ class _Versioned(Generic[E]):
             self._drop((tenant, conv_id))
 
     def _drop(self, key: Key) -> None:
-        self._held -= self._size(self._entries.pop(key))
+        _, sizes = self._entries.pop(key)
+        for i, size in enumerate(sizes):
+            self._held[i] -= size
 
 
 class ContextCache(_Versioned[Loaded]):
-    """Parsed contexts (this module's docstring), bounded in messages."""
+    """Parsed contexts (this module's docstring), bounded in messages and in bytes."""
 
-    def __init__(self, max_messages: int) -> None:
-        super().__init__(max_messages)
+    def __init__(self, max_messages: int, max_bytes: int = 256 * 1024 * 1024) -> None:
+        super().__init__(max_messages, max_bytes)
 
     @property
     def held_messages(self) -> int:
-        return self._held
+        return self._held[0]
 
-    def _size(self, entry: Loaded) -> int:
-        return len(entry.context.messages) + 1  # an empty context still takes an entry
+    @property
+    def held_bytes(self) -> int:
+        return self._held[1]
+
+    def _sizes(self, entry: Loaded) -> tuple[int, int]:
+        context = entry.context
+        count = len(context.messages)
+        if entry.size is not None:
+            text = entry.size.bytes
+        else:  # not tracked (no size bounds): the texts' share of the estimate is the allowance
+            text = len(context.system_prompt) + len(context.summary) + count * 256
+        estimate = text + count * MESSAGE_OVERHEAD_BYTES + held_bytes(context)
+        return count + 1, estimate + 1  # an empty context still takes an entry
 
     def _stored_at(self, entry: Loaded) -> tuple[str, int]:
         return entry.incarnation, entry.version
@@ -132,10 +161,10 @@ class BodyCache(_Versioned["_Body"]):
 
     @property
     def held_bytes(self) -> int:
-        return self._held
+        return self._held[0]
 
-    def _size(self, entry: _Body) -> int:
-        return entry.size
+    def _sizes(self, entry: _Body) -> tuple[int]:
+        return (entry.size,)
 
     def _stored_at(self, entry: _Body) -> tuple[str, int]:
         return entry.incarnation, entry.version
@@ -160,7 +189,7 @@ class BodyCache(_Versioned["_Body"]):
         """A run on the context stored at ``base`` (incarnation, version) recorded its
         outcome: extend the entry of ``base`` with what the save appended, or forget it."""
         key = (tenant, conv_id)
-        found = self._entries.get(key)
+        found = self._get(key)
         if found is None or not outcome.stored:
             return  # nothing kept, or the stored context (and any entry of it) is as it was
         saved = outcome.saved

@@ -69,7 +69,7 @@ class RunManager(LeaseKeeping, Queueing, Finishing, Compacting):
         self.lease_repo = repo  # renewals, sweeps, purges: its own connection once keeping
         self._keeper: asyncio.Task[None] | None = None
         self._hooked: dict[int, tuple[Any, Any]] = {}
-        self.contexts = ContextCache(settings.context_cache_messages)
+        self.contexts = ContextCache(settings.context_cache_messages, settings.context_cache_bytes)
         self.bodies = BodyCache(settings.context_body_cache_bytes)
         self.waiting: dict[str, Any] = {}  # held queued runs of this process (app.service.queue)
         self._claims: set[asyncio.Task[None]] = set()
