@@ -65,6 +65,11 @@ class _ProfileFields(BaseModel):
     max_turns: int = Field(default=32, ge=1)
     tool_timeout: float = Field(default=60.0, gt=0)
     max_retries: int = Field(default=4, ge=0)
+    #: seconds to connect to the provider, and the longest it may send nothing (between two
+    #: bytes of an answer: with streaming off, that is the whole answer) before the request is
+    #: abandoned as a retryable failure (docs/providers.md, "Timeouts")
+    connect_timeout: float = Field(default=10.0, gt=0)
+    idle_timeout: float = Field(default=180.0, gt=0)
     thinking_budget: int | None = Field(default=None, ge=1)
     max_output_tokens: int | None = Field(default=None, ge=1)
     api_key_env: str | None = None

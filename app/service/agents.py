@@ -10,7 +10,7 @@ import os
 
 from pydantic import SecretStr
 
-from app.agent.providers.base import Provider
+from app.agent.providers.base import Provider, Timeouts
 from app.agent.providers.echo import EchoProvider
 from app.agent.retry import RetryPolicy
 from app.agent.run import Agent, AgentConfig
@@ -81,10 +81,16 @@ def build_provider(profile: AgentProfile) -> Provider:
         if profile.provider == "anthropic" or profile.base_url is None:
             raise MissingProviderKey(f"the {profile.provider} provider needs {env} to be set")
         key = "unused"  # local OpenAI-compatible servers (Ollama, vLLM, ...) take no key
+    timeouts = Timeouts(connect=profile.connect_timeout, idle=profile.idle_timeout)
     if profile.provider == "openai":
         from app.agent.providers.openai import OpenAIProvider
 
-        return OpenAIProvider(api_key=key, base_url=profile.base_url, model=profile.model)
+        return OpenAIProvider(
+            api_key=key,
+            base_url=profile.base_url,
+            model=profile.model,
+            timeouts=timeouts,
+        )
     from app.agent.providers.anthropic import AnthropicProvider
 
     # Anthropic refuses a request whose max_tokens does not exceed the thinking budget (the
@@ -98,6 +104,7 @@ def build_provider(profile: AgentProfile) -> Provider:
         model=profile.model,
         max_tokens=max_tokens,
         thinking_budget=profile.thinking_budget,
+        timeouts=timeouts,
     )
 
 

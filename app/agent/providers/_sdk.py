@@ -11,6 +11,7 @@ provider failure. The classification itself lives in :mod:`._http`.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
@@ -21,7 +22,7 @@ from ._http import (
     malformed_error,
     no_events_error,
 )
-from .base import ProviderError
+from .base import ProviderError, Timeouts
 
 _T = TypeVar("_T")
 
@@ -87,3 +88,32 @@ async def events(
             except Exception as exc:
                 raise _classified(classify, exc) from None
             yield event
+
+
+def _timeout_types() -> tuple[type[BaseException], ...]:
+    """The transport's timeout exceptions (httpx and httpx2, whichever the SDKs use): a read
+    that stalls half-way through a stream raises them unwrapped."""
+    found: list[type[BaseException]] = []
+    for module_name in ("httpx", "httpx2"):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        cls = getattr(module, "TimeoutException", None)
+        if isinstance(cls, type) and issubclass(cls, BaseException):
+            found.append(cls)
+    return tuple(found)
+
+
+TIMEOUT_ERRORS = _timeout_types()
+
+
+def timeout_error(provider: str, exc: BaseException, timeouts: Timeouts) -> ProviderError:
+    """A timeout (an SDK's ``APITimeoutError``, or the transport's own exception), named after
+    the limit it passed: retryable."""
+    cause = type(exc if isinstance(exc, TIMEOUT_ERRORS) else exc.__cause__ or exc).__name__
+    if cause in ("ConnectTimeout", "PoolTimeout"):
+        what = f"could not connect within {timeouts.connect:g} s (connect_timeout)"
+    else:
+        what = f"sent nothing for {timeouts.idle:g} s (idle_timeout)"
+    return ProviderError("retryable", f"{provider}: the provider {what}", code="timeout")

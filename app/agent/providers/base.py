@@ -47,6 +47,15 @@ class ProviderError(Exception):
 
 
 @dataclass(frozen=True)
+class Timeouts:
+    """How long a provider request may wait, in seconds: ``connect`` to open the connection,
+    ``idle`` for the provider to send anything more (between two bytes of its answer)."""
+
+    connect: float = 10.0
+    idle: float = 180.0
+
+
+@dataclass(frozen=True)
 class ToolSpec:
     """What a provider is told about a tool."""
 

@@ -35,7 +35,7 @@ from .._http import (
     scrub,
     status_error,
 )
-from .._sdk import events, send
+from .._sdk import TIMEOUT_ERRORS, events, send, timeout_error
 from ..base import (
     BlockStop,
     MessageStart,
@@ -47,6 +47,7 @@ from ..base import (
     StreamEvent,
     TextDelta,
     ThinkingDelta,
+    Timeouts,
     ToolCallDelta,
     ToolCallStart,
     UsageUpdate,
@@ -91,6 +92,7 @@ class AnthropicProvider:
         name: str = "anthropic",
         *,
         stream: bool = True,
+        timeouts: Timeouts | None = None,
     ) -> None:
         self.name = name
         self.model = model
@@ -98,8 +100,13 @@ class AnthropicProvider:
         self.thinking_budget = thinking_budget
         self.stream_mode = stream
         self._api_key = api_key
+        # ``timeouts`` (a profile's) win; ``timeout`` alone bounds every wait
+        self.timeouts = timeouts or Timeouts(connect=min(10.0, timeout), idle=timeout)
         self._client = anthropic.AsyncAnthropic(
-            api_key=api_key, base_url=base_url, timeout=timeout, max_retries=0
+            api_key=api_key,
+            base_url=base_url,
+            timeout=anthropic.Timeout(self.timeouts.idle, connect=self.timeouts.connect),
+            max_retries=0,
         )
 
     async def aclose(self) -> None:
@@ -155,6 +162,8 @@ class AnthropicProvider:
                 headers=exc.response.headers,
                 api_key=self._api_key,
             )
+        if isinstance(exc, (anthropic.APITimeoutError, *TIMEOUT_ERRORS)):
+            return timeout_error(self.name, exc, self.timeouts)
         if isinstance(exc, (anthropic.APIConnectionError, *TRANSPORT_ERRORS)):
             return connection_error(self.name, exc, self._api_key)
         if isinstance(exc, anthropic.APIError):

@@ -30,8 +30,8 @@ from .._http import (
     scrub,
     status_error,
 )
-from .._sdk import events, send
-from ..base import ProviderError, ProviderRequest, StreamEvent, UsageUpdate
+from .._sdk import TIMEOUT_ERRORS, events, send, timeout_error
+from ..base import ProviderError, ProviderRequest, StreamEvent, Timeouts, UsageUpdate
 from ..wire import splice
 from .request import CHAT, ChatEncoded, build_tools
 from .stream import _get, _Translator, _usage
@@ -54,6 +54,7 @@ class OpenAIProvider:
         name: str = "openai",
         *,
         stream: bool = True,
+        timeouts: Timeouts | None = None,
     ) -> None:
         self.name = name
         self.model = model
@@ -62,8 +63,13 @@ class OpenAIProvider:
         # Official OpenAI wants ``max_completion_tokens`` (reasoning models refuse
         # ``max_tokens``); compatible servers mostly know only ``max_tokens``.
         self._max_tokens_field = "max_completion_tokens" if base_url is None else "max_tokens"
+        # ``timeouts`` (a profile's) win; ``timeout`` alone bounds every wait
+        self.timeouts = timeouts or Timeouts(connect=min(10.0, timeout), idle=timeout)
         self._client = openai.AsyncOpenAI(
-            api_key=api_key, base_url=base_url, timeout=timeout, max_retries=0
+            api_key=api_key,
+            base_url=base_url,
+            timeout=openai.Timeout(self.timeouts.idle, connect=self.timeouts.connect),
+            max_retries=0,
         )
 
     async def aclose(self) -> None:
@@ -99,6 +105,8 @@ class OpenAIProvider:
                 headers=exc.response.headers,
                 api_key=self._api_key,
             )
+        if isinstance(exc, (openai.APITimeoutError, *TIMEOUT_ERRORS)):
+            return timeout_error(self.name, exc, self.timeouts)
         if isinstance(exc, (openai.APIConnectionError, *TRANSPORT_ERRORS)):
             return connection_error(self.name, exc, self._api_key)
         if isinstance(exc, openai.APIError):
