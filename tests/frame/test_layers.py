@@ -4,13 +4,11 @@ would import an upper layer lazily, inside a function or under ``TYPE_CHECKING``
 
     base     app.clock, app.errors, app.etag, app.telemetry  (import nothing of app but each other)
     agent    app.agent
-    config   app.config, app.config_check, app.config_keys, app.config_profiles,
-             app.observability  (settings and metrics)
+    config   app.config, app.observability  (settings and metrics)
     store    app.store
     service  app.service
     api      app.api
-    top      app.cli, app.cli_ops, app.cli_keys, app.cli_serve, app.chat, app.__main__,
-             app (package)
+    top      app.cli, app.chat
 
 ``app.chat`` (the terminal client) is a client of the HTTP API: besides the package (and its own
 modules) it imports nothing of ``app`` at all, whatever its rank allows.
@@ -36,21 +34,12 @@ LAYERS = {
     "app.telemetry": "base",
     "app.agent": "agent",
     "app.config": "config",
-    "app.config_check": "config",
-    "app.config_keys": "config",
-    "app.config_profiles": "config",
     "app.observability": "config",
     "app.store": "store",
     "app.service": "service",
     "app.api": "api",
     "app.cli": "top",
     "app.chat": "top",
-    "app.cli_webhooks": "top",
-    "app.cli_conversations": "top",
-    "app.cli_ops": "top",
-    "app.cli_keys": "top",
-    "app.cli_serve": "top",
-    "app.__main__": "top",
 }
 #: the package itself (``__version__``) is below everything
 PACKAGE = ("app", "app.__version__")
