@@ -283,3 +283,24 @@ def test_the_contract_catches_an_upward_import(tmp_path: Path) -> None:
 )
 def test_layers_are_assigned_by_longest_prefix(module: str, layer: str) -> None:
     assert layer_of(module) == layer
+
+
+def test_routes_holds_only_route_modules() -> None:
+    """``app/api/routes/`` holds the modules that declare routes (``@router.get(…)`` and the
+    like); what they share lives in ``app/api/``."""
+    routes = APP / "api" / "routes"
+    without = [
+        path.name
+        for path in sorted(routes.glob("*.py"))
+        if path.name != "__init__.py"
+        and not any(
+            isinstance(decorator, ast.Call)
+            and isinstance(decorator.func, ast.Attribute)
+            and isinstance(decorator.func.value, ast.Name)
+            and decorator.func.value.id == "router"
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            for decorator in node.decorator_list
+        )
+    ]
+    assert without == []
