@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Query, Request, Response
 
-from app.agent.folding import offload
 from app.agent.messages import Context
+from app.agent.offload import offload
 from app.service.conversations import NotModified, Search
 from app.store.metadata import KEEP
 
