@@ -1,7 +1,9 @@
 """Configured content limits (contract §6): checked before anything is written.
 
 The body size is enforced by :class:`BodyLimitMiddleware` while the body streams in; the rest
-here, on the parsed values. Exceeding one is a 413 or 422 problem naming the limit.
+here, on the parsed values. Exceeding one is a 413 or 422 problem naming the limit. Text blocks
+and images are checked by :func:`app.service.bounds.oversized_block`, the rule that also bounds
+what a run stores.
 
 Limits, their settings and defaults (``CARRYOVER_`` + the name in capitals):
 

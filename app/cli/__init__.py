@@ -177,3 +177,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.status
     except KeyboardInterrupt:
         return 130
+
+
+__all__ = [
+    "APP_FACTORY",
+    "CliError",
+    "build_parser",
+    "default_settings",
+    "load_app",
+    "main",
+    "openapi_json",
+]
