@@ -1,40 +1,25 @@
 """The compaction stage of :class:`~app.agent.run.Agent` (contract §4): choose a cut, ask the
 provider for a summary, fold the history into it. The pure parts live in
-:mod:`app.agent.compaction`; the CPU-heavy steps go to a worker thread through :func:`offload`
-once the context holds :data:`OFFLOAD_MESSAGES` messages."""
+:mod:`app.agent.compaction`; the CPU-heavy steps go to a worker thread through
+:func:`~app.agent.offload.offload` once the context holds
+:data:`~app.agent.offload.OFFLOAD_MESSAGES` messages."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
+from typing import TYPE_CHECKING
 
 from app import telemetry
 
 from . import compaction
 from .events import CompactionCompleted
 from .messages import AnyMessage, AssistantMessage, AttemptError, Context, Usage, text_of
+from .offload import offload
 from .opaque import prepare
 from .providers.base import ProviderError, ProviderRequest, wire_of
 from .records import Compaction, CompactionReason
 from .sizes import ContextSize, SizeBounds
 from .state import AgentConfig, _Emitter, _error, _RunFailed, _State
 from .tokens import TokenTally, estimate_with
-
-#: From this many messages on, the steps whose cost grows with the context run in a thread.
-OFFLOAD_MESSAGES = 2_000
-
-_P = ParamSpec("_P")
-_T = TypeVar("_T")
-
-
-async def offload(size: int, fn: Callable[_P, _T], *args: _P.args, **kw: _P.kwargs) -> _T:
-    """``fn(*args, **kw)``, in a worker thread when ``size`` (messages) makes it CPU-heavy:
-    the one rule for CPU work on long contexts, in the agent and outside it (the store's
-    decoding and dumping, a PUT's checks)."""
-    if size >= OFFLOAD_MESSAGES:
-        return await asyncio.to_thread(fn, *args, **kw)
-    return fn(*args, **kw)
 
 
 class _Folding:

@@ -20,8 +20,8 @@ the cancelled Result instead of raising :class:`asyncio.CancelledError`.
 Cost on long contexts: the run keeps a running token tally (given in ``Input.tokens`` or
 counted once), so deciding whether to compact never recounts the history. The CPU-heavy steps
 whose cost grows with the context — counting it, choosing a cut, rendering and building the
-fold — run in a worker thread (:func:`asyncio.to_thread`) once the context holds
-:data:`~app.agent.folding.OFFLOAD_MESSAGES` messages, so the event loop is never held for their
+fold — run in a worker thread (:func:`~app.agent.offload.offload`) once the context holds
+:data:`~app.agent.offload.OFFLOAD_MESSAGES` messages, so the event loop is never held for their
 duration.
 
 The stages live in modules of their own: the config, plan and run state in
@@ -40,7 +40,7 @@ from app import telemetry
 from .assembly import AttemptBuilder
 from .batches import _ToolBatches
 from .events import Delta, EventSink, MessageCompleted
-from .folding import _Folding, offload
+from .folding import _Folding
 from .messages import (
     AnyMessage,
     AssistantMessage,
@@ -49,6 +49,7 @@ from .messages import (
     ToolCallBlock,
     UserMessage,
 )
+from .offload import offload
 from .opaque import for_provider, prepare, view_of
 from .pending import (
     PendingCall,

@@ -5,8 +5,8 @@ by GET context as ``{"system_prompt":…,"summary":…,"messages":[…]}`` built
 as they are: its byte size is the body a client PUTs back. :class:`ContextSize` keeps that size
 as a running total, as :class:`~app.agent.tokens.TokenTally` keeps the token estimate — counted
 once (:func:`size_of`), then kept current in O(what changed) (:meth:`ContextSize.extend`,
-:meth:`ContextSize.drop_prefix`, :func:`advance_size`) — so nothing ever serializes a whole
-context to know how large it is.
+:meth:`ContextSize.drop_prefix`, :func:`advance_size`; :func:`result_size` does either) — so
+nothing ever serializes a whole context to know how large it is.
 
 :class:`SizeBounds` are the bounds a stored context must stay within (the service's
 ``max_context_messages`` and ``max_body_bytes``, what a PUT of the context accepts). Given
@@ -121,6 +121,16 @@ def advance_size(size: ContextSize, base_len: int, result: Result) -> ContextSiz
     return after
 
 
+def result_size(base_size: ContextSize | None, base_len: int, result: Result) -> ContextSize:
+    """The size of ``result.context``: advanced from the size of the run's base context (of
+    ``base_len`` messages) in O(what the run changed), counted when that size is unknown
+    (``None``)."""
+    if base_size is None:
+        ctx = result.context
+        return size_of(ctx.system_prompt, ctx.summary, ctx.messages)
+    return advance_size(base_size, base_len, result)
+
+
 class SizeBounds(_Value):
     """The bounds a stored context stays within (a PUT of it must be accepted).
 
@@ -196,6 +206,7 @@ __all__ = [
     "frame_bytes",
     "message_bytes",
     "passed_reason",
+    "result_size",
     "size_of",
     "text_bytes",
     "too_large",

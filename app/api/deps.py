@@ -11,14 +11,13 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
-from app.etag import ETagCondition
+from app.etag import ETagCondition, parse_condition
 from app.service.agents import AgentPool
 from app.service.conversations import ConversationService
 from app.service.runs import RunManager
 
 from .auth import DEFAULT_TENANT as DEFAULT_TENANT  # re-exported
 from .auth import TENANT_SCOPE_KEY, Authenticator
-from .etags import parse_condition
 from .headers import ENTITY_TAGS_PATTERN, IDEMPOTENCY_KEY_PATTERN, PREFER_PATTERN
 from .problems import BAD_CURSOR, BAD_HEADER, Problem, limit_exceeded
 from .schemas import CONVERSATION_ID_PATTERN
@@ -94,7 +93,7 @@ IfMatchHeader = Annotated[
         json_schema_extra={"pattern": ENTITY_TAGS_PATTERN},
     ),
 ]
-"""Its grammar is the document's ``pattern``, checked by :mod:`app.api.etags` (400
+"""Its grammar is the document's ``pattern``, checked by :mod:`app.etag` (400
 ``bad-header`` naming the position), not by FastAPI (which would answer 422)."""
 IfNoneMatchHeader = Annotated[
     str | None,

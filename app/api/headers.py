@@ -23,7 +23,7 @@ RETRY_AFTER_HEADER: dict[str, Any] = {
 #
 # Each is the exact set of values the server accepts, as one regular expression (valid in
 # Python and in ECMA-262, which JSON Schema's ``pattern`` uses), so that the document says what
-# the parsers (app/api/etags.py, app/api/deps.py, ``_idempotency_key``) accept and a generated
+# the parsers (app/etag.py, app/api/deps.py, ``idempotency_key_of``) accept and a generated
 # value is never refused. A value outside is still answered by the parser itself: 400
 # ``bad-header`` naming the position, not a 422. tests/api/test_header_grammars.py checks each
 # pattern against its parser.

@@ -1,7 +1,9 @@
 """Configured content limits (contract §6): checked before anything is written.
 
 The body size is enforced by :class:`BodyLimitMiddleware` while the body streams in; the rest
-here, on the parsed values. Exceeding one is a 413 or 422 problem naming the limit.
+here, on the parsed values. Exceeding one is a 413 or 422 problem naming the limit. Text blocks
+and images are checked by :func:`app.service.bounds.oversized_block`, the rule that also bounds
+what a run stores.
 
 Limits, their settings and defaults (``CARRYOVER_`` + the name in capitals):
 
@@ -25,29 +27,23 @@ JSON text, where a NUL is an escape, so they may hold one.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.agent.messages import AnyMessage, Base64Source, ImageBlock, TextBlock
+from app.agent.messages import AnyMessage
 from app.config import Settings
+from app.service.bounds import oversized_block
 
 from .problems import MALFORMED_JSON, Problem, limit_exceeded, payload_too_large, validation_error
 
 
-def _check_messages(settings: Settings, messages: Iterable[AnyMessage], where: str) -> None:
-    for i, message in enumerate(messages):
-        for j, block in enumerate(message.content):
-            if isinstance(block, TextBlock) and len(block.text) > settings.max_text_chars:
-                problem = limit_exceeded("max_text_chars", settings.max_text_chars, len(block.text))
-                problem.extras["path"] = f"{where}[{i}].content[{j}].text"
-                raise problem
-            if isinstance(block, ImageBlock) and isinstance(block.source, Base64Source):
-                size = block.source.decoded_size()
-                if size > settings.max_image_bytes:
-                    problem = limit_exceeded("max_image_bytes", settings.max_image_bytes, size)
-                    problem.extras["path"] = f"{where}[{i}].content[{j}].source.data"
-                    raise problem
+def _check_messages(settings: Settings, messages: Sequence[AnyMessage], where: str) -> None:
+    found = oversized_block(settings, messages)
+    if found is not None:
+        problem = limit_exceeded(found.limit, found.maximum, found.actual)
+        problem.extras["path"] = f"{where}[{found.message}].content[{found.block}].{found.field}"
+        raise problem
 
 
 def check_text(settings: Settings, value: str, path: str) -> None:

@@ -22,18 +22,22 @@
   one. Whatever a run would store is checked once more before it is stored
   (:func:`refusal`, O(what the run changed), from the stored running size): the count, the
   bytes, and each text block and image the run added (``max_text_chars``,
-  ``max_image_bytes``: server-tool results are not otherwise bounded). A context that would
-  pass is not stored — even with ``on_failure: keep`` — and the run ends ``failed`` (or as it
-  had ended, failed or cancelled, its error saying why nothing was kept).
+  ``max_image_bytes``: server-tool results are not otherwise bounded), by the rule a PUT's
+  check uses (:func:`oversized_block`). A context that would pass is not stored — even with
+  ``on_failure: keep`` — and the run ends ``failed`` (or as it had ended, failed or cancelled,
+  its error saying why nothing was kept).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from types import TracebackType
+from typing import Literal
 
-from app.agent.messages import AttemptError, Base64Source, ImageBlock, TextBlock
+from app.agent.messages import AnyMessage, AttemptError, Base64Source, ImageBlock, TextBlock
+from app.agent.offload import offload
 from app.agent.providers.base import (
     Provider,
     ProviderError,
@@ -51,9 +55,8 @@ from app.agent.sizes import (
     REMEDY,
     ContextSize,
     SizeBounds,
-    advance_size,
     passed_reason,
-    size_of,
+    result_size,
     too_large,
 )
 from app.config import Settings
@@ -160,56 +163,77 @@ def size_bounds(settings: Settings) -> SizeBounds:
     )
 
 
-def result_size(base: Loaded, result: Result) -> ContextSize:
-    """The size of ``result.context``: advanced from the base's running size (O(what the run
-    changed)), counted when the base has none."""
-    if base.size is None:
-        ctx = result.context
-        return size_of(ctx.system_prompt, ctx.summary, ctx.messages)
-    return advance_size(base.size, len(base.context.messages), result)
+@dataclass(frozen=True, slots=True)
+class OversizedBlock:
+    """A block past its configured limit: the ``block``-th of the ``message``-th message."""
+
+    message: int
+    block: int
+    limit: Literal["max_text_chars", "max_image_bytes"]
+    maximum: int
+    actual: int
+
+    @property
+    def field(self) -> str:
+        """The block's field that holds what passed the limit."""
+        return "text" if self.limit == "max_text_chars" else "source.data"
+
+    @property
+    def what(self) -> str:
+        """The block, as a refusal names it."""
+        if self.limit == "max_text_chars":
+            return f"a text block of {self.actual} characters"
+        return f"an image of {self.actual} bytes"
+
+
+def oversized_block(
+    settings: Settings, messages: Sequence[AnyMessage], start: int = 0
+) -> OversizedBlock | None:
+    """The first block of ``messages[start:]`` past its limit, or ``None``: a text block of more
+    than ``max_text_chars`` characters, a base64 image of more than ``max_image_bytes`` bytes
+    decoded. The one rule for both, whether a client sends the messages (app.api.limits) or a
+    run adds them (:func:`refusal`)."""
+    for i in range(start, len(messages)):
+        for j, block in enumerate(messages[i].content):
+            if isinstance(block, TextBlock) and len(block.text) > settings.max_text_chars:
+                return OversizedBlock(
+                    i, j, "max_text_chars", settings.max_text_chars, len(block.text)
+                )
+            if isinstance(block, ImageBlock) and isinstance(block.source, Base64Source):
+                decoded = block.source.decoded_size()
+                if decoded > settings.max_image_bytes:
+                    return OversizedBlock(
+                        i, j, "max_image_bytes", settings.max_image_bytes, decoded
+                    )
+    return None
 
 
 def refusal(settings: Settings, base: Loaded, result: Result) -> tuple[ContextSize, str | None]:
     """The size of what the run would store, and why it may not be stored (``None``: it may):
     a PUT of it would be refused. O(what the run changed)."""
-    size = result_size(base, result)
+    size = result_size(base.size, len(base.context.messages), result)
     passed = size_bounds(settings).passed(size)
     if passed is not None:
         return size, passed_reason(passed)
     messages = result.context.messages
     added = len(messages) + sum(len(c.folded) for c in result.compactions)
     added -= len(base.context.messages)  # the run's messages still in the context: the tail
-    for message in messages[max(0, len(messages) - added) :]:
-        for block in message.content:
-            if isinstance(block, TextBlock) and len(block.text) > settings.max_text_chars:
-                return size, (
-                    f"the run's context would hold a text block of {len(block.text)} "
-                    f"characters, more than max_text_chars ({settings.max_text_chars})"
-                )
-            if isinstance(block, ImageBlock) and isinstance(block.source, Base64Source):
-                decoded = block.source.decoded_size()
-                if decoded > settings.max_image_bytes:
-                    return size, (
-                        f"the run's context would hold an image of {decoded} bytes, more than "
-                        f"max_image_bytes ({settings.max_image_bytes})"
-                    )
+    found = oversized_block(settings, messages, start=max(0, len(messages) - added))
+    if found is not None:
+        return size, (
+            f"the run's context would hold {found.what}, more than {found.limit} ({found.maximum})"
+        )
     return size, None
-
-
-#: from this many messages appended or folded on, :func:`refusal` runs in a worker thread
-OFFLOAD_CHANGED = 2_000
 
 
 async def refusal_of(
     settings: Settings, base: Loaded, result: Result
 ) -> tuple[ContextSize, str | None]:
-    """:func:`refusal`, off the event loop when the run changed many messages (a compaction
-    of a long context: the folded messages are counted)."""
+    """:func:`refusal`, off the event loop (:func:`~app.agent.offload.offload`) when the run
+    changed many messages (a compaction of a long context: the folded messages are counted)."""
     changed = abs(len(result.context.messages) - len(base.context.messages))
     changed += sum(len(c.folded) for c in result.compactions)
-    if changed >= OFFLOAD_CHANGED:
-        return await asyncio.to_thread(refusal, settings, base, result)
-    return refusal(settings, base, result)
+    return await offload(changed, refusal, settings, base, result)
 
 
 def refused(result: Result, reason: str) -> Result:
@@ -230,10 +254,11 @@ __all__ = [
     "CONTEXT_TOO_LARGE",
     "RUN_DEADLINE",
     "BoundedProvider",
+    "OversizedBlock",
     "RunDeadline",
+    "oversized_block",
     "refusal",
     "refusal_of",
     "refused",
-    "result_size",
     "size_bounds",
 ]

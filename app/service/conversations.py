@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from app.agent.folding import offload
 from app.agent.messages import Context
+from app.agent.offload import offload
 from app.agent.pending import PendingCall
 from app.agent.replay import ReplayError, validate_storable
 from app.etag import ETagCondition, IfMatch, evaluate_conditions

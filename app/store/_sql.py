@@ -23,8 +23,8 @@ from app.agent.codec import (
     format_path,
     loads_message_texts,
 )
-from app.agent.folding import offload
 from app.agent.messages import AnyMessage, Context
+from app.agent.offload import offload
 from app.agent.sizes import ContextSize, frame_bytes, text_bytes
 from app.agent.tokens import TokenTally, tally_of
 from app.clock import SYSTEM_CLOCK, Clock

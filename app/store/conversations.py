@@ -19,8 +19,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.agent.codec import load_message
-from app.agent.folding import offload
 from app.agent.messages import AnyMessage, Context, ToolResultMessage
+from app.agent.offload import offload
 from app.agent.sizes import ContextSize, SizeBounds, frame_bytes
 from app.agent.tokens import TokenTally, tally_of
 from app.etag import IfMatch, sql_if_match, version_etag

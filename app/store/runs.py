@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.agent.codec import dump_messages
 from app.agent.messages import Context, UserMessage
 from app.agent.records import Result
-from app.agent.sizes import ContextSize, advance_size, size_of
+from app.agent.sizes import ContextSize, result_size, size_of
 from app.agent.tokens import advance, tally_of
 from app.errors import CarryoverError
 from app.etag import IfMatch, if_match_holds
@@ -321,12 +321,11 @@ class RunStore(FinishingStore):
         )
         if not store:
             size = None  # nothing of the context is written
-        elif plan.rewritten or (size is None and base.size is None):
+        elif plan.rewritten:  # every message is written anew: counted from scratch
             ctx = result.context
             size = size_of(ctx.system_prompt, ctx.summary, ctx.messages)
         elif size is None:
-            assert base.size is not None
-            size = advance_size(base.size, len(base.context.messages), result)
+            size = result_size(base.size, len(base.context.messages), result)
         try:
             return await self._finish_run(
                 tenant,

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.agent import compaction as compaction_module
-from app.agent import folding, opaque, tokens
+from app.agent import folding, offload, opaque, tokens
 from app.agent import run as run_module
 from app.agent.compaction import choose_cut, is_safe_cut
 from app.agent.messages import (
@@ -320,7 +320,7 @@ async def test_compacting_a_long_context_runs_its_cpu_heavy_steps_in_a_worker_th
         return await echo_agent().run(Input(context=base, prompts=(prompt,)))
 
     with monkeypatch.context() as on_the_loop:
-        on_the_loop.setattr(folding, "OFFLOAD_MESSAGES", 10**9)
+        on_the_loop.setattr(offload, "OFFLOAD_MESSAGES", 10**9)
         reference = await once()
     on_loop: dict[str, list[bool]] = {}
     for module, name in (

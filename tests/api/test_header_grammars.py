@@ -18,14 +18,14 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from app.api.answers import idempotency_key_of
 from app.api.app import openapi_document
 from app.api.deps import decode_cursor, encode_cursor, parse_prefer
-from app.api.etags import parse_condition
 from app.api.problems import Problem
 from app.api.routes.conversations import _list_cursor, _parse_list_cursor
 from app.api.routes.events import _after
-from app.api.routes.runs import _idempotency_key
 from app.errors import CarryoverError
+from app.etag import parse_condition
 
 DOCUMENT = openapi_document()
 
@@ -87,7 +87,7 @@ CASES = {
     "If-Match": lambda v: parse_condition(v, "If-Match"),
     "If-None-Match": lambda v: parse_condition(v, "If-None-Match"),
     "Prefer": parse_prefer,
-    "Idempotency-Key": _idempotency_key,
+    "Idempotency-Key": idempotency_key_of,
     "Last-Event-ID": lambda v: _after(v, None),
 }
 

@@ -4,9 +4,9 @@ A long conversation is PUT, then run several times through the OpenAI-compatible
 Anthropic provider against their fakes. The fakes check every request the way the real APIs do
 and the test checks that each one carried the whole history; meanwhile it counts the messages
 the provider mappings encode (``_Writer.add`` for Chat Completions, ``_turn_of`` for Messages)
-and the SDKs' own encodings of a request body. The history is encoded once (the first run of a process
-that has not seen the conversation), in a worker thread; every later run encodes only what it
-appended, and the SDKs never encode a request themselves.
+and the SDKs' own encodings of a request body. The history is encoded once (the first run of a
+process that has not seen the conversation), in a worker thread; every later run encodes only
+what it appended, and the SDKs never encode a request themselves.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Conversations and their context (contract §4): create, list, get, patch, delete; GET/PUT
 context. Fork, export and import are in :mod:`app.api.routes.portability` (included here), the
-metadata limits and filters in :mod:`app.api.routes.conversation_metadata`.
+metadata limits and filters in :mod:`app.api.metadata`.
 
 Each route parses the request, calls :class:`~app.service.conversations.ConversationService`
 and renders its result; refusals are answered by the one problem handler."""
@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Query, Request, Response
 
-from app.agent.folding import offload
 from app.agent.messages import Context
+from app.agent.offload import offload
 from app.service.conversations import NotModified, Search
 from app.store.metadata import KEEP
 
@@ -31,6 +31,7 @@ from ..deps import (
 )
 from ..headers import ETAG_HEADER, LOCATION_HEADER
 from ..limits import check_context, check_text
+from ..metadata import check_metadata, document_metadata, metadata_filters
 from ..problems import (
     BAD_CURSOR,
     CONVERSATION_EXISTS,
@@ -50,7 +51,6 @@ from ..schemas import (
 )
 from ..views import conversation_body
 from . import portability
-from .conversation_metadata import check_metadata, document_metadata, metadata_filters
 
 router = APIRouter(tags=["conversations"])
 

@@ -17,6 +17,7 @@ from app.agent.replay import ReplayError, validate_storable
 from ..deps import ConversationPath, IfMatchHeader, ServicesDep, TenantDep, if_match_value
 from ..headers import ETAG_HEADER, LOCATION_HEADER
 from ..limits import check_context
+from ..metadata import check_metadata
 from ..problems import (
     CONVERSATION_EXISTS,
     PRECONDITION_FAILED,
@@ -33,7 +34,6 @@ from ..schemas import (
     ConversationFork,
 )
 from ..views import conversation_body
-from .conversation_metadata import check_metadata
 
 #: its routes are added to :data:`app.api.routes.conversations.router` (whose tag they carry)
 router = APIRouter(tags=["conversations"])

@@ -16,6 +16,18 @@ from app.service.runs import EndedUnrun, FinishedRun, Idempotency, QueuedRun, Re
 from app.store.queue import ASYNC_ANSWER_KEY, async_answer
 from app.store.records import RunRecord
 
+from ..answers import (
+    SSE_DESCRIPTION,
+    SSE_EVENT,
+    accepted,
+    async_replay,
+    ended_stream,
+    idempotency_key_of,
+    preference_applied,
+    run_location,
+    sse_events,
+    wants_minimal,
+)
 from ..deps import (
     AcceptHeader,
     ConversationPath,
@@ -44,18 +56,6 @@ from ..problems import (
 )
 from ..schemas import Run, RunCreate, RunPage
 from ..views import record_view, request_hash, run_request, run_view
-from .run_answers import (
-    SSE_DESCRIPTION,
-    SSE_EVENT,
-    _accepted,
-    _async_replay,
-    _ended_stream,
-    _events,
-    _idempotency_key,
-    _location,
-    _minimal,
-    _preference_applied,
-)
 from .usage import QUOTA_RESPONSE
 
 router = APIRouter(tags=["runs"])
@@ -117,9 +117,9 @@ async def create_run(
     request_ = run_request(body)
     check_prompts(svc.settings, (*request_.tool_results, *request_.prompts))
     stream = body.stream or "text/event-stream" in (accept or "")
-    minimal = _minimal(prefer)
+    minimal = wants_minimal(prefer)
     respond_async = "respond-async" in parse_prefer(prefer)
-    key = _idempotency_key(idempotency_key)
+    key = idempotency_key_of(idempotency_key)
     idempotency = None
     if key is not None:
 
@@ -141,47 +141,47 @@ async def create_run(
 
     if isinstance(started, Replayed):
         if started.body.get(ASYNC_ANSWER_KEY):
-            return await _async_replay(svc.runs, tenant, conversation_id, started, minimal)
+            return await async_replay(svc.runs, tenant, conversation_id, started, minimal)
         replay = started.body
         headers = {"Idempotent-Replayed": "true"}
         if replay.get("etag"):
             headers["ETag"] = replay["etag"]
         if replay.get("run_id"):
-            headers["Location"] = _location(conversation_id, replay["run_id"])
+            headers["Location"] = run_location(conversation_id, replay["run_id"])
         return JSONResponse(replay, status_code=started.status_code, headers=headers)
     if isinstance(started, QueuedRun):
-        return _accepted(RunRecord(started.run, (), None, ()), respond_async, minimal)
+        return accepted(RunRecord(started.run, (), None, ()), respond_async, minimal)
     if isinstance(started, EndedUnrun):  # cancelled while it was queued
         if stream:
-            return _ended_stream(started.record, conversation_id)
+            return ended_stream(started.record, conversation_id)
         return JSONResponse(
             record_view(started.record).body(),
             status_code=201,
-            headers={"Location": _location(conversation_id, started.record.run.run_id)},
+            headers={"Location": run_location(conversation_id, started.record.run.run_id)},
         )
     if respond_async:
         run = started.started.run
         assert run is not None
-        return _accepted(RunRecord(run, (), None, ()), True, minimal)
+        return accepted(RunRecord(run, (), None, ()), True, minimal)
 
-    location = _location(conversation_id, started.run_id)
+    location = run_location(conversation_id, started.run_id)
     if stream:
         return StreamingResponse(
-            _events(svc.runs, started, body.on_disconnect, minimal),
+            sse_events(svc.runs, started, body.on_disconnect, minimal),
             status_code=201,
             media_type="text/event-stream",
             headers={
                 "Location": location,
                 "Cache-Control": "no-store",
                 "X-Accel-Buffering": "no",
-                **_preference_applied(minimal),
+                **preference_applied(minimal),
             },
         )
     finished = await svc.runs.wait(
         started, on_disconnect=body.on_disconnect, disconnected=request.is_disconnected
     )
     view = run_view(finished)
-    headers = {"Location": location, **_preference_applied(minimal)}
+    headers = {"Location": location, **preference_applied(minimal)}
     if view.etag:
         headers["ETag"] = view.etag
     rendered = await view.render(minimal=minimal)  # a long compaction's folded messages in pieces
@@ -293,14 +293,14 @@ async def compact(
 ) -> Response:
     """Fold all but the current turn into the summary now."""
     body = body or CompactRequest()
-    minimal = _minimal(prefer)
+    minimal = wants_minimal(prefer)
     finished = await svc.conversations.compact(
         tenant, conversation_id, body.agent, if_match_value(if_match)
     )
     view = run_view(finished)
     headers = {
-        "Location": _location(conversation_id, view.model.run_id),
-        **_preference_applied(minimal),
+        "Location": run_location(conversation_id, view.model.run_id),
+        **preference_applied(minimal),
     }
     if view.etag:
         headers["ETag"] = view.etag
@@ -308,4 +308,4 @@ async def compact(
     return Response(rendered, status_code=201, headers=headers, media_type="application/json")
 
 
-__all__ = ["RUN_IN_PROGRESS", "SSE_EVENT", "VALIDATION_ERROR", "_idempotency_key", "router"]
+__all__ = ["RUN_IN_PROGRESS", "SSE_EVENT", "VALIDATION_ERROR", "router"]

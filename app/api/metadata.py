@@ -13,8 +13,8 @@ from fastapi import Request
 
 from app.config import Settings
 
-from ..problems import limit_exceeded, validation_error
-from ..schemas import METADATA_KEY_PATTERN
+from .problems import limit_exceeded, validation_error
+from .schemas import METADATA_KEY_PATTERN
 
 
 def check_metadata(

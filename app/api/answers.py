@@ -1,6 +1,6 @@
 """How a run request is answered (docs/runs.md): the event-stream description of the document,
 the small header helpers, the 202 answers of background mode and the server-sent events of a
-streamed run. Used by :mod:`app.api.routes.runs`."""
+streamed run. Used by :mod:`app.api.routes.runs`; it declares no route."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from app.service.runs import ActiveRun, Replayed, RunManager
 from app.store.records import RunRecord
 from app.store.tables import Dumped
 
-from ..deps import prefers_minimal
-from ..handlers import stream_problem
-from ..problems import BAD_HEADER, Problem
-from ..views import record_view, run_view
+from .deps import prefers_minimal
+from .handlers import stream_problem
+from .problems import BAD_HEADER, Problem
+from .views import record_view, run_view
 
 SSE_DESCRIPTION = (
     'With `Accept: text/event-stream` or `"stream": true`: server-sent events `run.started`, '
@@ -68,20 +68,20 @@ SSE_EVENT: dict[str, Any] = {
 }
 
 
-def _location(conversation_id: str, run_id: str) -> str:
+def run_location(conversation_id: str, run_id: str) -> str:
     return f"/conversations/{conversation_id}/runs/{run_id}"
 
 
-def _minimal(prefer: str | None) -> bool:
+def wants_minimal(prefer: str | None) -> bool:
     return prefers_minimal(prefer)  # 400 bad-header for a Prefer that breaks RFC 7240's grammar
 
 
-def _preference_applied(minimal: bool) -> dict[str, str]:
+def preference_applied(minimal: bool) -> dict[str, str]:
     """RFC 7240 §3: say that ``return=minimal`` was honoured."""
     return {"Preference-Applied": "return=minimal"} if minimal else {}
 
 
-def _idempotency_key(value: str | None) -> str | None:
+def idempotency_key_of(value: str | None) -> str | None:
     if value is None:
         return None
     key = value.strip()
@@ -99,33 +99,33 @@ def _idempotency_key(value: str | None) -> str | None:
 # --- background mode (docs/runs.md) ----------------------------------------------------------
 
 
-def _accepted(record: RunRecord, respond_async: bool, minimal: bool) -> Response:
+def accepted(record: RunRecord, respond_async: bool, minimal: bool) -> Response:
     """202 Accepted: the run (``running`` or ``queued``) goes on whatever the client does."""
     applied = ["respond-async"] if respond_async else []
     if minimal:
         applied.append("return=minimal")
-    headers = {"Location": _location(record.run.conversation_id, record.run.run_id)}
+    headers = {"Location": run_location(record.run.conversation_id, record.run.run_id)}
     if applied:
         headers["Preference-Applied"] = ", ".join(applied)
     return JSONResponse(record_view(record).body(), status_code=202, headers=headers)
 
 
-async def _async_replay(
+async def async_replay(
     manager: RunManager, tenant: str, conversation_id: str, replay: Replayed, minimal: bool
 ) -> Response:
     """A repeat of a background request: the run's record as it is now — 202 while it is
     queued or running, 200 once it ended."""
     run_id = str(replay.body["run_id"])
     record = await manager.record(tenant, conversation_id, run_id)
-    headers = {"Idempotent-Replayed": "true", "Location": _location(conversation_id, run_id)}
+    headers = {"Idempotent-Replayed": "true", "Location": run_location(conversation_id, run_id)}
     if record.run.status in ("queued", "running"):
-        response = _accepted(record, True, minimal)
+        response = accepted(record, True, minimal)
         response.headers.update(headers)
         return response
     return JSONResponse(record_view(record).body(), status_code=200, headers=headers)
 
 
-def _ended_stream(record: RunRecord, conversation_id: str) -> Response:
+def ended_stream(record: RunRecord, conversation_id: str) -> Response:
     """A streamed request whose queued run ended without running: only ``run.finished``."""
 
     async def events() -> AsyncIterator[bytes]:
@@ -135,7 +135,7 @@ def _ended_stream(record: RunRecord, conversation_id: str) -> Response:
         events(),
         status_code=201,
         media_type="text/event-stream",
-        headers={"Location": _location(conversation_id, record.run.run_id)},
+        headers={"Location": run_location(conversation_id, record.run.run_id)},
     )
 
 
@@ -148,7 +148,7 @@ def _sse(event: str, data: Any, seq: int | None = None) -> bytes:
     return f"event: {event}\ndata: {body}\n{tail}\n".encode()
 
 
-async def _events(
+async def sse_events(
     manager: RunManager, active: ActiveRun, on_disconnect: str, minimal: bool
 ) -> AsyncIterator[bytes]:
     """The run as server-sent events. A client that goes away cancels the run only with
@@ -168,7 +168,7 @@ async def _events(
         except Exception as exc:  # the outcome could not be stored (or a bug): say so, end
             yield _sse(
                 "error",
-                stream_problem(exc, instance=_location(active.conversation_id, active.run_id)),
+                stream_problem(exc, instance=run_location(active.conversation_id, active.run_id)),
             )
             return
         yield _sse("run.finished", body, active.recorder.finished_seq)
