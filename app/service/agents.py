@@ -161,7 +161,7 @@ class AgentPool:
     def unready(self) -> dict[str, str]:
         """Profiles that cannot run for want of a key, each with why (``/readyz``); an agent
         installed with :meth:`put` is ready."""
-        from app.config_check import key_problem
+        from app.config.check import key_problem
 
         found = {}
         for name, profile in self._profiles.items():

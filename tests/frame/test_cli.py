@@ -64,7 +64,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Calls:
     monkeypatch.setattr("app.store.migrate.upgrade", upgrade)
     monkeypatch.setattr("app.store.migrate.downgrade", downgrade)
     monkeypatch.setattr("app.store.keys.active_key_count", active_key_count)
-    monkeypatch.setattr(cli, "run_server", run_server)
+    monkeypatch.setattr(cli.serve, "run_server", run_server)
     return recorded
 
 
@@ -207,7 +207,7 @@ def test_serve_stops_when_migration_fails(
 
     served: list[object] = []
     monkeypatch.setattr("app.store.migrate.upgrade", upgrade)
-    monkeypatch.setattr(cli, "run_server", lambda config, on_listening: served.append(config))
+    monkeypatch.setattr(cli.serve, "run_server", lambda config, on_listening: served.append(config))
     monkeypatch.setenv("CARRYOVER_DATABASE_URL", "postgresql://u:hunter22@127.0.0.1:1/x")
     assert main(["serve"]) == 1
     err = capsys.readouterr().err

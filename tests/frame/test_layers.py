@@ -4,21 +4,30 @@ would import an upper layer lazily, inside a function or under ``TYPE_CHECKING``
 
     base     app.clock, app.errors, app.etag, app.telemetry  (import nothing of app but each other)
     agent    app.agent
-    config   app.config, app.config_check, app.config_keys, app.config_profiles,
-             app.observability  (settings and metrics)
+    config   app.config, app.observability  (settings and metrics)
     store    app.store
     service  app.service
     api      app.api
-    top      app.cli, app.cli_ops, app.cli_keys, app.cli_serve, app.chat, app.__main__,
-             app (package)
+    top      app.cli, app.chat
 
 ``app.chat`` (the terminal client) is a client of the HTTP API: besides the package (and its own
 modules) it imports nothing of ``app`` at all, whatever its rank allows.
+
+Within a layer, the modules import each other without a circle: the graph of which module
+imports which has no cycle. Its edges are the imports that run: at module level and inside
+functions alike (a lazy import is still a dependency: a subcommand that takes a helper back
+from the package that imports it is a circle, whenever it runs), but not those under
+``if TYPE_CHECKING:``, which never run (an annotation may name a type of a module that imports
+this one). ``from P import name`` is an edge to the module ``P.name`` when there is one, else to
+``P``; the implicit import of a module's parent packages is not an edge (a package's
+``__init__`` may re-export its own modules).
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable, Iterator, Mapping
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -36,21 +45,12 @@ LAYERS = {
     "app.telemetry": "base",
     "app.agent": "agent",
     "app.config": "config",
-    "app.config_check": "config",
-    "app.config_keys": "config",
-    "app.config_profiles": "config",
     "app.observability": "config",
     "app.store": "store",
     "app.service": "service",
     "app.api": "api",
     "app.cli": "top",
     "app.chat": "top",
-    "app.cli_webhooks": "top",
-    "app.cli_conversations": "top",
-    "app.cli_ops": "top",
-    "app.cli_keys": "top",
-    "app.cli_serve": "top",
-    "app.__main__": "top",
 }
 #: the package itself (``__version__``) is below everything
 PACKAGE = ("app", "app.__version__")
@@ -128,6 +128,113 @@ def violations(root: Path = APP) -> list[str]:
 
 def _is_client(module: str) -> bool:
     return any(module == c or module.startswith(c + ".") for c in CLIENTS)
+
+
+def _type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _running_imports(nodes: Iterable[ast.AST]) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The import statements among ``nodes`` and inside them, but those under
+    ``if TYPE_CHECKING:`` (its ``else`` runs)."""
+    for node in nodes:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        elif isinstance(node, ast.If) and _type_checking(node.test):
+            yield from _running_imports(node.orelse)
+        else:
+            yield from _running_imports(ast.iter_child_nodes(node))
+
+
+def import_graph(root: Path = APP) -> dict[str, dict[str, int]]:
+    """module → the modules of ``app`` it imports (see the module), each with its first line."""
+    paths = {module_name(path, root): path for path in sorted(root.rglob("*.py"))}
+    graph: dict[str, dict[str, int]] = {}
+    for module, path in paths.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        edges: dict[str, int] = {}
+        for node in _running_imports(tree.body):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                source = _resolve(node, package)
+                targets = [
+                    f"{source}.{alias.name}" if f"{source}.{alias.name}" in paths else source
+                    for alias in node.names
+                ]
+            for target in targets:
+                if target in paths and target != module:
+                    edges.setdefault(target, node.lineno)
+        graph[module] = edges
+    return graph
+
+
+def _resolve(node: ast.ImportFrom, package: str) -> str:
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def cycles(graph: Mapping[str, Mapping[str, int]]) -> list[list[str]]:
+    """The cycles of ``graph`` (``[a, b, …, a]``) a depth-first walk meets, each set of modules
+    once; ``[]`` when it has none."""
+    found: list[list[str]] = []
+    state: dict[str, str] = {}  # "open" while on the path, "done" once every edge is seen
+    path: list[str] = []
+    seen_parts: set[frozenset[str]] = set()
+
+    def visit(module: str) -> None:
+        state[module] = "open"
+        path.append(module)
+        for target in sorted(graph.get(module, {})):
+            if state.get(target) == "open":
+                cycle = [*path[path.index(target) :], target]
+                part = frozenset(cycle)
+                if not any(part <= seen for seen in seen_parts):
+                    seen_parts.add(part)
+                    found.append(cycle)
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+    return found
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    graph = import_graph()
+    assert cycles(graph) == [], [
+        " → ".join([*(f"{a} (line {graph[a][b]})" for a, b in pairwise(cycle)), cycle[-1]])
+        for cycle in cycles(graph)
+    ]
+
+
+def test_the_cycle_check_sees_a_lazy_circle_but_not_a_type_only_one(tmp_path: Path) -> None:
+    package = tmp_path / "app"
+    (package / "cli").mkdir(parents=True)
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    (package / "cli" / "__init__.py").write_text("from .keys import run\n", encoding="utf-8")
+    (package / "cli" / "keys.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from .serve import Server\n"
+        "def run() -> None:\n"
+        "    from app.cli import CliError\n",
+        encoding="utf-8",
+    )
+    (package / "cli" / "serve.py").write_text("from . import keys\n", encoding="utf-8")
+    graph = import_graph(package)
+    assert graph["app.cli.keys"] == {"app.cli": 5}
+    assert graph["app.cli.serve"] == {"app.cli.keys": 1}
+    assert cycles(graph) == [["app.cli", "app.cli.keys", "app.cli"]]
 
 
 def test_every_module_imports_only_its_layer_and_below() -> None:

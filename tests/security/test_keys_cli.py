@@ -65,7 +65,7 @@ def served(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
         on_listening()
         return True
 
-    monkeypatch.setattr("app.cli.run_server", run_server)
+    monkeypatch.setattr("app.cli.serve.run_server", run_server)
     return calls
 
 

@@ -19,13 +19,17 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
+from app.observability import configure_logging
+
+from .common import CliError, load_settings, migrate_database, tenant, timestamp
+
 if TYPE_CHECKING:
     from app.store.repository import Repository
 
 T = TypeVar("T")
 
 
-def add_webhooks_parser(commands: Any, tenant: Callable[[str], str]) -> None:
+def add_webhooks_parser(commands: Any) -> None:
     webhooks = commands.add_parser(
         "webhooks",
         help="register, list and remove webhook endpoints; show deliveries",
@@ -54,8 +58,6 @@ def add_webhooks_parser(commands: Any, tenant: Callable[[str], str]) -> None:
 def _events(text: str | None) -> list[str]:
     from app.store.webhooks import WEBHOOK_EVENTS
 
-    from .cli import CliError
-
     if text is None:
         return list(WEBHOOK_EVENTS)
     events = list(dict.fromkeys(e.strip() for e in text.split(",") if e.strip()))
@@ -70,8 +72,6 @@ def _events(text: str | None) -> list[str]:
 
 
 def _url(text: str) -> str:
-    from .cli import CliError
-
     parts = urlsplit(text)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise CliError(f"{text!r} is not an http(s) URL", status=2)
@@ -85,10 +85,6 @@ def _table(rows: Sequence[tuple[str, ...]]) -> None:
 
 
 def webhooks_command(args: argparse.Namespace) -> int:
-    from app.observability import configure_logging
-
-    from .cli import CliError, _migrate, _timestamp, load_settings
-
     settings = load_settings()
     level = "DEBUG" if settings.log_level == "DEBUG" else "WARNING"
     configure_logging(level, settings.log_format, settings.secret_values())
@@ -106,7 +102,7 @@ def webhooks_command(args: argparse.Namespace) -> int:
     command = args.webhooks_command
     if command == "add":
         url, events = _url(args.url), _events(args.events)
-        _migrate(settings)
+        migrate_database(settings)
         hook = asyncio.run(using(lambda repo: repo.add_webhook(args.tenant, url, events)))
         print(
             f"registered webhook {hook.id} for tenant {hook.tenant!r}: {hook.url} "
@@ -116,12 +112,12 @@ def webhooks_command(args: argparse.Namespace) -> int:
         print(f"id: {hook.id}")
         print(f"secret: {hook.secret}", flush=True)
         return 0
-    _migrate(settings)
+    migrate_database(settings)
     if command == "list":
         hooks = asyncio.run(using(lambda repo: repo.list_webhooks(args.tenant)))
         _table(
             [("ID", "TENANT", "URL", "EVENTS", "CREATED")]
-            + [(h.id, h.tenant, h.url, ",".join(h.events), _timestamp(h.created_at)) for h in hooks]
+            + [(h.id, h.tenant, h.url, ",".join(h.events), timestamp(h.created_at)) for h in hooks]
         )
         return 0
     if command == "remove":
@@ -147,7 +143,7 @@ def webhooks_command(args: argparse.Namespace) -> int:
                 d.status,
                 str(d.attempts),
                 d.last_error or "-",
-                _timestamp(d.created_at),
+                timestamp(d.created_at),
             )
             for d in found
         ]

@@ -1,7 +1,7 @@
 """The configuration checked as a whole when ``carryover serve`` starts (docs/operations.md).
 
-:mod:`app.config` validates each value; this module answers the operator's questions about the
-configuration as a whole, in the names the operator writes — environment variables
+:class:`~app.config.Settings` validates each value; this module answers the operator's questions
+about the configuration as a whole, in the names the operator writes — environment variables
 (``CARRYOVER_PORT``) and TOML keys (``agents.local.tools``), never pydantic field names:
 
 - :func:`settings_errors`: a :class:`~pydantic.ValidationError` of :class:`Settings` as lines
@@ -30,14 +30,9 @@ from pydantic import SecretStr, ValidationError
 
 from app.agent.tools import ToolLoadError, ToolRegistry, load_tool
 
-from .config import (
-    PROVIDER_KEY_ENV,
-    AgentProfile,
-    ApiKeys,
-    Settings,
-    _mask_url,
-    _ProfileFields,
-)
+from .keys import ApiKeys
+from .profiles import PROVIDER_KEY_ENV, AgentProfile, _ProfileFields
+from .settings import Settings, _mask_url
 
 ENV_PREFIX = "CARRYOVER_"
 MASK = "**********"

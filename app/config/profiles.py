@@ -24,7 +24,7 @@ from pydantic import (
 )
 from pydantic_settings import NoDecode
 
-from .config_keys import _NAME
+from .keys import _NAME
 
 ProviderName = Literal["echo", "openai", "anthropic"]
 

@@ -8,11 +8,12 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Awaitable, Callable
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .config import Settings
-from .observability import configure_logging
+from app.config import Settings
+from app.observability import configure_logging
+
+from .common import CliError, load_settings, migrate_database, tenant, timestamp
 
 if TYPE_CHECKING:
     from app.store.keys import KeyStore
@@ -22,8 +23,6 @@ T = TypeVar("T")
 
 def add_keys_parser(commands: Any) -> None:
     """Add ``keys`` and its actions to ``carryover``'s subparsers."""
-    from .cli import _tenant
-
     keys = commands.add_parser(
         "keys",
         help="create, list and revoke API keys",
@@ -32,15 +31,11 @@ def add_keys_parser(commands: Any) -> None:
     )
     actions = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
     create = actions.add_parser("create", help="create a key for a tenant and print it once")
-    create.add_argument("--tenant", required=True, type=_tenant, help="the tenant it acts as")
+    create.add_argument("--tenant", required=True, type=tenant, help="the tenant it acts as")
     listing = actions.add_parser("list", help="list keys (never the keys themselves)")
-    listing.add_argument("--tenant", type=_tenant, help="only this tenant's keys")
+    listing.add_argument("--tenant", type=tenant, help="only this tenant's keys")
     revoke = actions.add_parser("revoke", help="revoke a key by its id")
     revoke.add_argument("id", help="the key's id, as 'keys list' shows it")
-
-
-def _timestamp(value: datetime | None) -> str:
-    return value.strftime("%Y-%m-%dT%H:%M:%SZ") if value is not None else "-"
 
 
 async def _with_keys(settings: Settings, action: Callable[[KeyStore], Awaitable[T]]) -> T:
@@ -55,13 +50,11 @@ async def _with_keys(settings: Settings, action: Callable[[KeyStore], Awaitable[
 
 
 def keys_command(args: argparse.Namespace) -> int:
-    from .cli import CliError, _migrate, load_settings
-
     settings = load_settings()
     # the migration's INFO lines would bury the key and the table
     level = "DEBUG" if settings.log_level == "DEBUG" else "WARNING"
     configure_logging(level, settings.log_format, settings.secret_values())
-    _migrate(settings)
+    migrate_database(settings)
     if args.keys_command == "create":
         created = asyncio.run(_with_keys(settings, lambda store: store.create(args.tenant)))
         print(
@@ -75,7 +68,7 @@ def keys_command(args: argparse.Namespace) -> int:
     if args.keys_command == "list":
         keys = asyncio.run(_with_keys(settings, lambda store: store.list_keys(args.tenant)))
         rows = [("ID", "TENANT", "PREFIX", "CREATED", "REVOKED")] + [
-            (k.id, k.tenant, k.prefix, _timestamp(k.created_at), _timestamp(k.revoked_at))
+            (k.id, k.tenant, k.prefix, timestamp(k.created_at), timestamp(k.revoked_at))
             for k in keys
         ]
         widths = [max(len(row[i]) for row in rows) for i in range(5)]
@@ -89,12 +82,12 @@ def keys_command(args: argparse.Namespace) -> int:
     if not now:
         print(
             f"API key {stored.id} of tenant {stored.tenant!r} was already revoked at "
-            f"{_timestamp(stored.revoked_at)}"
+            f"{timestamp(stored.revoked_at)}"
         )
         return 0
     print(
         f"revoked API key {stored.id} of tenant {stored.tenant!r} at "
-        f"{_timestamp(stored.revoked_at)}; running servers refuse it within "
+        f"{timestamp(stored.revoked_at)}; running servers refuse it within "
         f"{settings.api_key_cache_seconds:g} seconds"
     )
     return 0

@@ -17,6 +17,11 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from app.config.check import check, effective
+from app.observability import configure_logging
+
+from .common import CliError, load_settings, migrate_database, tenant
+
 
 def add_parsers(commands: Any) -> None:
     """Add this module's subcommands to ``carryover``'s subparsers."""
@@ -29,8 +34,6 @@ def add_parsers(commands: Any) -> None:
     )
     config.add_argument("--json", action="store_true", help="one JSON document")
 
-    from .cli import _tenant
-
     quotas = commands.add_parser(
         "quotas",
         help="set, show and clear per-tenant quotas",
@@ -38,7 +41,7 @@ def add_parsers(commands: Any) -> None:
     )
     actions = quotas.add_subparsers(dest="quotas_command", required=True, metavar="ACTION")
     put = actions.add_parser("set", help="set a tenant's limits (others are kept; 0 removes)")
-    put.add_argument("--tenant", required=True, type=_tenant)
+    put.add_argument("--tenant", required=True, type=tenant)
     for flag, what in (
         ("--tokens-per-day", "input + output tokens of runs ended this UTC day"),
         ("--runs-per-minute", "runs started in any 60 seconds"),
@@ -46,9 +49,9 @@ def add_parsers(commands: Any) -> None:
     ):
         put.add_argument(flag, type=_count, metavar="N", help=what)
     show = actions.add_parser("show", help="list quotas")
-    show.add_argument("--tenant", type=_tenant, help="only this tenant's")
+    show.add_argument("--tenant", type=tenant, help="only this tenant's")
     clear = actions.add_parser("clear", help="remove a tenant's quotas")
-    clear.add_argument("--tenant", required=True, type=_tenant)
+    clear.add_argument("--tenant", required=True, type=tenant)
 
 
 def _count(text: str) -> int:
@@ -62,9 +65,6 @@ def _count(text: str) -> int:
 
 
 def config_command(args: argparse.Namespace) -> int:
-    from .cli import CliError, load_settings
-    from .config_check import check, effective
-
     settings = load_settings()
     rows = effective(settings)
     found = check(settings)
@@ -97,13 +97,10 @@ def _limits_text(quota: Any) -> str:
 
 
 def quotas_command(args: argparse.Namespace) -> int:
-    from .cli import CliError, _migrate, load_settings
-    from .observability import configure_logging
-
     settings = load_settings()
     level = "DEBUG" if settings.log_level == "DEBUG" else "WARNING"
     configure_logging(level, settings.log_format, settings.secret_values())
-    _migrate(settings)
+    migrate_database(settings)
 
     async def act() -> int:
         from app.store.db import make_engine

@@ -1,25 +1,8 @@
-"""Configuration: environment variables (prefix ``CARRYOVER_``) and a TOML file of agent profiles.
+"""The service's settings (:class:`Settings`): ``CARRYOVER_*`` environment variables, and the
+agent profiles of the TOML file named by ``CARRYOVER_CONFIG_FILE`` (see :mod:`app.config`).
 
-The environment describes the service and the ``default`` agent profile (contract §6). A TOML file
-named by ``CARRYOVER_CONFIG_FILE`` may add named profiles, or replace ``default``::
-
-    [agents.default]
-    provider = "anthropic"
-    model = "claude-sonnet-4-5"
-    context_window = 200000
-
-    [agents.local]
-    provider = "openai"
-    base_url = "http://127.0.0.1:11434/v1"
-    model = "llama3.1"
-    api_key_env = "OLLAMA_API_KEY"
-
-Provider keys never live in the file: they come from ``OPENAI_API_KEY`` / ``ANTHROPIC_API_KEY``
-as those ecosystems expect, or from the variable a profile names in ``api_key_env``.
-Secrets are held as :class:`~pydantic.SecretStr` (or :class:`ApiKeys`) so no repr prints them.
-
-:class:`ApiKeys` lives in :mod:`app.config_keys`, the agent profiles (:class:`AgentProfile`,
-:func:`load_profiles_file`) in :mod:`app.config_profiles`; both are re-exported here.
+Secrets are held as :class:`~pydantic.SecretStr` (or :class:`~app.config.keys.ApiKeys`) so no
+repr prints them.
 
 Tests build settings explicitly: ``Settings(provider="openai", model="m")`` — keyword arguments
 win over the environment — and call ``get_settings.cache_clear()`` after changing variables.
@@ -50,19 +33,14 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from .config_keys import _NAME, TENANT_NAME, ApiKeys
-from .config_profiles import (
-    DEFAULT_CONTEXT_WINDOW,
+from .keys import _NAME, ApiKeys
+from .profiles import (
     DEFAULT_PROFILE,
-    DEFAULT_TOOLS,
-    PROVIDER_KEY_ENV,
     AgentProfile,
-    ProviderName,
     _ProfileFields,
     _resolve_key,
     _split_list,
     load_profiles_file,
-    validation_messages,
 )
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -362,22 +340,11 @@ def default_settings() -> Settings:
 
 
 __all__ = [
-    "DEFAULT_CONTEXT_WINDOW",
-    "DEFAULT_PROFILE",
-    "DEFAULT_TOOLS",
-    "PROVIDER_KEY_ENV",
-    "TENANT_NAME",
-    "AgentProfile",
-    "ApiKeys",
     "LogLevel",
     "MiB",
-    "ProviderName",
     "Settings",
-    "_ProfileFields",
     "_mask_url",
     "default_settings",
     "get_settings",
     "is_loopback",
-    "load_profiles_file",
-    "validation_messages",
 ]

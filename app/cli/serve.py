@@ -1,7 +1,8 @@
 """``carryover serve [--host H] [--port P] [--workers N]`` (docs/contract.md "Running it"),
-registered by :mod:`app.cli`: migrate the database to head, then serve the app factory
-(``app.cli.APP_FACTORY``) with uvicorn through ``app.cli.run_server``; refuse a non-loopback host
-when no API keys are configured; print the banner once the port accepts connections.
+registered by :mod:`app.cli`: check the configuration, migrate the database to head, then serve
+the app factory (``app.cli.common.APP_FACTORY``) with uvicorn through :func:`run_server`; refuse
+a non-loopback host when no API keys are configured; print the banner once the port accepts
+connections.
 """
 
 from __future__ import annotations
@@ -12,10 +13,19 @@ import logging
 import os
 import shutil
 import tempfile
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from .config import Settings, is_loopback
-from .observability import RedactSecrets, banner_line, configure_logging, logging_config
+from app.config import Settings, is_loopback
+from app.config.check import check
+from app.observability import RedactSecrets, banner_line, configure_logging, logging_config
+
+from .common import APP_FACTORY, CliError, load_settings, migrate_database, version
+
+if TYPE_CHECKING:
+    import socket
+
+    import uvicorn
 
 
 def add_serve_parser(commands: Any) -> None:
@@ -65,8 +75,6 @@ def describe(settings: Settings, db_keys: int | None = 0) -> str:
 
     ``db_keys``: active keys in the database, ``None`` when they could not be counted.
     """
-    from .cli import _version
-
     profile = settings.profile()
     names = ", ".join(sorted(settings.profiles()))
     workers = f"{settings.workers} worker" + ("s" if settings.workers != 1 else "")
@@ -74,7 +82,7 @@ def describe(settings: Settings, db_keys: int | None = 0) -> str:
     base = f", base URL {profile.base_url}" if profile.base_url else ""
     return "\n".join(
         [
-            f"Carryover {_version()} listening on {_url(settings.host, settings.port)} ({workers})",
+            f"Carryover {version()} listening on {_url(settings.host, settings.port)} ({workers})",
             f"  agent profile 'default': provider {profile.provider}{model}{base}",
             f"  agent profiles: {names}",
             f"  database: {settings.database_url_display}",
@@ -104,9 +112,20 @@ def banner(settings: Settings, db_keys: int | None = 0) -> str:
     )
 
 
-def serve(args: argparse.Namespace) -> int:
-    from .cli import APP_FACTORY, CliError, _migrate, check_startup, load_settings, run_server
+def check_startup(settings: Settings) -> list[str]:
+    """Resolve every tool and key now (app.config.check): a broken one stops ``serve`` with
+    status 2, before the port is bound. What can wait is returned, to be logged."""
+    found = check(settings)
+    if found.errors:
+        lines = "".join(f"\n  {message}" for message in found.errors)
+        raise CliError(f"invalid configuration:{lines}", status=2)
+    return found.warnings + [
+        f"agent profile {name!r} cannot run: {why}; /readyz answers 503 until it is set"
+        for name, why in sorted(found.unready.items())
+    ]
 
+
+def serve_command(args: argparse.Namespace) -> int:
     settings = load_settings(host=args.host, port=args.port, workers=args.workers)
     warnings = check_startup(settings)
     db_keys: int | None = None
@@ -121,7 +140,7 @@ def serve(args: argparse.Namespace) -> int:
     logging.captureWarnings(True)  # a library's warning is a log line, in the log's format
     for warning in warnings:
         logging.getLogger("carryover.config").warning("%s", warning)
-    _migrate(settings)
+    migrate_database(settings)
     if db_keys is None:
         db_keys = _count_keys(settings, missing_ok=True)
     metrics_dir: str | None = None
@@ -153,12 +172,42 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_server(config: uvicorn.Config, on_listening: Callable[[], None]) -> bool:
+    """Serve ``config`` as ``uvicorn.run`` does, calling ``on_listening`` once the port accepts
+    connections: with one worker when the server has bound it (after the app's startup), with
+    several once the shared socket listens (connections wait in its backlog until a worker
+    takes them). Whether the server started."""
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    if config.workers > 1:
+        sock = config.bind_socket()
+        sock.listen(config.backlog)
+        on_listening()
+        try:
+            Multiprocess(config, sockets=[sock]).run()
+        except KeyboardInterrupt:
+            pass
+        return True
+
+    class AnnouncingServer(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                on_listening()
+
+    server = AnnouncingServer(config)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    return server.started
+
+
 def _count_keys(settings: Settings, *, missing_ok: bool) -> int | None:
     """Active API keys in the database. When it cannot be asked: ``None`` with ``missing_ok``,
     else a refusal (a server that cannot tell whether it is protected does not go public)."""
     from app.store.keys import active_key_count
-
-    from .cli import CliError
 
     try:
         return asyncio.run(asyncio.wait_for(active_key_count(settings.database_url), 15))
