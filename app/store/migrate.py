@@ -130,15 +130,15 @@ async def existing_database_problem(url: str) -> str | None:
     path = sqlite_path(url)
     if path is not None and not path.is_file():
         return (
-            f"there is no database at {path} (only `carryover serve` and `carryover migrate` "
-            "create one): run the command where the server runs, or set "
-            "CARRYOVER_DATABASE_URL to the server's database"
+            "it does not exist (only `carryover serve` and `carryover migrate` create a "
+            "database): run the command with the server's CARRYOVER_DATABASE_URL, or "
+            "`carryover migrate` first to create this one"
         )
     try:
         revision = await current_revision(url)
     except Exception as exc:
-        return f"the database cannot be read: {type(exc).__name__}: {exc}"
+        return f"it cannot be read: {type(exc).__name__}: {exc}"
     if revision != head_revision():
         at = f"at revision {revision}" if revision else "not migrated"
-        return f"the database is {at}, not at {head_revision()}: run `carryover migrate`"
+        return f"it is {at}, not at {head_revision()}: run `carryover migrate`"
     return None
