@@ -43,7 +43,9 @@ from app import telemetry
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
-RUN_STATUSES = frozenset({"completed", "failed", "cancelled", "conflicted", "interrupted"})
+RUN_STATUSES = frozenset(
+    {"completed", "failed", "cancelled", "conflicted", "interrupted", "requires_action"}
+)
 PROVIDERS = frozenset({"echo", "openai", "anthropic"})
 #: ``ok`` or the kind of the attempt's error (app.agent.messages.ErrorKind)
 ATTEMPT_OUTCOMES = frozenset({"ok", "overflow", "retryable", "fatal", "aborted", "internal"})

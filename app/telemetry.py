@@ -8,8 +8,9 @@ reads the rest itself (``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``, the 
 
 Off, every helper here is a no-op on OpenTelemetry's non-recording spans: nothing is exported,
 no attribute is built. On, the app has a span per HTTP request (FastAPI instrumentation) and
-per database statement (SQLAlchemy instrumentation), and the run path adds, nested under the
-request span: ``invoke_agent {agent}`` (the run), ``chat {model}`` (each provider request),
+per database statement made inside a request or run (SQLAlchemy instrumentation; background
+pollers start no traces), and the run path adds, nested under the request span:
+``invoke_agent {agent}`` (the run), ``chat {model}`` (each provider request),
 ``execute_tool {name}`` (each tool call) and ``compact {reason}`` (each compaction).
 
 Message content goes into spans only with
@@ -306,17 +307,46 @@ def instrument_app(app: Any) -> None:
     FastAPIInstrumentor.instrument_app(app, tracer_provider=_provider, excluded_urls=EXCLUDED_URLS)
 
 
+class _ChildrenOnly(trace.Tracer):
+    """A tracer that starts spans only inside a current span: a statement of a request or a
+    run is traced under it, one of background work (the lease, queue, webhook, event and
+    retention pollers, a few a second while idle) starts no trace of its own."""
+
+    def __init__(self, tracer: trace.Tracer) -> None:
+        self._tracer = tracer
+
+    @staticmethod
+    def _has_parent(context: Any) -> bool:
+        return bool(trace.get_current_span(context).get_span_context().is_valid)
+
+    def start_span(self, name: str, context: Any = None, *args: Any, **kwargs: Any) -> Span:
+        if not self._has_parent(context):
+            return trace.INVALID_SPAN
+        return self._tracer.start_span(name, context, *args, **kwargs)
+
+    @contextmanager
+    def start_as_current_span(  # type: ignore[override]
+        self, name: str, context: Any = None, *args: Any, **kwargs: Any
+    ) -> Iterator[Span]:
+        if not self._has_parent(context):
+            yield trace.INVALID_SPAN
+            return
+        with self._tracer.start_as_current_span(name, context, *args, **kwargs) as current:
+            yield current
+
+
 def instrument_engine(engine: Any) -> None:
-    """A span per database statement of this (async) engine. Only this engine is
-    instrumented (``SQLAlchemyInstrumentor().instrument()`` would patch ``create_engine`` for
-    the whole process, once)."""
+    """A span per database statement of this (async) engine, under the request or run span it
+    runs in (background work's statements are not traced: :class:`_ChildrenOnly`). Only this
+    engine is instrumented (``SQLAlchemyInstrumentor().instrument()`` would patch
+    ``create_engine`` for the whole process, once)."""
     if _provider is None:
         return
     from opentelemetry.instrumentation.sqlalchemy.engine import EngineTracer
     from opentelemetry.metrics import NoOpMeter
 
     EngineTracer(  # type: ignore[no-untyped-call]
-        _provider.get_tracer("opentelemetry.instrumentation.sqlalchemy"),
+        _ChildrenOnly(_provider.get_tracer("opentelemetry.instrumentation.sqlalchemy")),
         getattr(engine, "sync_engine", engine),
         NoOpMeter(TRACER_NAME).create_up_down_counter("db.client.connections.usage"),
     )

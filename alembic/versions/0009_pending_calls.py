@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from alembic import op
+from alembic import context, op
 
 revision: str = "0009"
 down_revision: str | Sequence[str] | None = "0008"
@@ -74,7 +74,8 @@ def upgrade() -> None:
         sqlite_where=PENDING,
         postgresql_where=PENDING,
     )
-    backfill(op.get_bind())
+    if not context.is_offline_mode():  # `--sql` prints the DDL: there are no rows to read
+        backfill(op.get_bind())
 
 
 def downgrade() -> None:

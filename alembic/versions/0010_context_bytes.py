@@ -22,7 +22,7 @@ import json
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-from alembic import op
+from alembic import context, op
 
 revision: str = "0010"
 down_revision: str | Sequence[str] | None = "0009"
@@ -59,6 +59,8 @@ def _frame_bytes(system_prompt: str, summary: str) -> int:
 
 
 def _backfill() -> None:
+    if context.is_offline_mode():  # `--sql` prints the DDL: there are no rows to read
+        return
     conn = op.get_bind()
     c, m = _conversations.c, _messages.c
     length = (

@@ -12,8 +12,30 @@ import base64
 import binascii
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    field_validator,
+)
 from pydantic.config import JsonDict
+
+
+def whole_number(value: Any) -> Any:
+    """A JSON number with a zero fraction (``754.0``) is the integer it equals, as JSON Schema's
+    ``integer`` says; any other fraction, a string or a boolean stays refused."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: an integer field of a JSON body: ``754`` and ``754.0``, never ``"754"``, ``754.5`` or ``true``
+Integer = Annotated[int, Strict(), BeforeValidator(whole_number)]
+# (An optional one with bounds puts them before the validator, so that the document says
+# ``minimum``: ``Annotated[int, Strict(), Field(ge=0), BeforeValidator(whole_number)] | None``.)
 
 
 class _Value(BaseModel):
@@ -113,10 +135,10 @@ class Usage(_Value):
     or written to the provider's prompt cache.
     """
 
-    input_tokens: StrictInt = Field(default=0, ge=0)
-    output_tokens: StrictInt = Field(default=0, ge=0)
-    cache_read_tokens: StrictInt = Field(default=0, ge=0)
-    cache_write_tokens: StrictInt = Field(default=0, ge=0)
+    input_tokens: Integer = Field(default=0, ge=0)
+    output_tokens: Integer = Field(default=0, ge=0)
+    cache_read_tokens: Integer = Field(default=0, ge=0)
+    cache_write_tokens: Integer = Field(default=0, ge=0)
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
@@ -135,7 +157,7 @@ class AttemptError(_Value):
 
     kind: ErrorKind
     message: str
-    status: StrictInt | None = None
+    status: Integer | None = None
     code: str | None = None
 
 

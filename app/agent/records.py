@@ -6,19 +6,21 @@ are run records, kept for audit and display.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field, Strict
 
 from .messages import (
     AssistantMessage,
     AttemptError,
     Context,
+    Integer,
     Message,
     ToolResultMessage,
     Usage,
     UserMessage,
     _Value,
+    whole_number,
 )
 from .pending import Approval, ClientTool, RequiredAction
 from .sizes import ContextSize, SizeBounds
@@ -44,12 +46,11 @@ class Compaction(_Value):
     folded: tuple[Message, ...]
     previous_summary: str
     summary: str
-    tokens_before: int = Field(ge=0)
-    tokens_after: int = Field(ge=0)
+    tokens_before: Integer = Field(ge=0)
+    tokens_after: Integer = Field(ge=0)
     usage: Usage = Usage()
-    at: int | None = Field(
+    at: Annotated[int, Strict(), Field(ge=0), BeforeValidator(whole_number)] | None = Field(
         default=None,
-        ge=0,
         description="Where in its run it happened: right before new_messages[at] (equal to "
         "the number of new messages: after the last). Null when not known.",
     )

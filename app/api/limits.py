@@ -161,7 +161,9 @@ class BodyLimitMiddleware:
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await payload_too_large(self.max_bytes).response()(scope, receive, send)
+            await payload_too_large(self.max_bytes).response(instance=scope["path"])(
+                scope, receive, send
+            )
             return
         chunks: list[bytes] = []
         size = 0
@@ -172,7 +174,9 @@ class BodyLimitMiddleware:
             body = message.get("body", b"")
             size += len(body)
             if size > self.max_bytes:
-                await payload_too_large(self.max_bytes).response()(scope, receive, send)
+                await payload_too_large(self.max_bytes).response(instance=scope["path"])(
+                    scope, receive, send
+                )
                 return
             chunks.append(body)
             if not message.get("more_body", False):

@@ -18,6 +18,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    Strict,
     StrictBool,
     model_validator,
 )
@@ -25,10 +26,12 @@ from pydantic import (
 from app.agent.messages import (
     AssistantMessage,
     Context,
+    Integer,
     Message,
     ToolResultMessage,
     Usage,
     UserMessage,
+    whole_number,
 )
 from app.agent.pending import Approval, ClientTool, PendingCall, RequiredAction
 from app.agent.records import Compaction
@@ -77,8 +80,9 @@ Metadata = Annotated[
     ),
 ]
 TTL_SECONDS = Annotated[
-    int | None,
-    Field(strict=True, ge=1, le=10 * 365 * 86400, description="Expire this many seconds from now"),
+    Annotated[int, Strict(), Field(ge=1, le=10 * 365 * 86400), BeforeValidator(whole_number)]
+    | None,
+    Field(description="Expire this many seconds from now"),
 ]
 
 
@@ -138,10 +142,8 @@ class ConversationFork(_Body):
     """Fork a conversation: a new one with the source's context (or its first `messages`)."""
 
     id: ConversationId | None = None
-    messages: int | None = Field(
+    messages: Annotated[int, Strict(), Field(ge=0), BeforeValidator(whole_number)] | None = Field(
         default=None,
-        strict=True,
-        ge=0,
         description="Copy only the first N messages; N must not cut between a tool call and "
         "its result (422 `unsafe-cut`)",
     )
@@ -305,9 +307,17 @@ class Run(BaseModel):
         description="A run that ended requires_action: the client calls and approval calls "
         "the next run must answer",
     )
-    created_at: datetime
+    created_at: datetime = Field(description="When the run was requested (a queued run: queued)")
+    started_at: datetime | None = Field(
+        default=None,
+        description="When it started running (a queued run: when its turn came); null while "
+        "queued and for a run that never started",
+    )
     finished_at: datetime | None
-    duration_ms: int | None
+    duration_ms: int | None = Field(
+        description="From `started_at` to `finished_at` (time in the queue is not counted); "
+        "null until it has ended, or when it never started"
+    )
     trace_id: str | None = Field(
         default=None,
         description="The OpenTelemetry trace the run was started in (32 hex digits; an "
@@ -352,15 +362,30 @@ class Health(BaseModel):
     status: Literal["ok"]
 
 
+class ProfileReadiness(BaseModel):
+    ready: bool
+    reason: str | None = Field(
+        default=None, description="Why the profile cannot run (null when it can)"
+    )
+
+
 class Readiness(BaseModel):
+    """Ready (200) when the database answers, its schema is at the head revision and at least
+    one agent profile can run; each profile is reported on its own (docs/operations.md)."""
+
     status: Literal["ready", "not_ready"]
     database: bool
     schema_revision: str | None
     expected_revision: str
+    profiles: dict[str, ProfileReadiness] = Field(
+        default_factory=dict,
+        description="Every agent profile, whether it can run and why not: a run of an unready "
+        "profile answers 503 `not-ready`, the others run",
+    )
     unready_profiles: dict[str, str] = Field(
         default_factory=dict,
-        description="Agent profiles that cannot run, each with why (e.g. its key's variable "
-        "is unset); any makes the service not ready.",
+        description="The profiles that cannot run, each with why (e.g. its key's variable is "
+        "unset). They do not make the service not ready while another profile can run.",
     )
 
 
@@ -386,14 +411,12 @@ class ExportedConversation(_Body):
     expires_at: Timestamp | None = None
     created_at: Timestamp
     updated_at: Timestamp = Field(description="On import: replaced by the time of import")
-    version: int = Field(
-        strict=True, ge=1, le=2**53 - 1, description="The version part of the ETag"
-    )
+    version: Integer = Field(ge=1, le=2**53 - 1, description="The version part of the ETag")
     etag: str = Field(max_length=80, description="On import: a new one (new incarnation)")
 
 
 class ExportedTranscriptEntry(_Body):
-    seq: int = Field(strict=True, ge=1, le=2**53 - 1)
+    seq: Integer = Field(ge=1, le=2**53 - 1)
     run_id: str | None = Field(max_length=36)
     kind: str = Field(pattern=r"^[a-z_]{1,24}$")
     failed: StrictBool
@@ -406,8 +429,8 @@ class ExportedCompaction(_Body):
     previous_summary: str
     summary: str
     folded: list[Message]
-    tokens_before: int = Field(strict=True, ge=0, le=2**53 - 1)
-    tokens_after: int = Field(strict=True, ge=0, le=2**53 - 1)
+    tokens_before: Integer = Field(ge=0, le=2**53 - 1)
+    tokens_after: Integer = Field(ge=0, le=2**53 - 1)
     usage: Usage
 
 

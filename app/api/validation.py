@@ -70,6 +70,34 @@ _TYPE_LABELS = frozenset(
 )
 
 
+def _value_at(loc: Sequence[str | int], body: Any) -> Any:
+    """The request's value at a pydantic location, skipping the labels that are not in it."""
+    current = body
+    for segment in loc[1:]:
+        if isinstance(segment, int) and isinstance(current, list):
+            current = current[segment] if -len(current) <= segment < len(current) else None
+        elif isinstance(current, dict) and segment in current:
+            current = current[segment]
+    return current
+
+
+#: shown to a client that sent another API's message shape (``{"role": "user", ...}``)
+TYPED_FORM = (
+    'each message names its kind in "type", not "role": '
+    '{"type": "user", "content": [{"type": "text", "text": "hi"}]} '
+    '(or, in prompts, the bare string "hi")'
+)
+
+
+def _message(error: Mapping[str, Any], body: Any) -> str:
+    message = str(error.get("msg", "invalid"))
+    if error.get("type") == "union_tag_not_found":
+        value = _value_at(tuple(error.get("loc", ())), body)
+        if isinstance(value, dict) and "role" in value and "type" not in value:
+            return f"{message}: {TYPED_FORM}"
+    return message
+
+
 def validation_errors(exc: RequestValidationError) -> list[dict[str, str]]:
     """FastAPI's errors as ``{"path", "message"}`` items, in order, without duplicates."""
     body = getattr(exc, "body", None)
@@ -79,7 +107,7 @@ def validation_errors(exc: RequestValidationError) -> list[dict[str, str]]:
         path = _error_path(
             tuple(error.get("loc", ())), body, error.get("type", ""), error.get("ctx") or {}
         )
-        item = {"path": path, "message": str(error.get("msg", "invalid"))}
+        item = {"path": path, "message": _message(error, body)}
         if item not in items:
             items.append(item)
     return items

@@ -99,8 +99,11 @@ class RunView:
         return await dumps_json(in_field_order(type(model), head))
 
 
-def _duration(start: datetime, end: datetime | None) -> int | None:
-    return None if end is None else max(0, int((end - start).total_seconds() * 1000))
+def _duration(start: datetime | None, end: datetime | None) -> int | None:
+    """From the run's start (a queued run's claim) to its end: time in the queue is not in it."""
+    if start is None or end is None:
+        return None
+    return max(0, int((end - start).total_seconds() * 1000))
 
 
 def run_view(finished: FinishedRun) -> RunView:
@@ -127,8 +130,9 @@ def run_view(finished: FinishedRun) -> RunView:
                 result.required_action if outcome.status == "requires_action" else None
             ),
             created_at=run.created_at,
+            started_at=run.started_at,
             finished_at=outcome.finished_at,
-            duration_ms=_duration(run.created_at, outcome.finished_at),
+            duration_ms=_duration(run.started_at, outcome.finished_at),
             trace_id=run.trace_id,
         )
     )
@@ -158,8 +162,9 @@ def record_view(record: RunRecord) -> RunView:
                 "error": run_problem(error, run.status),
                 "required_action": run.required_action,
                 "created_at": run.created_at,
+                "started_at": run.started_at,
                 "finished_at": run.finished_at,
-                "duration_ms": _duration(run.created_at, run.finished_at),
+                "duration_ms": _duration(run.started_at, run.finished_at),
                 "trace_id": run.trace_id,
             }
         )

@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from .keyboard import Interrupted, Keyboard
@@ -35,6 +36,23 @@ from .sse import ServerEvent, server_events
 DEFAULT_URL = "http://127.0.0.1:8000"
 URL_VARIABLE = "CARRYOVER_URL"
 KEY_VARIABLE = "CARRYOVER_API_KEY"
+
+
+def default_url(environ: Mapping[str, str] | None = None) -> str:
+    """The server a client command talks to without ``--url``: ``$CARRYOVER_URL``, else the
+    address ``carryover serve`` listens on by the same variables (``CARRYOVER_HOST``, a
+    wildcard read as loopback, and ``CARRYOVER_PORT``), else ``http://127.0.0.1:8000``."""
+    environ = os.environ if environ is None else environ
+    given = environ.get(URL_VARIABLE, "").strip()
+    if given:
+        return given
+    host = environ.get("CARRYOVER_HOST", "").strip() or "127.0.0.1"
+    if host in ("0.0.0.0", "::", "[::]"):
+        host = "127.0.0.1"
+    elif ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    port = environ.get("CARRYOVER_PORT", "").strip() or "8000"
+    return f"http://{host}:{port}"
 
 
 def add_parser(commands: Any) -> None:
@@ -54,7 +72,11 @@ def add_parser(commands: Any) -> None:
         help="the conversation to continue (created with this id when it does not exist); "
         "without it, a new conversation whose id is printed",
     )
-    chat.add_argument("--url", help=f"the server (default: ${URL_VARIABLE}, else {DEFAULT_URL})")
+    chat.add_argument(
+        "--url",
+        help=f"the server (default: ${URL_VARIABLE}, else CARRYOVER_HOST and CARRYOVER_PORT "
+        f"as serve reads them, else {DEFAULT_URL})",
+    )
     chat.add_argument(
         "--api-key",
         help=f"sent as 'Authorization: Bearer KEY' (default: ${KEY_VARIABLE}, else none)",
@@ -64,7 +86,7 @@ def add_parser(commands: Any) -> None:
 
 def command(args: argparse.Namespace) -> int:
     """``carryover chat``: the exit status."""
-    url = (args.url or os.environ.get(URL_VARIABLE) or DEFAULT_URL).rstrip("/")
+    url = (args.url or default_url()).rstrip("/")
     key = args.api_key or os.environ.get(KEY_VARIABLE) or None
     if not url.startswith(("http://", "https://")):
         print(

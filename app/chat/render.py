@@ -93,6 +93,9 @@ class Screen:
         if status == "completed":
             return
         error = run.get("error") or {}
-        why = f": {error.get('title', '')} - {error.get('detail', '')}" if error else ""
+        title, detail = str(error.get("title") or ""), str(error.get("detail") or "")
+        # a detail that only repeats the title ("The run was cancelled") is said once
+        said = [title] + ([detail] if detail.strip(". ").lower() != title.lower() else [])
+        why = f": {' - '.join(p for p in said if p)}" if error else ""
         style = "yellow" if status in ("cancelled", "requires_action") else "red"
         self.line(f"[run {run.get('run_id', '')} {status}{why}]", style)

@@ -12,8 +12,10 @@
 - ``carryover keys create --tenant NAME`` creates an API key bound to a tenant and prints it
   (once: only its SHA-256 and a short prefix are stored); ``carryover keys list [--tenant NAME]``
   shows id, tenant, prefix, created and revoked; ``carryover keys revoke ID`` revokes one (a
-  running server refuses it within ``CARRYOVER_API_KEY_CACHE_SECONDS``). Each migrates first
-  (``app/cli/keys.py``).
+  running server refuses it within ``CARRYOVER_API_KEY_CACHE_SECONDS``) (``app/cli/keys.py``).
+- The operator commands (``keys``, ``webhooks``, ``quotas``) say on stderr which database they
+  use and refuse one that does not exist or is not migrated: only ``serve`` and ``migrate``
+  create a database (``app/cli/common.py``).
 - ``carryover webhooks add|list|remove|deliveries``: webhook endpoints per tenant
   (``app/cli/webhooks.py``).
 - ``carryover openapi [--output PATH] [--check]`` writes the app's OpenAPI document as stable
@@ -177,6 +179,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.status
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # the reader left (``carryover config | head``): no traceback, and none at exit when
+        # Python flushes stdout again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # as a shell reports a command ended by SIGPIPE
 
 
 __all__ = [

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import sys
 from datetime import datetime
 from importlib import metadata
 from typing import Any
@@ -14,7 +16,7 @@ from pydantic import ValidationError
 
 from app.config import TENANT_NAME, Settings, get_settings
 from app.config.check import settings_errors
-from app.observability import RedactSecrets
+from app.observability import RedactSecrets, banner_line
 
 APP_FACTORY = "app.api.app:create_app"
 
@@ -78,3 +80,28 @@ def migrate_database(settings: Settings, downgrade_to: str | None = None) -> Non
             f"migrating {settings.database_url_display} failed: "
             f"{redact.redact(str(exc)) or type(exc).__name__}"
         ) from exc
+
+
+def database_shown(settings: Settings) -> str:
+    """The database as a command names it: a SQLite file's absolute path, else the URL with
+    its password masked."""
+    from app.store.migrate import sqlite_path
+
+    path = sqlite_path(settings.database_url)
+    return str(path) if path is not None else settings.database_url_display
+
+
+def open_database(settings: Settings) -> None:
+    """What an operator command (``keys``, ``webhooks``, ``quotas``) does before it touches
+    the database: say on stderr which database it uses, and refuse (exit 1) one that does not
+    exist or is not migrated — it never creates one, so a command run in another directory
+    than the server cannot silently work on a new, empty database."""
+    from app.store import migrate
+
+    shown = database_shown(settings)
+    fmt = os.environ.get("CARRYOVER_LOG_FORMAT", "text").strip().lower()
+    print(banner_line(f"carryover: database {shown}", fmt), file=sys.stderr)
+    redact = RedactSecrets(settings.secret_values())
+    problem = asyncio.run(migrate.existing_database_problem(settings.database_url))
+    if problem is not None:
+        raise CliError(f"database {shown}: {redact.redact(problem)}")

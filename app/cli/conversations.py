@@ -1,7 +1,8 @@
 """``carryover conversations list|show|export|import|delete|fork``: scripting against a running
 server over HTTP (docs/conversations.md, "Command line").
 
-Every command talks to ``--url`` (default ``$CARRYOVER_URL``, else ``http://127.0.0.1:8000``)
+Every command talks to ``--url`` (default ``$CARRYOVER_URL``, else where ``serve`` listens by
+``CARRYOVER_HOST`` / ``CARRYOVER_PORT``, else ``http://127.0.0.1:8000``)
 with ``--api-key`` (default ``$CARRYOVER_API_KEY``). ``--json`` prints the server's JSON answer
 as it is (one document; ``list --all`` prints one page object with every item); without it
 the output is short lines for people. ``export`` writes the document as the server streams it
@@ -23,7 +24,8 @@ from typing import IO, Any
 
 import httpx
 
-DEFAULT_URL = "http://127.0.0.1:8000"
+from app.chat import DEFAULT_URL, default_url
+
 MERGE_PATCH = "application/merge-patch+json"
 
 
@@ -51,8 +53,9 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument(
         "--url",
-        default=os.environ.get("CARRYOVER_URL", DEFAULT_URL),
-        help=f"the server (default: $CARRYOVER_URL, else {DEFAULT_URL})",
+        default=default_url(),
+        help=f"the server (default: $CARRYOVER_URL, else CARRYOVER_HOST and CARRYOVER_PORT "
+        f"as serve reads them, else {DEFAULT_URL})",
     )
     parser.add_argument(
         "--api-key",

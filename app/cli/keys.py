@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from app.config import Settings
 from app.observability import configure_logging
 
-from .common import CliError, load_settings, migrate_database, tenant, timestamp
+from .common import CliError, load_settings, open_database, tenant, timestamp
 
 if TYPE_CHECKING:
     from app.store.keys import KeyStore
@@ -54,7 +54,7 @@ def keys_command(args: argparse.Namespace) -> int:
     # the migration's INFO lines would bury the key and the table
     level = "DEBUG" if settings.log_level == "DEBUG" else "WARNING"
     configure_logging(level, settings.log_format, settings.secret_values())
-    migrate_database(settings)
+    open_database(settings)
     if args.keys_command == "create":
         created = asyncio.run(_with_keys(settings, lambda store: store.create(args.tenant)))
         print(

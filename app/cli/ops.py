@@ -20,7 +20,7 @@ from typing import Any
 from app.config.check import check, effective
 from app.observability import configure_logging
 
-from .common import CliError, load_settings, migrate_database, tenant
+from .common import CliError, load_settings, open_database, tenant
 
 
 def add_parsers(commands: Any) -> None:
@@ -100,7 +100,7 @@ def quotas_command(args: argparse.Namespace) -> int:
     settings = load_settings()
     level = "DEBUG" if settings.log_level == "DEBUG" else "WARNING"
     configure_logging(level, settings.log_format, settings.secret_values())
-    migrate_database(settings)
+    open_database(settings)
 
     async def act() -> int:
         from app.store.db import make_engine

@@ -120,7 +120,8 @@ def check_startup(settings: Settings) -> list[str]:
         lines = "".join(f"\n  {message}" for message in found.errors)
         raise CliError(f"invalid configuration:{lines}", status=2)
     return found.warnings + [
-        f"agent profile {name!r} cannot run: {why}; /readyz answers 503 until it is set"
+        f"agent profile {name!r} cannot run: {why}; its runs answer 503 until it is set "
+        "(/readyz reports it)"
         for name, why in sorted(found.unready.items())
     ]
 

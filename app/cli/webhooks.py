@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from app.observability import configure_logging
 
-from .common import CliError, load_settings, migrate_database, tenant, timestamp
+from .common import CliError, load_settings, open_database, tenant, timestamp
 
 if TYPE_CHECKING:
     from app.store.repository import Repository
@@ -102,7 +102,7 @@ def webhooks_command(args: argparse.Namespace) -> int:
     command = args.webhooks_command
     if command == "add":
         url, events = _url(args.url), _events(args.events)
-        migrate_database(settings)
+        open_database(settings)
         hook = asyncio.run(using(lambda repo: repo.add_webhook(args.tenant, url, events)))
         print(
             f"registered webhook {hook.id} for tenant {hook.tenant!r}: {hook.url} "
@@ -112,7 +112,7 @@ def webhooks_command(args: argparse.Namespace) -> int:
         print(f"id: {hook.id}")
         print(f"secret: {hook.secret}", flush=True)
         return 0
-    migrate_database(settings)
+    open_database(settings)
     if command == "list":
         hooks = asyncio.run(using(lambda repo: repo.list_webhooks(args.tenant)))
         _table(

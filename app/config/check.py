@@ -24,6 +24,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pydantic import SecretStr, ValidationError
@@ -194,6 +195,25 @@ def _tool_errors(where: str, profile: AgentProfile) -> list[str]:
     return errors
 
 
+def _approval_errors(origin: str, name: str, profile: AgentProfile) -> list[str]:
+    """``approval_required`` naming a tool the profile does not have: every run of it would
+    be refused (a typo must not silently gate nothing), so the server does not start."""
+    if not profile.approval_required:
+        return []
+    tools = ToolRegistry.from_paths(profile.tools, default_timeout=profile.tool_timeout).tools
+    unknown = [n for n in profile.approval_required if n not in tools]
+    if not unknown:
+        return []
+    where = (
+        "CARRYOVER_APPROVAL_REQUIRED" if origin == "environment" else f"{origin}.approval_required"
+    )
+    return [
+        f"{where}={','.join(profile.approval_required)!r}: {', '.join(map(repr, unknown))} "
+        f"{'is not a server tool' if len(unknown) == 1 else 'are not server tools'} of "
+        f"profile {name!r} (its tools: {', '.join(sorted(tools)) or 'none'})"
+    ]
+
+
 def check(settings: Settings, environ: Mapping[str, str] | None = None) -> Check:
     """Resolve every profile's tools and key, and look for unknown variables."""
     environ = os.environ if environ is None else environ
@@ -202,7 +222,10 @@ def check(settings: Settings, environ: Mapping[str, str] | None = None) -> Check
     for name, profile in sorted(settings.profiles().items()):
         origin = origins[name]
         where = "CARRYOVER_TOOLS" if origin == "environment" else f"{origin}.tools"
-        found.errors += _tool_errors(where, profile)
+        tool_errors = _tool_errors(where, profile)
+        found.errors += tool_errors
+        if not tool_errors:
+            found.errors += _approval_errors(origin, name, profile)
         variable = key_variable(profile)
         value = _key_value(profile, settings, environ)
         if (
@@ -242,6 +265,16 @@ def check(settings: Settings, environ: Mapping[str, str] | None = None) -> Check
 # --- the effective configuration -------------------------------------------------------------
 
 
+def _sqlite_file(url: str) -> str:
+    """`` (= /absolute/path)`` for a SQLite URL with a relative path: the file the server and
+    the operator commands would use when run from here."""
+    prefix = "sqlite:///"
+    if not url.startswith(prefix) or url[len(prefix) :].startswith("/"):
+        return ""
+    path = url[len(prefix) :].split("?", 1)[0]
+    return f" (= {Path(path).expanduser().resolve()})" if path and path != ":memory:" else ""
+
+
 def _display(name: str, value: Any) -> str:
     if value is None:
         return ""
@@ -254,7 +287,7 @@ def _display(name: str, value: Any) -> str:
             else ""
         )
     if name == "database_url":
-        return _mask_url(str(value))
+        return _mask_url(str(value)) + _sqlite_file(str(value))
     if isinstance(value, tuple | list):
         return ",".join(str(v) for v in value)
     return str(value)

@@ -140,7 +140,11 @@ class Finishing:
             )
         else:
             observe_result(
-                outcome.status, result, run.created_at, outcome.finished_at, agent=run.agent
+                outcome.status,
+                result,
+                run.started_at or run.created_at,  # a queued run: from its claim
+                outcome.finished_at,
+                agent=run.agent,
             )
             if idempotency is not None:
                 status_code, body = idempotency.answer(finished)

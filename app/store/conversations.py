@@ -45,7 +45,9 @@ from ._sql import (
 from .changes import TranscriptItem, stored_pending
 from .db import read_transaction, write_transaction
 from .errors import (
+    ActiveRun,
     AlreadyExists,
+    CutPastTheEnd,
     LimitExceeded,
     PreconditionFailed,
     UnsafeCut,
@@ -177,7 +179,7 @@ class ConversationStore(ListingStore):
             first = source.next_position - total
             n = total if messages is None else messages
             if n > total:
-                raise UnsafeCut(f"messages is {n} but the context has {total} messages", messages=n)
+                raise CutPastTheEnd(n, total)
             if 0 < n < total:
                 body = (
                     await conn.execute(
@@ -270,19 +272,43 @@ class ConversationStore(ListingStore):
         """Delete a conversation and all its records (the foreign keys cascade).
 
         False when it does not exist (a 404 beats a 412); :class:`PreconditionFailed` when
-        ``expected_etag`` (an If-Match value, ``*`` allowed) does not match.
+        ``expected_etag`` (an If-Match value, ``*`` allowed) does not match;
+        :class:`ActiveRun` while a run holds a live lease on it (cancel it, or let it end,
+        first: its end, webhook included, is then recorded). A run whose process died (its
+        lease expired) does not hold the conversation.
         """
-        stmt = delete(conversations).where(*conversation_key(tenant, conv_id))
-        if expected_etag is not None:
-            stmt = stmt.where(
-                sql_if_match(expected_etag, conversations.c.incarnation, conversations.c.version)
+        c = conversations.c
+        live_run = (
+            select(runs.c.run_id)
+            .where(
+                *child_key(runs, tenant, conv_id),
+                runs.c.run_id == c.active_run_id,
+                runs.c.status == "running",
+                runs.c.lease_expires_at > self.clock.now(),
             )
+            .exists()
+        )
+        stmt = delete(conversations).where(*conversation_key(tenant, conv_id), ~live_run)
+        if expected_etag is not None:
+            stmt = stmt.where(sql_if_match(expected_etag, c.incarnation, c.version))
         async with write_transaction(self.engine) as conn:
             if (await conn.execute(stmt)).rowcount:
                 return True
             current = await read_conversation(conn, tenant, conv_id)
             if current is None:
                 return False
+            if (
+                expected_etag is None
+                or (
+                    await conn.execute(
+                        select(c.id).where(
+                            *conversation_key(tenant, conv_id),
+                            sql_if_match(expected_etag, c.incarnation, c.version),
+                        )
+                    )
+                ).first()
+            ):
+                raise ActiveRun(current.active_run_id or "")
             raise PreconditionFailed(STALE, current_etag=current.etag)
 
     async def last_batch(

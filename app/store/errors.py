@@ -42,6 +42,22 @@ class Conflict(StoreError):
     status = 409
 
 
+class ActiveRun(StoreError):
+    """A conversation cannot be deleted while a run holds it: 409 naming the run."""
+
+    slug = "run-in-progress"
+    status = 409
+
+    def __init__(self, active_run_id: str) -> None:
+        super().__init__(
+            f"run {active_run_id} is in progress on this conversation: cancel it "
+            f"(POST …/runs/{active_run_id}/cancel) or let it end, then delete",
+            headers={"Retry-After": "1"},
+            active_run_id=active_run_id,
+        )
+        self.active_run_id = active_run_id
+
+
 class IdempotencyMismatch(StoreError):
     """The Idempotency-Key was used before with a different request body."""
 
@@ -80,6 +96,19 @@ class LimitExceeded(StoreError):
         got = f" (got {actual})" if actual is not None else ""
         super().__init__(
             detail or f"{limit} is {maximum}{got}", limit=limit, maximum=maximum, actual=actual
+        )
+
+
+class CutPastTheEnd(StoreError):
+    """A fork's ``messages`` is more than the source context holds: 422 on ``body.messages``."""
+
+    slug = "validation-error"
+    status = 422
+
+    def __init__(self, messages: int, total: int) -> None:
+        message = f"messages is {messages} but the context has only {total} messages"
+        super().__init__(
+            f"body.messages: {message}", errors=[{"path": "body.messages", "message": message}]
         )
 
 

@@ -25,7 +25,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import text
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import NullPool
 
@@ -113,3 +113,32 @@ def _command(conn: Connection, cmd: Callable[[Config, str], None], revision: str
     config = alembic_config()
     config.attributes["connection"] = conn
     cmd(config, revision)
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The absolute path of a SQLite URL's file (``None`` for another engine or ``:memory:``)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database).expanduser().resolve()
+
+
+async def existing_database_problem(url: str) -> str | None:
+    """Why an operator command must not use ``url``, or ``None``: a SQLite file that does not
+    exist (opening it would create an empty database the server never sees: only ``serve``
+    and ``migrate`` create one) or a database whose schema is not at the head revision."""
+    path = sqlite_path(url)
+    if path is not None and not path.is_file():
+        return (
+            "it does not exist (only `carryover serve` and `carryover migrate` create a "
+            "database): run the command with the server's CARRYOVER_DATABASE_URL, or "
+            "`carryover migrate` first to create this one"
+        )
+    try:
+        revision = await current_revision(url)
+    except Exception as exc:
+        return f"it cannot be read: {type(exc).__name__}: {exc}"
+    if revision != head_revision():
+        at = f"at revision {revision}" if revision else "not migrated"
+        return f"it is {at}, not at {head_revision()}: run `carryover migrate`"
+    return None

@@ -227,6 +227,7 @@ class PortabilityStore(StoreBase):
                     insert(runs).values(
                         **key,
                         **{f: run[f] for f in RUN_FIELDS},
+                        started_at=run["created_at"],  # the format does not carry it
                         lease_owner=None,
                         lease_expires_at=None,
                     )

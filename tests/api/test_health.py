@@ -37,6 +37,7 @@ async def test_readyz_when_the_database_is_at_head(client: AppClient) -> None:
         "database": True,
         "schema_revision": head_revision(),
         "expected_revision": head_revision(),
+        "profiles": {"default": {"ready": True, "reason": None}},
         "unready_profiles": {},
     }
 
@@ -52,6 +53,7 @@ async def test_readyz_is_503_on_a_database_without_the_schema(empty_database_url
             "database": True,
             "schema_revision": None,
             "expected_revision": head_revision(),
+            "profiles": {"default": {"ready": True, "reason": None}},
             "unready_profiles": {},
         }
 

@@ -37,6 +37,7 @@ RUN_FIELDS = {
     "error",
     "required_action",  # null unless the run ended requires_action (docs/tools.md)
     "created_at",
+    "started_at",
     "finished_at",
     "duration_ms",
     "trace_id",

@@ -1,7 +1,7 @@
 """Configuration that fails at start (docs/operations.md "Checking the configuration"): real
 ``carryover serve`` subprocesses. A broken tool path, profile or key stops the server with exit
 status 2 and a message naming the variable (or TOML key) and the value, before the port is
-bound; a profile whose key variable is unset starts, but ``/readyz`` answers 503 naming it; an
+bound; a profile whose key variable is unset starts, and ``/readyz`` reports it unready; an
 unknown ``CARRYOVER_*`` variable is warned about with the closest known name."""
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def test_a_secret_that_does_not_validate_is_not_shown(tmp_path: Path) -> None:
     assert "hunter22" not in err and "k1" not in err
 
 
-async def test_an_unset_key_variable_makes_readyz_503_naming_the_profile(
+async def test_an_unset_key_variable_is_reported_by_readyz_for_its_profile_only(
     tmp_path: Path,
 ) -> None:
     path = profiles_file(
@@ -174,12 +174,16 @@ async def test_an_unset_key_variable_makes_readyz_503_naming_the_profile(
 
             await until(alive, what="the server answers", within=60)
             got = await http.get("/readyz")
-        assert got.status_code == 503
+        # the default profile runs: the server stays ready, the profile says why it cannot
+        assert got.status_code == 200
         body = got.json()
-        assert body["status"] == "not_ready" and body["database"] is True
-        assert body["unready_profiles"] == {
-            "claude": "its anthropic key variable CLAUDE_KEY_NOT_SET is not set"
+        assert body["status"] == "ready" and body["database"] is True
+        why = "its anthropic key variable CLAUDE_KEY_NOT_SET is not set"
+        assert body["profiles"] == {
+            "claude": {"ready": False, "reason": why},
+            "default": {"ready": True, "reason": None},
         }
+        assert body["unready_profiles"] == {"claude": why}
         lines = [json.loads(line) for line in server.log().splitlines() if line.startswith("{")]
         messages = [line["message"] for line in lines if line["level"] == "WARNING"]
         assert (

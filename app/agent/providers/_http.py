@@ -262,11 +262,28 @@ def not_a_response(provider: str, body: str, api_key: str | None) -> ProviderErr
     )
 
 
+def _url_of(exc: BaseException) -> str | None:
+    """``scheme://host:port/path`` of the request an httpx or SDK error carries (no user
+    info, no query: they may hold credentials), or ``None``."""
+    try:
+        url = getattr(getattr(exc, "request", None), "url", None)
+    except RuntimeError:  # httpx: an error raised without its request
+        return None
+    scheme, host = getattr(url, "scheme", ""), getattr(url, "host", "")
+    if not scheme or not host:
+        return None
+    port = getattr(url, "port", None)
+    return f"{scheme}://{host}{f':{port}' if port else ''}{getattr(url, 'path', '')}"
+
+
 def connection_error(provider: str, exc: BaseException, api_key: str | None) -> ProviderError:
-    """A dropped connection, timeout or broken stream: always retryable."""
+    """A dropped connection, timeout or broken stream: always retryable. The message names
+    the URL the request went to (httpx's errors carry it), so a wrong ``base_url`` shows."""
     detail = scrub(str(exc) or type(exc).__name__, api_key)
+    url = _url_of(exc)
+    where = f" to {scrub(url, api_key)}" if url else ""
     return ProviderError(
-        "retryable", f"{provider}: connection failed ({type(exc).__name__}): {detail}"
+        "retryable", f"{provider}: connection{where} failed ({type(exc).__name__}): {detail}"
     )
 
 

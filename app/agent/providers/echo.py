@@ -7,7 +7,7 @@ every path of the service be tried without a real model:
 - ``/tool NAME ARGS``  one tool call to NAME whose raw ``arguments`` string is ARGS verbatim;
   once the result is back, a text answer quoting it. NAME may be any name: a server tool, or
   a client tool of the run (the run then pauses until the application sends the result).
-- ``/fail``            the request fails as a server error would after its retries.
+- ``/fail``            the request fails with a fatal server error (500), not retried.
 - ``/overflow``        fails as a context-window overflow while the request still holds
   anything before the prompt; the agent compacts (keeping the current turn) and retries, and
   the retry succeeds. A prompt that is the whole history cannot overflow.
@@ -77,7 +77,7 @@ class EchoProvider:
         if directive == "/fail":
             raise ProviderError(
                 "fatal",
-                "echo: simulated server error (the request failed after its retries)",
+                "echo: simulated fatal server error (/fail), not retried",
                 status=500,
                 code="server_error",
             )

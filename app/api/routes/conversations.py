@@ -37,6 +37,7 @@ from ..problems import (
     CONVERSATION_EXISTS,
     PRECONDITION_FAILED,
     PRECONDITION_REQUIRED,
+    RUN_IN_PROGRESS,
     UNSUPPORTED_MEDIA_TYPE,
     Problem,
     problem_responses,
@@ -214,7 +215,7 @@ async def get_conversation(
 @router.delete(
     "/conversations/{conversation_id}",
     status_code=204,
-    responses=problem_responses(400, 404, PRECONDITION_FAILED, 422),
+    responses=problem_responses(400, 404, RUN_IN_PROGRESS, PRECONDITION_FAILED, 422),
     operation_id="delete_conversation",
 )
 async def delete_conversation(
@@ -223,7 +224,8 @@ async def delete_conversation(
     conversation_id: ConversationPath,
     if_match: IfMatchHeader = None,
 ) -> Response:
-    """Delete the conversation and all its records. Honours If-Match."""
+    """Delete the conversation and all its records. Honours If-Match. While a run is in
+    progress on it: 409 `run-in-progress` naming the run (cancel it, or let it end, first)."""
     await svc.conversations.delete(tenant, conversation_id, if_match_value(if_match))
     return Response(status_code=204)
 

@@ -10,7 +10,7 @@ from app.service.metrics import observe_queue
 from app.store.migrate import current_revision, head_revision
 
 from ..deps import ServicesDep
-from ..schemas import Health, Readiness
+from ..schemas import Health, ProfileReadiness, Readiness
 
 router = APIRouter(tags=["health"])
 
@@ -28,8 +28,9 @@ async def healthz() -> Health:
     operation_id="readyz",
 )
 async def readyz(svc: ServicesDep) -> Response:
-    """Ready when the database answers, its schema is at the head revision and every agent
-    profile can run (none lacks its provider key)."""
+    """Ready when the database answers, its schema is at the head revision and at least one
+    agent profile can run. Each profile is reported in `profiles`: one that cannot run (its
+    provider key is unset) makes its own runs 503, not the whole server."""
     expected = head_revision()
     try:
         revision = await current_revision(svc.engine)
@@ -37,12 +38,18 @@ async def readyz(svc: ServicesDep) -> Response:
     except Exception:
         revision, reachable = None, False
     unready = svc.agents.unready()
-    ready = reachable and revision == expected and not unready
+    profiles = {
+        name: ProfileReadiness(ready=name not in unready, reason=unready.get(name))
+        for name in svc.agents.names
+    }
+    can_run = any(p.ready for p in profiles.values())
+    ready = reachable and revision == expected and can_run
     body = Readiness(
         status="ready" if ready else "not_ready",
         database=reachable,
         schema_revision=revision,
         expected_revision=expected,
+        profiles=profiles,
         unready_profiles=unready,
     )
     return JSONResponse(body.model_dump(mode="json"), status_code=200 if ready else 503)
