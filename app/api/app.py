@@ -141,8 +141,7 @@ def create_app(
         telemetry.instrument_engine(engine)
         pool = agents or AgentPool(settings)
         repo = Repository(engine, clock)
-        manager = RunManager(repo, pool, settings, clock)
-        manager.problem_slug = run_problem_slug
+        manager = RunManager(repo, pool, settings, clock, problem_slug=run_problem_slug)
         keys = KeyStore(engine, clock)
         auth = Authenticator(settings.api_keys, keys, settings.api_key_cache_seconds)
         app.state.services = Services(

@@ -187,7 +187,7 @@ class ConversationService:
 
     async def sweep(self) -> int:
         """Delete expired conversations now (what the periodic sweep does)."""
-        return await self.runs.sweep_retention()
+        return await self.runs.keeper.sweep_retention()
 
     async def delete(self, tenant: str, conv_id: str, if_match: IfMatch | None = None) -> None:
         """Delete it and all its records; 404 before 412."""
@@ -288,7 +288,7 @@ class ConversationService:
         self, tenant: str, conv_id: str, agent: str = "default", if_match: IfMatch | None = None
     ) -> FinishedRun:
         """Fold all but the current turn into the summary now, as a run without prompts."""
-        return await self.runs.compact(tenant, conv_id, agent, if_match)
+        return await self.runs.compactor.compact(tenant, conv_id, agent, if_match)
 
 
 __all__ = [

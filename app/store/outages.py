@@ -1,6 +1,5 @@
 """What the run service records about database outages (docs/faults.md): the end of a run
-whose outcome could not be stored, and the recent run durations a busy answer is derived from.
-"""
+whose outcome could not be stored."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from typing import Any
 from sqlalchemy import delete, select, update
 
 from ._sql import StoreBase, child_key, conversation_key
-from .db import read_transaction, write_transaction
+from .db import write_transaction
 from .tables import conversations, idempotency_keys, runs
 
 
@@ -55,25 +54,4 @@ async def mark_unstored(
     return True
 
 
-async def recent_run_durations(
-    store: StoreBase, tenant: str, conv_id: str, *, limit: int
-) -> list[float]:
-    """Seconds each of the conversation's last ``limit`` finished runs took (one read on
-    ``ix_runs_conversation_created``)."""
-    async with read_transaction(store.engine) as conn:
-        rows = (
-            await conn.execute(
-                select(runs.c.created_at, runs.c.finished_at)
-                .where(*child_key(runs, tenant, conv_id), runs.c.finished_at.is_not(None))
-                .order_by(runs.c.created_at.desc())
-                .limit(limit)
-            )
-        ).all()
-    return [
-        (row.finished_at - row.created_at).total_seconds()
-        for row in rows
-        if row.finished_at is not None and row.created_at is not None
-    ]
-
-
-__all__ = ["mark_unstored", "recent_run_durations"]
+__all__ = ["mark_unstored"]

@@ -56,7 +56,7 @@ async def run(http: httpx.AsyncClient, conv: str, prompt: str, **body: Any) -> d
 
 
 async def stored_bytes(http: AppClient, conv: str) -> int | None:
-    repo: Repository = http.app.state.services.runs.repo
+    repo: Repository = http.app.state.services.runs.state.repo
     row = await repo.get_conversation("default", conv)
     assert row is not None
     return row.context_bytes

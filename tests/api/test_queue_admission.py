@@ -64,7 +64,7 @@ def quotas(client: AppClient) -> QuotaStore:
 
 
 def repo(client: AppClient) -> Any:
-    return client.app.state.services.runs.repo
+    return client.app.state.services.runs.state.repo
 
 
 async def post_run(

@@ -272,7 +272,7 @@ async def test_shutdown_cancels_runs_and_refuses_new_ones(
     await repo.create_conversation("default", "c2")
     active = await _start(manager, "c1", "held: in flight")
     held = await gate.arrival("held: in flight")  # admitted, and its model is answering
-    manager.shutdown()
+    manager.keeper.shutdown()
     body = await _answer(manager, active)
     assert body["status"] == "cancelled" and body["stored"] is True  # keep: prompt admitted
     assert held.cancelled  # the stop cut the provider request off

@@ -71,10 +71,10 @@ async def _passes(down: set[int], passes: int) -> list[int]:
     clock = ManualClock()
     settings = Settings(lease_seconds=LEASE)
     manager = RunManager(None, AgentPool(settings), settings, clock)  # type: ignore[arg-type]
-    store = ScriptedLeases(clock, manager.tick, down, passes)
-    manager.lease_repo = store  # type: ignore[assignment]
+    store = ScriptedLeases(clock, manager.state.tick, down, passes)
+    manager.keeper.lease_repo = store  # type: ignore[assignment]
     manager.active["its-run"] = None  # type: ignore[assignment]  # renewed: never finishing
-    keeper = asyncio.create_task(manager._keep_leases())
+    keeper = asyncio.create_task(manager.keeper._keep_leases())
     try:
         await asyncio.wait_for(store.done.wait(), HANG_GUARD_SECONDS)
     finally:
