@@ -5,7 +5,7 @@
 - :class:`OutcomeNotStored`: a run finished but its outcome could not be written within
   ``outcome_retry_seconds``: the client is told so (503, ``stored: false``), and the run record
   is then marked ``interrupted`` with a reason naming the outage once the database is back
-  (:func:`app.store.outages.mark_unstored`).
+  (:meth:`app.store.leases.LeaseStore.mark_unstored`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import TypeVar
 from app.clock import Clock
 from app.errors import CarryoverError
 from app.store.faults import DbFault, retry_transient
-from app.store.outages import mark_unstored
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +98,6 @@ def outage_reason(exc: OutcomeNotStored) -> dict[str, object]:
 __all__ = [
     "DatabaseDown",
     "OutcomeNotStored",
-    "mark_unstored",
     "outage_reason",
     "retry_write",
 ]

@@ -21,7 +21,7 @@ from app.store.repository import EventRow, Loaded, OnFailure
 
 from . import pending, runlog
 from .bounds import refusal_of, refused
-from .dbfaults import OutcomeNotStored, mark_unstored, outage_reason, retry_write
+from .dbfaults import OutcomeNotStored, outage_reason, retry_write
 from .metrics import observe_result
 from .runstate import RunState
 from .types import ActiveRun, FinishedRun, Idempotency, RunRequest
@@ -175,8 +175,7 @@ class Finisher:
         delay = 0.05  # tried often: a client sending its prompts again races this mark
         while not self.state.closing:
             try:
-                marked = await mark_unstored(
-                    self.state.repo,
+                marked = await self.state.repo.mark_unstored(
                     active.tenant,
                     active.conversation_id,
                     active.run_id,
