@@ -45,7 +45,7 @@ class Compactor:
             raise ShuttingDown
         agent = self.state.agents.get(agent_name)
         run_id = str(uuid.uuid4())
-        started = await self.state.repo.start_run(
+        started = await self.state.stores.runs.start_run(
             tenant,
             conversation_id,
             run_id=run_id,
@@ -65,7 +65,7 @@ class Compactor:
         assert started.loaded is not None
         active = ActiveRun(tenant, conversation_id, run_id, started, None)
         self.state.register(active)
-        active.recorder = start_recorder(self.state.repo, self.state.clock, active)
+        active.recorder = start_recorder(self.state.stores.events, self.state.clock, active)
         loaded = started.loaded
         # Under the run deadline: past it the compaction is stopped where it is (its summary
         # request, typically) as a cancel stops a run, and ends failed, storing nothing.

@@ -17,7 +17,7 @@ from app.agent.messages import AttemptError, Context
 from app.agent.records import Result
 from app.observability import observe_interrupted
 from app.store.faults import classify
-from app.store.repository import EventRow, Loaded, OnFailure
+from app.store.stores import EventRow, Loaded, OnFailure
 
 from . import pending, runlog
 from .bounds import refusal_of, refused
@@ -77,7 +77,7 @@ class Finisher:
         try:
             outcome = await self.retrying(
                 active.run_id,
-                lambda: self.state.repo.finish_run(
+                lambda: self.state.stores.runs.finish_run(
                     active.tenant,
                     active.conversation_id,
                     active.run_id,
@@ -139,7 +139,7 @@ class Finisher:
                 try:
                     await self.retrying(
                         active.run_id,
-                        lambda: self.state.repo.keep_answer(
+                        lambda: self.state.stores.idempotency.keep_answer(
                             active.tenant,
                             active.conversation_id,
                             active.run_id,
@@ -175,7 +175,7 @@ class Finisher:
         delay = 0.05  # tried often: a client sending its prompts again races this mark
         while not self.state.closing:
             try:
-                marked = await self.state.repo.mark_unstored(
+                marked = await self.state.stores.leases.mark_unstored(
                     active.tenant,
                     active.conversation_id,
                     active.run_id,

@@ -42,7 +42,7 @@ from typing import Any
 from app.observability import observe_interrupted
 from app.store.db import make_engine
 from app.store.faults import classify
-from app.store.repository import Repository
+from app.store.stores import Stores
 
 from .queue import RunQueue
 from .runstate import RunState
@@ -66,27 +66,29 @@ class LeaseKeeper:
     def __init__(self, state: RunState, queue: RunQueue) -> None:
         self.state = state
         self.queue = queue
-        self.lease_repo = state.repo  # renewals, sweeps, purges: its own connection once keeping
+        self.lease_stores = (
+            state.stores
+        )  # renewals, sweeps, purges: an engine of its own once keeping
         self._keeper: asyncio.Task[None] | None = None
         self._hooked: dict[int, tuple[Any, Any]] = {}
 
     async def start(self) -> None:
         if self._keeper is None:
-            self.lease_repo = self._own_connection()
+            self.lease_stores = self._own_connection()
             self._keeper = asyncio.create_task(self._keep_leases(), name="carryover-leases")
             self._hook_signals()
 
-    def _own_connection(self) -> Repository:
-        """A repository on a connection of the keeper's own.
+    def _own_connection(self) -> Stores:
+        """The stores on a connection of the keeper's own.
 
         Under load every connection of the shared pool is taken and hundreds of requests queue
         for one; a renewal queued behind them comes too late, and the runs' leases expire while
         the runs are alive. (An in-memory SQLite database is one per connection: shared then.)
         """
-        url = self.state.repo.engine.url
+        url = self.state.stores.engine.url
         if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
-            return self.state.repo
-        return Repository(make_engine(url, pool_size=1, max_overflow=0), self.state.clock)
+            return self.state.stores
+        return Stores(make_engine(url, pool_size=1, max_overflow=0), self.state.clock)
 
     async def aclose(self) -> None:
         """Cancel this process's runs (they are recorded ``cancelled``) and stop the keeper."""
@@ -101,9 +103,9 @@ class LeaseKeeper:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._keeper
             self._keeper = None
-        if self.lease_repo is not self.state.repo:
-            await self.lease_repo.engine.dispose()
-            self.lease_repo = self.state.repo
+        if self.lease_stores is not self.state.stores:
+            await self.lease_stores.engine.dispose()
+            self.lease_stores = self.state.stores
         self._unhook_signals()
 
     def shutdown(self) -> None:
@@ -154,7 +156,7 @@ class LeaseKeeper:
         ``retention_sweep_batch``, at most :data:`SWEEP_BATCHES` batches per call; how many."""
         total = 0
         for _ in range(SWEEP_BATCHES):
-            deleted = await self.lease_repo.sweep_expired(
+            deleted = await self.lease_stores.conversations.sweep_expired(
                 default_seconds=self.state.settings.retention_seconds,
                 batch=self.state.settings.retention_sweep_batch,
             )
@@ -183,7 +185,7 @@ class LeaseKeeper:
                 async with asyncio.timeout(self.state.settings.lease_seconds):
                     renewed = await self._renew()
                     if down and not renewed:  # no run to renew: ask the database itself
-                        await self.lease_repo.ping()
+                        await self.lease_stores.leases.ping()
                 now = self.state.clock.monotonic()
                 if down:
                     down = False
@@ -191,7 +193,7 @@ class LeaseKeeper:
                 if sweep_after is None or now >= sweep_after:
                     sweep_after = None
                     async with asyncio.timeout(self.state.settings.lease_seconds):
-                        interrupted = await self.lease_repo.interrupt_expired(
+                        interrupted = await self.lease_stores.leases.interrupt_expired(
                             alive=set(self.state.active)
                         )
                     if interrupted:
@@ -200,11 +202,13 @@ class LeaseKeeper:
                 # app/service/queue.py: renew the holds of waiting requests; start the next
                 # queued runs (not during the grace: a claim interrupts an expired holder)
                 async with asyncio.timeout(self.state.settings.lease_seconds):
-                    await self.queue.sweep(self.lease_repo, claim=sweep_after is None)
+                    await self.queue.sweep(self.lease_stores, claim=sweep_after is None)
                 if now - purged >= purge_every:
                     purged = now
-                    await self.lease_repo.purge_idempotency_keys()
-                    await self.lease_repo.purge_events(self.state.settings.event_retention_seconds)
+                    await self.lease_stores.idempotency.purge_idempotency_keys()
+                    await self.lease_stores.events.purge_events(
+                        self.state.settings.event_retention_seconds
+                    )
                 if now - swept >= self.state.settings.retention_sweep_seconds:
                     swept = now
                     await self.sweep_retention()
@@ -222,7 +226,7 @@ class LeaseKeeper:
         ids = list(self.state.active)  # finishing ones too: recording may take a while
         if not ids:
             return False
-        renewal = await self.lease_repo.renew_leases(
+        renewal = await self.lease_stores.leases.renew_leases(
             ids, owner=self.state.owner, lease_seconds=self.state.settings.lease_seconds
         )
         for run_id in ids:

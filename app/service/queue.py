@@ -36,7 +36,7 @@ from app.etag import IfMatch
 from app.observability import observe_quota_refusal
 from app.store.errors import conversation_not_found
 from app.store.quotas import QuotaExceeded
-from app.store.repository import IdempotencyClaim, Repository, RunRecord, StartedRun
+from app.store.stores import IdempotencyClaim, RunRecord, StartedRun, Stores
 from app.store.tables import Run
 
 from . import pending, runlog
@@ -102,7 +102,7 @@ class RunQueue:
         Refused when it arrives (a spent quota, bad client tools) or when its turn comes (a
         spent quota, the pre-check on the context it would run on): nothing of it stays."""
         wait = request.if_busy == "wait" and not respond_async  # nobody waits in background
-        queued = await self.state.repo.enqueue_run(
+        queued = await self.state.stores.queue.enqueue_run(
             tenant,
             conversation_id,
             run_id=run_id,
@@ -201,12 +201,12 @@ class RunQueue:
                 remaining = (
                     math.inf if deadline is None else deadline - self.state.clock.monotonic()
                 )
-                if remaining <= 0 and await self.state.repo.leave_queue(
+                if remaining <= 0 and await self.state.stores.queue.leave_queue(
                     tenant, conversation_id, run_id
                 ):
                     if deferred is not None:
                         raise deferred
-                    holder = await self.state.repo.lease_holder(tenant, conversation_id)
+                    holder = await self.state.stores.leases.lease_holder(tenant, conversation_id)
                     raise Busy(
                         holder or run_id,
                         retry_after=await self.state.busy_retry_after(tenant, conversation_id),
@@ -219,9 +219,14 @@ class RunQueue:
                 waiter.wake.clear()
                 if self.state.closing:
                     return await self._give_up(tenant, conversation_id, run_id, deadline)
-                state = await self.state.repo.queue_state(tenant, conversation_id, run_id)
+                state = await self.state.stores.queue.queue_state(tenant, conversation_id, run_id)
                 if state.status is None:
-                    if await self.state.repo.get_conversation(tenant, conversation_id) is None:
+                    if (
+                        await self.state.stores.conversations.get_conversation(
+                            tenant, conversation_id
+                        )
+                        is None
+                    ):
                         raise conversation_not_found(conversation_id)  # deleted meanwhile
                     # dropped: its bound passed (seen by another process)
                     raise Busy(
@@ -231,12 +236,14 @@ class RunQueue:
                 if state.status == "running":
                     continue  # claimed elsewhere after this process lost its hold: wait for it
                 if state.status != "queued":
-                    record = await self.state.repo.get_run(tenant, conversation_id, run_id)
+                    record = await self.state.stores.records.get_run(
+                        tenant, conversation_id, run_id
+                    )
                     assert record is not None
                     return EndedUnrun(record)
                 if not state.claimable:
                     continue
-                started = await self.state.repo.claim_next(
+                started = await self.state.stores.queue.claim_next(
                     tenant,
                     conversation_id,
                     owner=self.state.owner,
@@ -262,10 +269,10 @@ class RunQueue:
         leaves the queue (503 not-ready, try again); an ``enqueue`` run stays queued for any
         replica, and its request answers 202 with it."""
         if deadline is not None:
-            await self.state.repo.leave_queue(tenant, conversation_id, run_id)
+            await self.state.stores.queue.leave_queue(tenant, conversation_id, run_id)
             raise ShuttingDown
-        await self.state.repo.release_hold(tenant, conversation_id, run_id)
-        record = await self.state.repo.get_run(tenant, conversation_id, run_id)
+        await self.state.stores.queue.release_hold(tenant, conversation_id, run_id)
+        record = await self.state.stores.records.get_run(tenant, conversation_id, run_id)
         if record is None:  # pragma: no cover - deleted with its conversation
             raise ShuttingDown
         return QueuedRun(record.run)
@@ -298,22 +305,22 @@ class RunQueue:
             task.add_done_callback(_log_failure)
 
     async def _claim_background(
-        self, tenant: str, conversation_id: str, repo: Repository | None = None
+        self, tenant: str, conversation_id: str, stores: Stores | None = None
     ) -> None:
-        await self._claim_background_run(tenant, conversation_id, repo)
+        await self._claim_background_run(tenant, conversation_id, stores)
 
     async def _claim_background_run(
-        self, tenant: str, conversation_id: str, repo: Repository | None = None
+        self, tenant: str, conversation_id: str, stores: Stores | None = None
     ) -> bool:
         """Claim the conversation's head if it is a background run; True when it waits for
         a ``concurrent_runs`` place of its tenant (nothing started)."""
-        repo = repo or self.state.repo
+        queue = (stores or self.state.stores).queue
         if self.state.closing:
             return False
-        if not await repo.has_queue(tenant, conversation_id):
+        if not await queue.has_queue(tenant, conversation_id):
             self.queues.discard((tenant, conversation_id))
             return False
-        started = await repo.claim_next(
+        started = await queue.claim_next(
             tenant,
             conversation_id,
             owner=self.state.owner,
@@ -329,12 +336,12 @@ class RunQueue:
             self._refused(started)  # background runs only: none is this process's request
         return started is not None and started.deferred is not None
 
-    async def sweep(self, repo: Repository, *, claim: bool = True) -> None:
-        """The keeper's tick (on the keeper's ``repo``): renew the holds of this process's
+    async def sweep(self, stores: Stores, *, claim: bool = True) -> None:
+        """The keeper's tick (on the keeper's ``stores``): renew the holds of this process's
         waiting requests, and (with ``claim``) start background runs whose conversation is
         free (their accepting process may have died)."""
         if self.waiting:
-            await repo.renew_holds(
+            await stores.queue.renew_holds(
                 list(self.waiting),
                 owner=self.state.owner,
                 lease_seconds=self.state.settings.lease_seconds,
@@ -342,10 +349,10 @@ class RunQueue:
         if self.state.closing or not claim:
             return
         waiting: set[str] = set()  # tenants whose concurrent_runs are spent: one claim a tick
-        for tenant, conversation_id in await repo.ready_queues():
+        for tenant, conversation_id in await stores.queue.ready_queues():
             if tenant in waiting:
                 continue
-            if await self._claim_background_run(tenant, conversation_id, repo):
+            if await self._claim_background_run(tenant, conversation_id, stores):
                 waiting.add(tenant)
 
     def wake_all(self) -> None:

@@ -34,7 +34,7 @@ from app.etag import IfMatch
 from app.observability import observe_quota_refusal
 from app.store.errors import run_not_found
 from app.store.quotas import QuotaExceeded
-from app.store.repository import IdempotencyClaim, Loaded, Repository, RunRecord, StartedRun
+from app.store.stores import IdempotencyClaim, Loaded, RunRecord, StartedRun, Stores
 
 from . import pending, runlog
 from .agents import AgentPool
@@ -62,14 +62,14 @@ class RunManager:
 
     def __init__(
         self,
-        repo: Repository,
+        stores: Stores,
         agents: AgentPool,
         settings: Settings,
         clock: Clock = SYSTEM_CLOCK,
         *,
         problem_slug: ProblemSlug = no_problem,
     ) -> None:
-        self.state = RunState(repo, agents, settings, clock, problem_slug)
+        self.state = RunState(stores, agents, settings, clock, problem_slug)
         self.finisher = Finisher(self.state)
         self.queue = RunQueue(self.state, spawn=self._spawn)
         self.keeper = LeaseKeeper(self.state, self.queue)
@@ -197,7 +197,7 @@ class RunManager:
                 return turn
             started = turn
         else:
-            started = await self.state.repo.start_run(
+            started = await self.state.stores.runs.start_run(
                 tenant,
                 conversation_id,
                 run_id=run_id,
@@ -241,7 +241,7 @@ class RunManager:
         """Run a started run as a task of its own (``agent`` None: its profile is unknown
         here, and it fails)."""
         self.state.register(active)
-        active.recorder = start_recorder(self.state.repo, self.state.clock, active)
+        active.recorder = start_recorder(self.state.stores.events, self.state.clock, active)
         active.task = asyncio.create_task(
             self._execute(active, agent, request, idempotency),
             name=f"carryover-run-{active.run_id}",
@@ -355,7 +355,7 @@ class RunManager:
     async def cancel(self, tenant: str, conversation_id: str, run_id: str) -> RunRecord:
         """Ask a run to stop, wherever it runs; this process's runs stop at once. Returns the
         run's record as it is now (still ``running``, typically)."""
-        await self.state.repo.request_cancel(tenant, conversation_id, run_id)
+        await self.state.stores.runs.request_cancel(tenant, conversation_id, run_id)
         active = self.active.get(run_id)
         here = active is not None and active.tenant == tenant
         runlog.run_cancel_requested(
@@ -371,7 +371,7 @@ class RunManager:
 
     async def record(self, tenant: str, conversation_id: str, run_id: str) -> RunRecord:
         """One run record; :class:`~app.store.errors.NotFound` when there is none."""
-        record = await self.state.repo.get_run(tenant, conversation_id, run_id)
+        record = await self.state.stores.records.get_run(tenant, conversation_id, run_id)
         if record is None:
             raise run_not_found(conversation_id, run_id)
         return record
@@ -380,7 +380,7 @@ class RunManager:
         self, tenant: str, conversation_id: str, *, after: str | None = None, limit: int = 50
     ) -> Page[RunRecord]:
         """A page of the conversation's run records, oldest first, after the run ``after``."""
-        fetched = await self.state.repo.list_run_records(
+        fetched = await self.state.stores.records.list_run_records(
             tenant, conversation_id, after=after, limit=limit + 1
         )
         return Page.of(fetched, limit)

@@ -21,7 +21,7 @@ from app.clock import SYSTEM_CLOCK, Clock
 from app.config import Settings
 from app.observability import RUNS_IN_PROGRESS, observe_interrupted
 from app.store.faults import classify
-from app.store.repository import Repository, StartedRun
+from app.store.stores import StartedRun, Stores
 
 from . import runlog
 from .agents import AgentPool
@@ -45,19 +45,19 @@ def no_problem(error: AttemptError | None, status: str) -> str | None:
 
 
 class RunState:
-    """The process's run state: the store, the agents, settings and clock, this process's
+    """The process's run state: the stores, the agents, settings and clock, this process's
     lease owner, its runs in flight (``active``), whether it is stopping (``closing``), and the
     context caches."""
 
     def __init__(
         self,
-        repo: Repository,
+        stores: Stores,
         agents: AgentPool,
         settings: Settings,
         clock: Clock = SYSTEM_CLOCK,
         problem_slug: ProblemSlug = no_problem,
     ) -> None:
-        self.repo = repo
+        self.stores = stores
         self.agents = agents
         self.settings = settings
         self.clock = clock
@@ -118,7 +118,7 @@ class RunState:
         ``[1, lease_seconds]``; :data:`DEFAULT_BUSY_RETRY_AFTER` when none finished yet or the
         database cannot say."""
         try:
-            durations = await self.repo.recent_run_durations(
+            durations = await self.stores.records.recent_run_durations(
                 tenant, conversation_id, limit=RECENT_RUNS
             )
         except Exception as exc:
