@@ -22,7 +22,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from app.agent.codec import dump_message, dumps_json, model_value
 from app.agent.events import (
@@ -40,9 +40,6 @@ from app.store.errors import run_not_found
 from app.store.events import EventRow, EventStore
 from app.store.stores import RunRecord, Stores
 from app.store.tables import Dumped
-
-if TYPE_CHECKING:
-    from .types import ActiveRun
 
 log = logging.getLogger(__name__)
 
@@ -292,22 +289,6 @@ class EventRecorder:
             self._task = None
 
 
-def start_recorder(store: EventStore, clock: Clock, active: ActiveRun) -> EventRecorder:
-    """The recorder of a run that just took its lease: ``run.started`` is its first event."""
-    run = active.started.run
-    recorder = EventRecorder(
-        store, clock, active.tenant, active.conversation_id, active.run_id, active.events
-    )
-    recorder.start(
-        {
-            "run_id": active.run_id,
-            "conversation_id": active.conversation_id,
-            "base_etag": run.base_etag if run is not None else None,
-        }
-    )
-    return recorder
-
-
 class EventFeed:
     """``GET …/runs/{id}/events``: a run's stored events after a seq, live until its end."""
 
@@ -400,5 +381,4 @@ __all__ = [
     "EventsExpired",
     "StreamedEvent",
     "event_payload",
-    "start_recorder",
 ]

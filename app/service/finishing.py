@@ -21,7 +21,7 @@ from app.store.stores import EventRow, Loaded, OnFailure
 
 from . import pending, runlog
 from .bounds import refusal_of, refused
-from .dbfaults import OutcomeNotStored, outage_reason, retry_write
+from .faults import OutcomeNotStored, outage_reason, retry_write
 from .metrics import observe_result
 from .runstate import RunState
 from .types import ActiveRun, FinishedRun, Idempotency, RunRequest

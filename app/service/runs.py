@@ -40,10 +40,9 @@ from . import pending, runlog
 from .agents import AgentPool
 from .bounds import RunDeadline, size_bounds
 from .cache import BodyCache, ContextCache
-from .compacting import Compactor
-from .dbfaults import OutcomeNotStored
+from .compaction import Compactor
 from .errors import Busy, ShuttingDown
-from .events import start_recorder
+from .faults import OutcomeNotStored
 from .finishing import Finisher, cancelled_result, internal_result, settle
 from .leases import LeaseKeeper
 from .pages import Page
@@ -241,7 +240,7 @@ class RunManager:
         """Run a started run as a task of its own (``agent`` None: its profile is unknown
         here, and it fails)."""
         self.state.register(active)
-        active.recorder = start_recorder(self.state.stores.events, self.state.clock, active)
+        active.recorder = self.state.start_recorder(active)
         active.task = asyncio.create_task(
             self._execute(active, agent, request, idempotency),
             name=f"carryover-run-{active.run_id}",

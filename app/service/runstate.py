@@ -9,7 +9,6 @@ re-declares them.
 
 from __future__ import annotations
 
-import logging
 import statistics
 import uuid
 from collections.abc import Callable
@@ -26,9 +25,8 @@ from app.store.stores import StartedRun, Stores
 from . import runlog
 from .agents import AgentPool
 from .cache import BodyCache, ContextCache
+from .events import EventRecorder
 from .types import ActiveRun
-
-log = logging.getLogger(__name__)
 
 #: recent finished runs whose durations give a busy conversation's Retry-After
 RECENT_RUNS = 5
@@ -111,6 +109,27 @@ class RunState:
                 trace_id=telemetry.current_trace_id(),
             )
             observe_interrupted()
+
+    def start_recorder(self, active: ActiveRun) -> EventRecorder:
+        """The event recorder of a run that just took its lease: ``run.started`` is its first
+        event."""
+        run = active.started.run
+        recorder = EventRecorder(
+            self.stores.events,
+            self.clock,
+            active.tenant,
+            active.conversation_id,
+            active.run_id,
+            active.events,
+        )
+        recorder.start(
+            {
+                "run_id": active.run_id,
+                "conversation_id": active.conversation_id,
+                "base_etag": run.base_etag if run is not None else None,
+            }
+        )
+        return recorder
 
     async def busy_retry_after(self, tenant: str, conversation_id: str) -> int:
         """Seconds a client refused with ``409 run-in-progress`` should wait: the median

@@ -17,7 +17,6 @@ from app.etag import IfMatch
 
 from .bounds import RunDeadline, size_bounds
 from .errors import Busy, ShuttingDown
-from .events import start_recorder
 from .finishing import Finisher, internal_result
 from .queue import RunQueue
 from .runstate import RunState
@@ -65,7 +64,7 @@ class Compactor:
         assert started.loaded is not None
         active = ActiveRun(tenant, conversation_id, run_id, started, None)
         self.state.register(active)
-        active.recorder = start_recorder(self.state.stores.events, self.state.clock, active)
+        active.recorder = self.state.start_recorder(active)
         loaded = started.loaded
         # Under the run deadline: past it the compaction is stopped where it is (its summary
         # request, typically) as a cancel stops a run, and ends failed, storing nothing.
