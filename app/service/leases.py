@@ -66,9 +66,8 @@ class LeaseKeeper:
     def __init__(self, state: RunState, queue: RunQueue) -> None:
         self.state = state
         self.queue = queue
-        self.lease_stores = (
-            state.stores
-        )  # renewals, sweeps, purges: an engine of its own once keeping
+        # renewals, sweeps, purges: on an engine of its own once keeping
+        self.lease_stores = state.stores
         self._keeper: asyncio.Task[None] | None = None
         self._hooked: dict[int, tuple[Any, Any]] = {}
 
