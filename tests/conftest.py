@@ -37,7 +37,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.db import make_engine
 from app.store.migrate import upgrade
-from app.store.repository import Repository
+from tests.repository import Repository
 
 T = TypeVar("T")
 

@@ -24,7 +24,7 @@ from app.service.runs import RunManager
 from app.service.webhooks import WebhookWorker
 from app.store.db import make_engine
 from app.store.keys import KeyStore
-from app.store.repository import Repository
+from app.store.stores import Stores
 
 from .auth import Authenticator, AuthMiddleware, announce_access
 from .deps import Services
@@ -140,23 +140,23 @@ def create_app(
         engine = make_engine(settings.database_url)
         telemetry.instrument_engine(engine)
         pool = agents or AgentPool(settings)
-        repo = Repository(engine, clock)
-        manager = RunManager(repo, pool, settings, clock)
-        manager.problem_slug = run_problem_slug
+        stores = Stores(engine, clock)
+        manager = RunManager(stores, pool, settings, clock, problem_slug=run_problem_slug)
         keys = KeyStore(engine, clock)
         auth = Authenticator(settings.api_keys, keys, settings.api_key_cache_seconds)
         app.state.services = Services(
             settings=settings,
             engine=engine,
             agents=pool,
-            conversations=ConversationService(repo, manager),
+            stores=stores,
+            conversations=ConversationService(stores, manager),
             runs=manager,
             auth=auth,
         )
         await announce_access(auth)
         await manager.start_keeper()
         heap.tune(settings.gc_gen0_threshold)
-        webhooks = WebhookWorker(repo, settings, clock, lambda r: record_view(r).body())
+        webhooks = WebhookWorker(stores, settings, clock, lambda r: record_view(r).body())
         if settings.webhook_worker:
             await webhooks.start()
         try:

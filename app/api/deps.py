@@ -15,6 +15,7 @@ from app.etag import ETagCondition, parse_condition
 from app.service.agents import AgentPool
 from app.service.conversations import ConversationService
 from app.service.runs import RunManager
+from app.store.stores import Stores
 
 from .auth import DEFAULT_TENANT as DEFAULT_TENANT  # re-exported
 from .auth import TENANT_SCOPE_KEY, Authenticator
@@ -30,6 +31,7 @@ class Services:
     settings: Settings
     engine: AsyncEngine  # for the readiness check
     agents: AgentPool
+    stores: Stores  # each aggregate's store (app/store/stores.py)
     conversations: ConversationService
     runs: RunManager
     auth: Authenticator

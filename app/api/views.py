@@ -14,7 +14,7 @@ from app.agent.messages import AttemptError, Usage, UserMessage
 from app.service.conversations import ConversationInfo
 from app.service.pending import split_prompts
 from app.service.runs import FinishedRun, RunRequest
-from app.store.repository import RunRecord
+from app.store.stores import RunRecord
 
 from .problems import CODED_RUN_PROBLEMS, PROBLEM_TYPES, run_problem_type
 from .schemas import Conversation, RunCreate, RunProblem

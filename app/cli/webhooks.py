@@ -24,7 +24,7 @@ from app.observability import configure_logging
 from .common import CliError, load_settings, open_database, tenant, timestamp
 
 if TYPE_CHECKING:
-    from app.store.repository import Repository
+    from app.store.webhooks import WebhookStore
 
 T = TypeVar("T")
 
@@ -89,13 +89,13 @@ def webhooks_command(args: argparse.Namespace) -> int:
     level = "DEBUG" if settings.log_level == "DEBUG" else "WARNING"
     configure_logging(level, settings.log_format, settings.secret_values())
 
-    async def using(action: Callable[[Repository], Awaitable[T]]) -> T:
+    async def using(action: Callable[[WebhookStore], Awaitable[T]]) -> T:
         from app.store.db import make_engine
-        from app.store.repository import Repository
+        from app.store.webhooks import WebhookStore
 
         engine = make_engine(settings.database_url)
         try:
-            return await action(Repository(engine))
+            return await action(WebhookStore(engine))
         finally:
             await engine.dispose()
 

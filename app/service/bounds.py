@@ -60,7 +60,7 @@ from app.agent.sizes import (
     too_large,
 )
 from app.config import Settings
-from app.store.repository import Loaded
+from app.store.stores import Loaded
 
 ANSWER_TOO_LARGE = "answer_too_large"
 RUN_DEADLINE = "run_deadline"

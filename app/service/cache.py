@@ -1,7 +1,7 @@
 """An in-process cache of stored contexts, so that a run on a long conversation does not read,
 decode and validate its whole history again (issue 10).
 
-Keyed by tenant and conversation; an entry is the :class:`~app.store.repository.Loaded` stored
+Keyed by tenant and conversation; an entry is the :class:`~app.store.stores.Loaded` stored
 at one ``(incarnation, version)``, and it is only served for exactly that pair, as read under
 the run's lock (:meth:`RunStore.start_run` asks :meth:`ContextCache.lookup` once it holds the
 conversation row). Anything that changed the stored context — a PUT, a delete and re-create,
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from app.agent.opaque import held_bytes
-from app.store.repository import Loaded, RunOutcome
+from app.store.stores import Loaded, RunOutcome
 
 Key = tuple[str, str]
 E = TypeVar("E")

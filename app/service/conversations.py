@@ -18,7 +18,7 @@ from app.etag import ETagCondition, IfMatch, evaluate_conditions
 from app.store.conversations import Search
 from app.store.errors import PreconditionFailed, conversation_not_found
 from app.store.metadata import KEEP
-from app.store.repository import DumpedContext, Loaded, Repository, StoredRows
+from app.store.stores import DumpedContext, Loaded, StoredRows, Stores
 from app.store.tables import Conversation, TranscriptEntry
 
 from .bounds import size_bounds
@@ -57,14 +57,14 @@ class ContextWritten:
 
 
 class ConversationService:
-    def __init__(self, repo: Repository, runs: RunManager) -> None:
-        self.repo = repo
+    def __init__(self, stores: Stores, runs: RunManager) -> None:
+        self.stores = stores
         self.runs = runs
 
     def expiry(self, expires_at: datetime | None, ttl_seconds: int | None) -> datetime | None:
         """``expires_at`` as given, or ``ttl_seconds`` from now (the store's clock)."""
         if ttl_seconds is not None:
-            return self.repo.clock.now() + timedelta(seconds=ttl_seconds)
+            return self.stores.clock.now() + timedelta(seconds=ttl_seconds)
         return expires_at
 
     async def create(
@@ -78,7 +78,7 @@ class ConversationService:
     ) -> ConversationInfo:
         """An empty conversation, with a generated id unless one is given."""
         conv_id = conv_id or f"conv_{uuid.uuid4().hex}"
-        conv = await self.repo.create_conversation(
+        conv = await self.stores.conversations.create_conversation(
             tenant, conv_id, system_prompt, metadata=metadata, expires_at=expires_at
         )
         return ConversationInfo(conv, 0, dict(metadata or {}))
@@ -93,7 +93,7 @@ class ConversationService:
     ) -> Page[ConversationInfo]:
         """The tenant's conversations matching ``search``, by ``(updated_at, id)`` (newest
         first unless ``search`` says otherwise), after the keyset ``after``."""
-        fetched = await self.repo.search_conversations(
+        fetched = await self.stores.conversations.search_conversations(
             tenant, search or Search(), after=after, limit=limit + 1
         )
         page = Page.of(fetched, limit)
@@ -105,8 +105,8 @@ class ConversationService:
         """Two statements for any number of conversations: their runs (count and latest
         profile) and their metadata; the pending calls are on the rows."""
         ids = [c.id for c in convs]
-        summaries = await self.repo.run_summaries(tenant, ids)
-        metadata = await self.repo.get_metadata(tenant, ids)
+        summaries = await self.stores.conversations.run_summaries(tenant, ids)
+        metadata = await self.stores.metadata.get_metadata(tenant, ids)
         infos = []
         for c in convs:
             summary = summaries.get(c.id)
@@ -122,7 +122,7 @@ class ConversationService:
         return infos
 
     async def get(self, tenant: str, conv_id: str) -> ConversationInfo:
-        conv = await self.repo.get_conversation(tenant, conv_id)
+        conv = await self.stores.conversations.get_conversation(tenant, conv_id)
         if conv is None:
             raise conversation_not_found(conv_id)
         [info] = await self._infos(tenant, [conv])
@@ -140,7 +140,7 @@ class ConversationService:
         """Merge-patch the metadata (``None`` removes a key; ``metadata`` ``None`` every key)
         and set or clear ``expires_at``;
         the context and its ETag are untouched."""
-        patched = await self.repo.patch_conversation(
+        patched = await self.stores.metadata.patch_conversation(
             tenant, conv_id, metadata, expires_at=expires_at, max_keys=max_keys
         )
         [info] = await self._infos(tenant, [patched.conversation])
@@ -158,7 +158,7 @@ class ConversationService:
     ) -> ConversationInfo:
         """A new conversation from the source's context (or its first ``messages``)."""
         new_id = new_id or f"conv_{uuid.uuid4().hex}"
-        conv = await self.repo.fork_conversation(
+        conv = await self.stores.conversations.fork_conversation(
             tenant,
             source_id,
             new_id,
@@ -172,7 +172,7 @@ class ConversationService:
 
     async def export(self, tenant: str, conv_id: str) -> AsyncIterator[tuple[str, Any]]:
         """The export document's parts (404 and 409 are raised before the first)."""
-        return await self.repo.export_parts(tenant, conv_id)
+        return await self.stores.portability.export_parts(tenant, conv_id)
 
     async def import_document(
         self, tenant: str, conv_id: str | None, document: Mapping[str, Any]
@@ -180,18 +180,18 @@ class ConversationService:
         """Restore an export (validated by the caller) under ``conv_id`` (default: the
         document's id); 409 when it is taken, and then nothing is written."""
         conv_id = conv_id or document["conversation"]["id"]
-        await self.repo.import_conversation(
+        await self.stores.portability.import_conversation(
             tenant, conv_id, document, max_bytes=self.runs.settings.max_body_bytes
         )
         return await self.get(tenant, conv_id)
 
     async def sweep(self) -> int:
         """Delete expired conversations now (what the periodic sweep does)."""
-        return await self.runs.sweep_retention()
+        return await self.runs.keeper.sweep_retention()
 
     async def delete(self, tenant: str, conv_id: str, if_match: IfMatch | None = None) -> None:
         """Delete it and all its records; 404 before 412."""
-        if not await self.repo.delete_conversation(tenant, conv_id, if_match):
+        if not await self.stores.conversations.delete_conversation(tenant, conv_id, if_match):
             raise conversation_not_found(conv_id)
 
     async def get_context(
@@ -200,28 +200,30 @@ class ConversationService:
         """The stored context; :class:`NotModified` when ``if_none_match`` names its ETag (told
         from the conversation row alone, without reading the messages)."""
         if if_none_match is not None:
-            conv = await self.repo.get_conversation(tenant, conv_id)
+            conv = await self.stores.conversations.get_conversation(tenant, conv_id)
             if conv is None:
                 raise conversation_not_found(conv_id)
             outcome = evaluate_conditions(None, if_none_match, conv.etag, safe_method=True)
             if outcome == "not-modified":
                 return NotModified(conv.etag)
-        return await self.repo.load_context(tenant, conv_id)
+        return await self.stores.conversations.load_context(tenant, conv_id)
 
     async def get_context_rows(
         self, tenant: str, conv_id: str, if_none_match: ETagCondition | None = None
     ) -> StoredRows | NotModified:
         """As :meth:`get_context`, undecoded: the stored rows, whose
-        :meth:`~app.store.repository.StoredRows.context_json` is the wire format as stored."""
+        :meth:`~app.store.stores.StoredRows.context_json` is the wire format as stored."""
         if if_none_match is not None:
-            conv = await self.repo.get_conversation(tenant, conv_id)
+            conv = await self.stores.conversations.get_conversation(tenant, conv_id)
             if conv is None:
                 raise conversation_not_found(conv_id)
             outcome = evaluate_conditions(None, if_none_match, conv.etag, safe_method=True)
             if outcome == "not-modified":
                 return NotModified(conv.etag)
         bodies = self.runs.bodies
-        rows = await self.repo.load_context_rows(tenant, conv_id, cached=bodies.lookup)
+        rows = await self.stores.conversations.load_context_rows(
+            tenant, conv_id, cached=bodies.lookup
+        )
         if isinstance(rows.joined, str):  # read from the database: kept for the next read
             joined = rows.joined.encode()
             conv = rows.conversation
@@ -250,7 +252,7 @@ class ConversationService:
         if if_match is not None and if_none_match is not None:
             # RFC 9110 §13.2.2: If-Match, then If-None-Match. If-Match needs the conversation to
             # exist, and If-None-Match then fails when it names the current ETag (or is "*").
-            conv = await self.repo.get_conversation(tenant, conv_id)
+            conv = await self.stores.conversations.get_conversation(tenant, conv_id)
             if conv is None:
                 raise conversation_not_found(conv_id)
             outcome = evaluate_conditions(if_match, if_none_match, conv.etag, safe_method=False)
@@ -262,18 +264,18 @@ class ConversationService:
         dumped = await DumpedContext.dump(context.system_prompt, context.summary, context.messages)
         try:
             if if_match is not None:
-                etag = await self.repo.replace_context(
+                etag = await self.stores.conversations.replace_context(
                     tenant, conv_id, context, if_match=if_match, max_bytes=max_bytes, dumped=dumped
                 )
                 return ContextWritten(etag, created=False, body=dumped.body)
-            etag = await self.repo.replace_context(
+            etag = await self.stores.conversations.replace_context(
                 tenant, conv_id, context, create=True, max_bytes=max_bytes, dumped=dumped
             )
             return ContextWritten(etag, created=True, body=dumped.body)
         except PreconditionFailed as exc:
             current = exc.current_etag
             if current is None:  # If-None-Match: * found the conversation
-                conv = await self.repo.get_conversation(tenant, conv_id)
+                conv = await self.stores.conversations.get_conversation(tenant, conv_id)
                 current = conv.etag if conv is not None else None
             raise PreconditionFailed(PUT_REFUSED, current_etag=current) from None
 
@@ -281,14 +283,16 @@ class ConversationService:
         self, tenant: str, conv_id: str, *, after: int = 0, limit: int = 100
     ) -> Page[TranscriptEntry]:
         """The append-only transcript, by sequence number, after ``after``."""
-        fetched = await self.repo.list_transcript(tenant, conv_id, after_seq=after, limit=limit + 1)
+        fetched = await self.stores.records.list_transcript(
+            tenant, conv_id, after_seq=after, limit=limit + 1
+        )
         return Page.of(fetched, limit)
 
     async def compact(
         self, tenant: str, conv_id: str, agent: str = "default", if_match: IfMatch | None = None
     ) -> FinishedRun:
         """Fold all but the current turn into the summary now, as a run without prompts."""
-        return await self.runs.compact(tenant, conv_id, agent, if_match)
+        return await self.runs.compactor.compact(tenant, conv_id, agent, if_match)
 
 
 __all__ = [

@@ -22,7 +22,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from app.agent.codec import dump_message, dumps_json, model_value
 from app.agent.events import (
@@ -37,12 +37,9 @@ from app.agent.providers import base as provider_events
 from app.clock import Clock
 from app.errors import CarryoverError
 from app.store.errors import run_not_found
-from app.store.events import EventRow
-from app.store.repository import Repository, RunRecord
+from app.store.events import EventRow, EventStore
+from app.store.stores import RunRecord, Stores
 from app.store.tables import Dumped
-
-if TYPE_CHECKING:
-    from .types import ActiveRun
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +114,7 @@ class EventRecorder:
 
     def __init__(
         self,
-        repo: Repository,
+        store: EventStore,
         clock: Clock,
         tenant: str,
         conversation_id: str,
@@ -127,7 +124,7 @@ class EventRecorder:
         coalesce_seconds: float = COALESCE_SECONDS,
         flush_seconds: float = FLUSH_SECONDS,
     ) -> None:
-        self.repo = repo
+        self.store = store
         self.clock = clock
         self.key = (tenant, conversation_id, run_id)
         self.live = live
@@ -226,7 +223,7 @@ class EventRecorder:
             if not rows:
                 return
             try:
-                await self.repo.append_events(rows)
+                await self.store.append_events(rows)
             except Exception as exc:  # the database may be away: they go with the outcome
                 log.warning("writing events of run %s failed (%s)", self.key[2], exc)
                 self._unwritten = rows + self._unwritten
@@ -292,27 +289,11 @@ class EventRecorder:
             self._task = None
 
 
-def start_recorder(repo: Repository, clock: Clock, active: ActiveRun) -> EventRecorder:
-    """The recorder of a run that just took its lease: ``run.started`` is its first event."""
-    run = active.started.run
-    recorder = EventRecorder(
-        repo, clock, active.tenant, active.conversation_id, active.run_id, active.events
-    )
-    recorder.start(
-        {
-            "run_id": active.run_id,
-            "conversation_id": active.conversation_id,
-            "base_etag": run.base_etag if run is not None else None,
-        }
-    )
-    return recorder
-
-
 class EventFeed:
     """``GET …/runs/{id}/events``: a run's stored events after a seq, live until its end."""
 
-    def __init__(self, repo: Repository, clock: Clock, retention_seconds: int, poll: float):
-        self.repo = repo
+    def __init__(self, stores: Stores, clock: Clock, retention_seconds: int, poll: float):
+        self.stores = stores
         self.clock = clock
         self.retention_seconds = retention_seconds
         self.poll = poll
@@ -324,10 +305,10 @@ class EventFeed:
 
         The checks run before the first event is produced, so that a refusal is a problem
         answer and not a broken stream."""
-        record = await self.repo.get_run(tenant, conversation_id, run_id)
+        record = await self.stores.records.get_run(tenant, conversation_id, run_id)
         if record is None:
             raise run_not_found(conversation_id, run_id)
-        bounds = await self.repo.event_bounds(tenant, conversation_id, run_id)
+        bounds = await self.stores.events.event_bounds(tenant, conversation_id, run_id)
         finished_at = record.run.finished_at
         cutoff = self.clock.now() - timedelta(seconds=self.retention_seconds)
         ended = record.run.status != "running"
@@ -342,7 +323,7 @@ class EventFeed:
     ) -> AsyncIterator[StreamedEvent]:
         last = after
         while True:
-            rows = await self.repo.read_events(
+            rows = await self.stores.events.read_events(
                 tenant, conversation_id, run_id, after=last, limit=READ_BATCH
             )
             for row in rows:
@@ -355,13 +336,13 @@ class EventFeed:
             # Nothing new. The run's status first, then the events once more: an outcome
             # commits with the run's last events and marker, so after a finished status the
             # next read has them all.
-            record = await self.repo.get_run(tenant, conversation_id, run_id)
+            record = await self.stores.records.get_run(tenant, conversation_id, run_id)
             if record is None:
                 return  # the conversation was deleted meanwhile
             if record.run.status == "running":
                 await asyncio.sleep(self.poll)
                 continue
-            rows = await self.repo.read_events(
+            rows = await self.stores.events.read_events(
                 tenant, conversation_id, run_id, after=last, limit=READ_BATCH
             )
             for row in rows:
@@ -373,10 +354,10 @@ class EventFeed:
                 continue
             # Ended without its own finish (interrupted: its process died): the end is said
             # here, numbered after the last stored event.
-            bounds = await self.repo.event_bounds(tenant, conversation_id, run_id)
+            bounds = await self.stores.events.event_bounds(tenant, conversation_id, run_id)
             stored_end = bounds[1] if bounds else 0
             if last >= stored_end:
-                tail = await self.repo.read_events(
+                tail = await self.stores.events.read_events(
                     tenant, conversation_id, run_id, after=stored_end - 1, limit=1
                 )
                 if tail and tail[0].event == "run.finished":
@@ -386,7 +367,7 @@ class EventFeed:
             return
 
     async def record(self, tenant: str, conversation_id: str, run_id: str) -> RunRecord:
-        record = await self.repo.get_run(tenant, conversation_id, run_id)
+        record = await self.stores.records.get_run(tenant, conversation_id, run_id)
         if record is None:
             raise run_not_found(conversation_id, run_id)
         return record
@@ -400,5 +381,4 @@ __all__ = [
     "EventsExpired",
     "StreamedEvent",
     "event_payload",
-    "start_recorder",
 ]

@@ -2,8 +2,8 @@
 idempotent answer kept, the log line and metrics; and the record of a run whose outcome could not
 be stored, once the database answers (docs/faults.md).
 
-Split out of :mod:`app.service.runs`; :class:`Finishing` is a mixin of
-:class:`~app.service.runs.RunManager`.
+:class:`Finisher` is the :class:`~app.service.runs.RunManager`'s collaborator for it, on the
+shared :class:`~app.service.runstate.RunState`.
 """
 
 from __future__ import annotations
@@ -15,17 +15,15 @@ from typing import TypeVar
 
 from app.agent.messages import AttemptError, Context
 from app.agent.records import Result
-from app.clock import Clock
-from app.config import Settings
 from app.observability import observe_interrupted
 from app.store.faults import classify
-from app.store.repository import EventRow, Loaded, OnFailure, Repository
+from app.store.stores import EventRow, Loaded, OnFailure
 
 from . import pending, runlog
 from .bounds import refusal_of, refused
-from .cache import BodyCache, ContextCache
-from .dbfaults import OutcomeNotStored, mark_unstored, outage_reason, retry_write
+from .faults import OutcomeNotStored, outage_reason, retry_write
 from .metrics import observe_result
+from .runstate import RunState
 from .types import ActiveRun, FinishedRun, Idempotency, RunRequest
 
 # the run service's logger: its records keep the name they had before this module was split out
@@ -34,19 +32,13 @@ log = logging.getLogger("app.service.runs")
 T = TypeVar("T")
 
 
-class Finishing:
-    """The end of a run of the :class:`~app.service.runs.RunManager` (a mixin)."""
+class Finisher:
+    """The end of a run of the :class:`~app.service.runs.RunManager`."""
 
-    repo: Repository
-    settings: Settings
-    clock: Clock
-    owner: str
-    closing: bool
-    contexts: ContextCache
-    bodies: BodyCache
-    problem_slug: Callable[[AttemptError | None, str], str | None]
+    def __init__(self, state: RunState) -> None:
+        self.state = state
 
-    async def _finish(
+    async def finish(
         self,
         active: ActiveRun,
         loaded: Loaded,
@@ -68,7 +60,7 @@ class Finishing:
         size = None
         if store:
             # What a PUT of it would refuse is never stored (app/service/bounds.py).
-            size, reason = await refusal_of(self.settings, loaded, result)
+            size, reason = await refusal_of(self.state.settings, loaded, result)
             if reason is not None:
                 result, store, size = refused(result, reason), False, None
         run = active.started.run
@@ -81,11 +73,11 @@ class Finishing:
                 events, paused = await active.recorder.close_paused(action)
             else:
                 events = await active.recorder.close()
-        started_at = self.clock.monotonic()
+        started_at = self.state.clock.monotonic()
         try:
-            outcome = await self._retrying(
+            outcome = await self.retrying(
                 active.run_id,
-                lambda: self.repo.finish_run(
+                lambda: self.state.stores.runs.finish_run(
                     active.tenant,
                     active.conversation_id,
                     active.run_id,
@@ -109,13 +101,13 @@ class Finishing:
                 fault.kind,
                 fault.detail,
             )
-            waited = self.clock.monotonic() - started_at
+            waited = self.state.clock.monotonic() - started_at
             raise OutcomeNotStored(active.run_id, result.status, fault, waited) from exc
         if active.recorder is not None:
             active.recorder.settle(outcome.status)  # run.requires_action only if it was stored
-        self.contexts.saved(active.tenant, active.conversation_id, outcome)
+        self.state.contexts.saved(active.tenant, active.conversation_id, outcome)
         base = (loaded.incarnation, loaded.version)
-        self.bodies.saved(active.tenant, active.conversation_id, base, outcome)
+        self.state.bodies.saved(active.tenant, active.conversation_id, base, outcome)
         finished = FinishedRun(run, result, outcome)
         seconds = (
             (outcome.finished_at - run.created_at).total_seconds()
@@ -130,7 +122,7 @@ class Finishing:
             status=outcome.status,
             seconds=seconds,
             result=result,
-            problem=self.problem_slug(result.error, outcome.status),
+            problem=self.state.problem_slug(result.error, outcome.status),
             trace_id=run.trace_id,
         )
         if outcome.status == "interrupted":
@@ -149,9 +141,9 @@ class Finishing:
             if idempotency is not None:
                 status_code, body = idempotency.answer(finished)
                 try:
-                    await self._retrying(
+                    await self.retrying(
                         active.run_id,
-                        lambda: self.repo.keep_answer(
+                        lambda: self.state.stores.idempotency.keep_answer(
                             active.tenant,
                             active.conversation_id,
                             active.run_id,
@@ -167,7 +159,7 @@ class Finishing:
                     log.error("run %s: its idempotent answer could not be kept", active.run_id)
         return finished
 
-    async def _retrying(self, run_id: str, write: Callable[[], Awaitable[T]]) -> T:
+    async def retrying(self, run_id: str, write: Callable[[], Awaitable[T]]) -> T:
         """A write of a run's outcome, tried again while the database fails transiently (it
         restarts, a connection is lost, SQLite is locked past its busy timeout), for at most
         ``outcome_retry_seconds``; the lease is renewed meanwhile (the run is still this
@@ -175,24 +167,23 @@ class Finishing:
         nothing (had a first attempt committed after all, the next one reads what it
         recorded)."""
         return await retry_write(
-            run_id, write, seconds=self.settings.outcome_retry_seconds, clock=self.clock
+            run_id, write, seconds=self.state.settings.outcome_retry_seconds, clock=self.state.clock
         )
 
-    async def _record_unstored(self, active: ActiveRun, lost: OutcomeNotStored) -> None:
+    async def record_unstored(self, active: ActiveRun, lost: OutcomeNotStored) -> None:
         """End the record of a run whose outcome could not be stored: ``interrupted``, its
         reason naming the outage, as soon as the database answers (the lease is renewed until
         then, so no other process marks it with a vaguer reason). Given up when the process
         stops: then its lease expires and any process marks it interrupted."""
         error = outage_reason(lost)
         delay = 0.05  # tried often: a client sending its prompts again races this mark
-        while not self.closing:
+        while not self.state.closing:
             try:
-                marked = await mark_unstored(
-                    self.repo,
+                marked = await self.state.stores.leases.mark_unstored(
                     active.tenant,
                     active.conversation_id,
                     active.run_id,
-                    self.owner,
+                    self.state.owner,
                     error,
                 )
             except Exception as exc:
@@ -208,7 +199,8 @@ class Finishing:
             return
 
 
-def _settle(target: asyncio.Future[FinishedRun], source: asyncio.Future[FinishedRun]) -> None:
+def settle(target: asyncio.Future[FinishedRun], source: asyncio.Future[FinishedRun]) -> None:
+    """Settle ``target`` as ``source`` ended (a run's answer from its outcome write)."""
     if target.done():
         return
     if source.cancelled():
@@ -219,7 +211,8 @@ def _settle(target: asyncio.Future[FinishedRun], source: asyncio.Future[Finished
         target.set_result(source.result())
 
 
-def _cancelled(context: Context) -> Result:
+def cancelled_result(context: Context) -> Result:
+    """The Result of a run cancelled before its agent took over."""
     return Result(
         status="cancelled",
         context=context,
@@ -227,9 +220,13 @@ def _cancelled(context: Context) -> Result:
     )
 
 
-def _internal(context: Context, exc: Exception) -> Result:
+def internal_result(context: Context, exc: Exception) -> Result:
+    """The Result of a run that failed on a bug of ours (``internal``)."""
     return Result(
         status="failed",
         context=context,
         error=AttemptError(kind="internal", message=f"internal error: {type(exc).__name__}"),
     )
+
+
+__all__ = ["Finisher", "cancelled_result", "internal_result", "settle"]

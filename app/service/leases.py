@@ -1,7 +1,8 @@
 """The run service's process-wide duties, apart from running: keeping the leases of this
 process's runs, sweeping runs of dead processes, purging idempotency keys, and stopping.
 
-One loop, every :attr:`LeaseKeeping.tick`:
+:class:`LeaseKeeper` is the :class:`~app.service.runs.RunManager`'s collaborator for them, on the
+shared :class:`~app.service.runstate.RunState`. One loop, every :attr:`RunState.tick`:
 
 - renews the leases of every run of this process in one statement, and learns from the same
   statement which of them another replica asked to cancel (they are cancelled) and which are no
@@ -36,16 +37,15 @@ import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from app.clock import Clock
-from app.config import Settings
-from app.observability import RUNS_IN_PROGRESS, observe_interrupted
+from app.observability import observe_interrupted
 from app.store.db import make_engine
 from app.store.faults import classify
-from app.store.repository import Repository
+from app.store.stores import Stores
 
-from .types import ActiveRun
+from .queue import RunQueue
+from .runstate import RunState
 
 log = logging.getLogger(__name__)
 
@@ -60,50 +60,40 @@ SWEEP_GRACE_TICKS = 2
 SWEEP_BATCHES = 10
 
 
-class LeaseKeeping:
-    """The lease keeper and the stopping of a :class:`~app.service.runs.RunManager`."""
+class LeaseKeeper:
+    """The lease keeper and the stopping of a :class:`~app.service.runs.RunManager`'s runs."""
 
-    repo: Repository
-    settings: Settings
-    clock: Clock
-    owner: str
-    active: dict[str, ActiveRun]
-    closing: bool
-    lease_repo: Repository
-    _keeper: asyncio.Task[None] | None
-    _hooked: dict[int, tuple[Any, Any]]
-    waiting: dict[str, Any]  # app.service.queue
-    _claims: set[asyncio.Task[None]]
+    def __init__(self, state: RunState, queue: RunQueue) -> None:
+        self.state = state
+        self.queue = queue
+        # renewals, sweeps, purges: on an engine of its own once keeping
+        self.lease_stores = state.stores
+        self._keeper: asyncio.Task[None] | None = None
+        self._hooked: dict[int, tuple[Any, Any]] = {}
 
-    if TYPE_CHECKING:
-        # app.service.queue.Queueing
-        async def _sweep_queues(self, *, claim: bool = True) -> None: ...
-
-    async def start_keeper(self) -> None:
+    async def start(self) -> None:
         if self._keeper is None:
-            self.lease_repo = self._own_connection()
+            self.lease_stores = self._own_connection()
             self._keeper = asyncio.create_task(self._keep_leases(), name="carryover-leases")
             self._hook_signals()
 
-    def _own_connection(self) -> Repository:
-        """A repository on a connection of the keeper's own.
+    def _own_connection(self) -> Stores:
+        """The stores on a connection of the keeper's own.
 
         Under load every connection of the shared pool is taken and hundreds of requests queue
         for one; a renewal queued behind them comes too late, and the runs' leases expire while
         the runs are alive. (An in-memory SQLite database is one per connection: shared then.)
         """
-        url = self.repo.engine.url
+        url = self.state.stores.engine.url
         if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
-            return self.repo
-        return Repository(make_engine(url, pool_size=1, max_overflow=0), self.clock)
+            return self.state.stores
+        return Stores(make_engine(url, pool_size=1, max_overflow=0), self.state.clock)
 
     async def aclose(self) -> None:
         """Cancel this process's runs (they are recorded ``cancelled``) and stop the keeper."""
         self.shutdown()
-        for claim in list(self._claims):  # app.service.queue: a run it claims ends cancelled
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await claim
-        for active in list(self.active.values()):
+        await self.queue.drain()  # a run a claim starts now ends cancelled
+        for active in list(self.state.active.values()):
             if active.task is not None:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await active.task
@@ -112,29 +102,20 @@ class LeaseKeeping:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._keeper
             self._keeper = None
-        if self.lease_repo is not self.repo:
-            await self.lease_repo.engine.dispose()
-            self.lease_repo = self.repo
+        if self.lease_stores is not self.state.stores:
+            await self.lease_stores.engine.dispose()
+            self.lease_stores = self.state.stores
         self._unhook_signals()
 
     def shutdown(self) -> None:
         """Stop: refuse new runs and cancel the ones in flight (each is recorded cancelled)."""
-        if not self.closing and self.active:
-            log.info("stopping: cancelling %d run(s) in flight", len(self.active))
-        self.closing = True
-        for active in list(self.active.values()):
-            self.stop(active)
-        for waiter in self.waiting.values():  # requests waiting in a queue give up now
-            waiter.wake.set()
-
-    def stop(self, active: ActiveRun) -> None:
-        """Cancel a run of this process, unless it is already writing its outcome."""
-        if active.finishing:
-            return
-        if active.task is None or not active.running:
-            active.stop_requested = True  # the task sees it when it begins
-        else:
-            active.task.cancel()
+        state = self.state
+        if not state.closing and state.active:
+            log.info("stopping: cancelling %d run(s) in flight", len(state.active))
+        state.closing = True
+        for active in list(state.active.values()):
+            state.stop(active)
+        self.queue.wake_all()
 
     def _hook_signals(self) -> None:
         """Cancel the runs as soon as the server is told to stop.
@@ -169,30 +150,25 @@ class LeaseKeeping:
                 signal.signal(sig, previous)
         self._hooked.clear()
 
-    @property
-    def tick(self) -> float:
-        """How often leases are renewed and cancel requests looked for."""
-        return min(1.0, self.settings.lease_seconds / 3)
-
     async def sweep_retention(self) -> int:
         """Delete expired conversations (docs/conversations.md, "Retention") in batches of
         ``retention_sweep_batch``, at most :data:`SWEEP_BATCHES` batches per call; how many."""
         total = 0
         for _ in range(SWEEP_BATCHES):
-            deleted = await self.lease_repo.sweep_expired(
-                default_seconds=self.settings.retention_seconds,
-                batch=self.settings.retention_sweep_batch,
+            deleted = await self.lease_stores.conversations.sweep_expired(
+                default_seconds=self.state.settings.retention_seconds,
+                batch=self.state.settings.retention_sweep_batch,
             )
             total += deleted
-            if deleted < self.settings.retention_sweep_batch:
+            if deleted < self.state.settings.retention_sweep_batch:
                 break
         if total:
             log.info("retention: deleted %d expired conversation(s)", total)
         return total
 
     async def _keep_leases(self) -> None:
-        purged = swept = self.clock.monotonic()
-        purge_every = min(PURGE_EVERY, float(self.settings.idempotency_ttl_seconds))
+        purged = swept = self.state.clock.monotonic()
+        purge_every = min(PURGE_EVERY, float(self.state.settings.idempotency_ttl_seconds))
         # After the database failed, dead processes are swept again only once every live one
         # had ticks to renew its leases: a lease that expired during the outage belongs to a
         # run that may be alive (and finishing) elsewhere (docs/faults.md). The grace counts
@@ -201,36 +177,38 @@ class LeaseKeeping:
         sweep_after: float | None = None
         down = False  # a pass failed on the database, none reached it since
         while True:
-            await asyncio.sleep(self.tick)
+            await asyncio.sleep(self.state.tick)
             try:
                 # Bounded: a database call that hangs must not stop the keeping. (asyncio.timeout,
                 # not wait_for: Python 3.11's wait_for can swallow the keeper's cancellation.)
-                async with asyncio.timeout(self.settings.lease_seconds):
+                async with asyncio.timeout(self.state.settings.lease_seconds):
                     renewed = await self._renew()
                     if down and not renewed:  # no run to renew: ask the database itself
-                        await self.lease_repo.ping()
-                now = self.clock.monotonic()
+                        await self.lease_stores.leases.ping()
+                now = self.state.clock.monotonic()
                 if down:
                     down = False
-                    sweep_after = now + SWEEP_GRACE_TICKS * self.tick
+                    sweep_after = now + SWEEP_GRACE_TICKS * self.state.tick
                 if sweep_after is None or now >= sweep_after:
                     sweep_after = None
-                    async with asyncio.timeout(self.settings.lease_seconds):
-                        interrupted = await self.lease_repo.interrupt_expired(
-                            alive=set(self.active)
+                    async with asyncio.timeout(self.state.settings.lease_seconds):
+                        interrupted = await self.lease_stores.leases.interrupt_expired(
+                            alive=set(self.state.active)
                         )
                     if interrupted:
                         log.warning("marked %d run(s) of a dead process interrupted", interrupted)
                         observe_interrupted(interrupted)
                 # app/service/queue.py: renew the holds of waiting requests; start the next
                 # queued runs (not during the grace: a claim interrupts an expired holder)
-                async with asyncio.timeout(self.settings.lease_seconds):
-                    await self._sweep_queues(claim=sweep_after is None)
+                async with asyncio.timeout(self.state.settings.lease_seconds):
+                    await self.queue.sweep(self.lease_stores, claim=sweep_after is None)
                 if now - purged >= purge_every:
                     purged = now
-                    await self.lease_repo.purge_idempotency_keys()
-                    await self.lease_repo.purge_events(self.settings.event_retention_seconds)
-                if now - swept >= self.settings.retention_sweep_seconds:
+                    await self.lease_stores.idempotency.purge_idempotency_keys()
+                    await self.lease_stores.events.purge_events(
+                        self.state.settings.event_retention_seconds
+                    )
+                if now - swept >= self.state.settings.retention_sweep_seconds:
                     swept = now
                     await self.sweep_retention()
             except Exception as exc:  # the database may be away for a while: next tick
@@ -244,14 +222,14 @@ class LeaseKeeping:
 
     async def _renew(self) -> bool:
         """Renew the leases of this process's runs; False when it has none (nothing asked)."""
-        ids = list(self.active)  # finishing ones too: recording may take a while
+        ids = list(self.state.active)  # finishing ones too: recording may take a while
         if not ids:
             return False
-        renewal = await self.lease_repo.renew_leases(
-            ids, owner=self.owner, lease_seconds=self.settings.lease_seconds
+        renewal = await self.lease_stores.leases.renew_leases(
+            ids, owner=self.state.owner, lease_seconds=self.state.settings.lease_seconds
         )
         for run_id in ids:
-            active = self.active.get(run_id)
+            active = self.state.active.get(run_id)
             if active is None:
                 continue
             if run_id not in renewal.renewed:
@@ -260,18 +238,10 @@ class LeaseKeeping:
                 log.warning(
                     "run %s lost its lease (marked interrupted elsewhere); stopping it", run_id
                 )
-                self.stop(active)
+                self.state.stop(active)
             elif run_id in renewal.cancel_requested:
-                self.stop(active)
+                self.state.stop(active)
         return True
 
-    def _register(self, active: ActiveRun) -> None:
-        self.active[active.run_id] = active
-        RUNS_IN_PROGRESS.inc()
 
-    def _unregister(self, run_id: str) -> None:
-        if self.active.pop(run_id, None) is not None:
-            RUNS_IN_PROGRESS.dec()
-
-
-__all__ = ["PURGE_EVERY", "SHUTDOWN_SIGNALS", "SWEEP_GRACE_TICKS", "LeaseKeeping"]
+__all__ = ["PURGE_EVERY", "SHUTDOWN_SIGNALS", "SWEEP_GRACE_TICKS", "LeaseKeeper"]

@@ -16,18 +16,18 @@ from app.observability import (
     observe_tokens,
     observe_tool_call,
 )
-from app.store.repository import Repository
+from app.store.queue import QueueStore
 
 log = logging.getLogger(__name__)
 
 
-async def observe_queue(repo: Repository) -> None:
+async def observe_queue(queue: QueueStore) -> None:
     """Set ``carryover_queued_runs`` from the database, at scrape time: the queue is shared by
     every replica (a run queued by one is claimed by any), so only the database's count is
     right; it is one indexed COUNT over the queued runs. A database that does not answer leaves
     the last figure (the scrape itself still answers)."""
     try:
-        background, waiting = await repo.count_queued()
+        background, waiting = await queue.count_queued()
     except Exception as exc:  # the database is away: /metrics still answers
         log.debug("counting queued runs failed (%s)", exc)
         return

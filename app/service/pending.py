@@ -39,7 +39,7 @@ from app.agent.run import Agent
 from app.agent.sizes import SizeBounds
 from app.errors import CarryoverError
 from app.store.changes import Answered, pending_blocks
-from app.store.repository import Loaded
+from app.store.stores import Loaded
 from app.store.tables import Conversation, Run
 
 from .agents import AgentPool, UnknownAgent

@@ -1,5 +1,6 @@
-"""Queued runs, background runs and fair waiting (docs/runs.md), for the
-:class:`~app.service.runs.RunManager`.
+"""Queued runs, background runs and fair waiting (docs/runs.md): the
+:class:`~app.service.runs.RunManager`'s :class:`RunQueue`, on the shared
+:class:`~app.service.runstate.RunState`.
 
 Every request that may wait — ``if_busy: "wait"``, ``if_busy: "enqueue"`` — and every
 background request (``Prefer: respond-async``) joins the conversation's queue in the database
@@ -25,26 +26,26 @@ import contextlib
 import logging
 import math
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from app import telemetry
 from app.agent.messages import Context
-from app.clock import Clock
-from app.config import Settings
+from app.agent.run import Agent
 from app.etag import IfMatch
 from app.observability import observe_quota_refusal
 from app.store.errors import conversation_not_found
 from app.store.quotas import QuotaExceeded
-from app.store.repository import IdempotencyClaim, Repository, RunRecord, StartedRun
+from app.store.stores import IdempotencyClaim, RunRecord, StartedRun, Stores
 from app.store.tables import Run
 
 from . import pending, runlog
 from .errors import Busy, ShuttingDown
+from .runstate import RunState
 from .types import ActiveRun, Replayed, RunRequest
 
-if TYPE_CHECKING:
-    from app.agent.run import Agent
+Spawn = Callable[[ActiveRun, Agent | None, RunRequest], None]
+"""Run a started run as a task of its own (the RunManager's)."""
 
 log = logging.getLogger(__name__)
 
@@ -72,30 +73,19 @@ class _Waiter:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-class Queueing:
-    """The queue side of the :class:`~app.service.runs.RunManager` (a mixin)."""
+class RunQueue:
+    """The conversations' queues as this process takes part in them: its held requests
+    (``waiting``), the claims it started when one of its runs ended, and the background runs
+    it claims (run with ``spawn``)."""
 
-    repo: Repository
-    settings: Settings
-    clock: Clock
-    owner: str
-    closing: bool
-    active: dict[str, ActiveRun]
-    lease_repo: Repository
-    waiting: dict[str, _Waiter]
-    _claims: set[asyncio.Task[None]]  # claims started when a run ended (kept referenced)
-    queues: set[tuple[str, str]]  # conversations where this process saw queued runs
+    def __init__(self, state: RunState, spawn: Spawn) -> None:
+        self.state = state
+        self.spawn = spawn
+        self.waiting: dict[str, _Waiter] = {}  # held queued runs of this process
+        self.claims: set[asyncio.Task[None]] = set()  # claims started when a run ended
+        self.queues: set[tuple[str, str]] = set()  # conversations where it saw queued runs
 
-    if TYPE_CHECKING:  # provided by the RunManager and its LeaseKeeping
-
-        @property
-        def tick(self) -> float: ...
-        def _took_over(self, started: StartedRun) -> None: ...
-        async def _busy_retry_after(self, tenant: str, conversation_id: str) -> int: ...
-        def _agent_or_none(self, name: str) -> Agent | None: ...
-        def _spawn(self, active: ActiveRun, agent: Agent | None, request: RunRequest) -> None: ...
-
-    async def _queue_start(
+    async def start(
         self,
         tenant: str,
         conversation_id: str,
@@ -112,7 +102,7 @@ class Queueing:
         Refused when it arrives (a spent quota, bad client tools) or when its turn comes (a
         spent quota, the pre-check on the context it would run on): nothing of it stays."""
         wait = request.if_busy == "wait" and not respond_async  # nobody waits in background
-        queued = await self.repo.enqueue_run(
+        queued = await self.state.stores.queue.enqueue_run(
             tenant,
             conversation_id,
             run_id=run_id,
@@ -120,10 +110,10 @@ class Queueing:
             prompts=request.prompts,
             agent=request.agent,
             on_failure=request.on_failure,
-            owner=self.owner,
-            lease_seconds=self.settings.lease_seconds,
+            owner=self.state.owner,
+            lease_seconds=self.state.settings.lease_seconds,
             held=not respond_async,
-            wait_seconds=self.settings.busy_wait_seconds if wait else None,
+            wait_seconds=self.state.settings.busy_wait_seconds if wait else None,
             reject_if_busy=request.if_busy == "reject",
             idempotency=claim,
             respond_async=respond_async,
@@ -136,7 +126,7 @@ class Queueing:
         self.queues.add((tenant, conversation_id))
         if queued.busy is not None:
             raise Busy(
-                queued.busy, retry_after=await self._busy_retry_after(tenant, conversation_id)
+                queued.busy, retry_after=await self.state.busy_retry_after(tenant, conversation_id)
             )
         mine = self._mine(queued.started, run_id)  # raises this run's refusal
         if mine is not None:
@@ -144,7 +134,9 @@ class Queueing:
         assert queued.run is not None
         if respond_async:
             return QueuedRun(queued.run)
-        deadline = self.clock.monotonic() + self.settings.busy_wait_seconds if wait else None
+        deadline = (
+            self.state.clock.monotonic() + self.state.settings.busy_wait_seconds if wait else None
+        )
         return await self._wait_until_free(tenant, conversation_id, run_id, deadline)
 
     def _mine(self, started: StartedRun | None, run_id: str) -> StartedRun | None:
@@ -154,7 +146,7 @@ class Queueing:
         if started is None:
             return None
         if started.run is None:  # it freed the conversation of a dead process's run, refused
-            self._took_over(started)
+            self.state.took_over(started)
         elif started.run.run_id == run_id:
             self._refused(started)  # background runs before it
             return started
@@ -166,7 +158,7 @@ class Queueing:
     def _claim_check(self, run: Run, context: Context) -> None:
         """The pre-check of a queued run when its turn comes (as :func:`pending.checker` on
         a direct start), on the context it would run on."""
-        agent = self._agent_or_none(run.agent)
+        agent = self.state.agent_or_none(run.agent)
         if agent is None:
             return  # no such profile here: it starts and fails, saying so (as before)
         pending.checker(agent, pending.queued_request(run))(context)
@@ -206,44 +198,56 @@ class Queueing:
         deferred: QuotaExceeded | None = None
         try:
             while True:
-                remaining = math.inf if deadline is None else deadline - self.clock.monotonic()
-                if remaining <= 0 and await self.repo.leave_queue(tenant, conversation_id, run_id):
+                remaining = (
+                    math.inf if deadline is None else deadline - self.state.clock.monotonic()
+                )
+                if remaining <= 0 and await self.state.stores.queue.leave_queue(
+                    tenant, conversation_id, run_id
+                ):
                     if deferred is not None:
                         raise deferred
-                    holder = await self.repo.lease_holder(tenant, conversation_id)
+                    holder = await self.state.stores.leases.lease_holder(tenant, conversation_id)
                     raise Busy(
                         holder or run_id,
-                        retry_after=await self._busy_retry_after(tenant, conversation_id),
+                        retry_after=await self.state.busy_retry_after(tenant, conversation_id),
                     )
                 # a run waiting for a concurrent_runs place tries a claim (a write) once a tick
-                step = self.tick if deferred is not None else self.tick / 4
+                step = self.state.tick if deferred is not None else self.state.tick / 4
                 pause = min(step, remaining) if remaining > 0 else step
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(waiter.wake.wait(), pause)
                 waiter.wake.clear()
-                if self.closing:
+                if self.state.closing:
                     return await self._give_up(tenant, conversation_id, run_id, deadline)
-                state = await self.repo.queue_state(tenant, conversation_id, run_id)
+                state = await self.state.stores.queue.queue_state(tenant, conversation_id, run_id)
                 if state.status is None:
-                    if await self.repo.get_conversation(tenant, conversation_id) is None:
+                    if (
+                        await self.state.stores.conversations.get_conversation(
+                            tenant, conversation_id
+                        )
+                        is None
+                    ):
                         raise conversation_not_found(conversation_id)  # deleted meanwhile
                     # dropped: its bound passed (seen by another process)
                     raise Busy(
-                        run_id, retry_after=await self._busy_retry_after(tenant, conversation_id)
+                        run_id,
+                        retry_after=await self.state.busy_retry_after(tenant, conversation_id),
                     )
                 if state.status == "running":
                     continue  # claimed elsewhere after this process lost its hold: wait for it
                 if state.status != "queued":
-                    record = await self.repo.get_run(tenant, conversation_id, run_id)
+                    record = await self.state.stores.records.get_run(
+                        tenant, conversation_id, run_id
+                    )
                     assert record is not None
                     return EndedUnrun(record)
                 if not state.claimable:
                     continue
-                started = await self.repo.claim_next(
+                started = await self.state.stores.queue.claim_next(
                     tenant,
                     conversation_id,
-                    owner=self.owner,
-                    lease_seconds=self.settings.lease_seconds,
+                    owner=self.state.owner,
+                    lease_seconds=self.state.settings.lease_seconds,
                     mine=run_id,
                     check=self._claim_check,
                 )
@@ -265,10 +269,10 @@ class Queueing:
         leaves the queue (503 not-ready, try again); an ``enqueue`` run stays queued for any
         replica, and its request answers 202 with it."""
         if deadline is not None:
-            await self.repo.leave_queue(tenant, conversation_id, run_id)
+            await self.state.stores.queue.leave_queue(tenant, conversation_id, run_id)
             raise ShuttingDown
-        await self.repo.release_hold(tenant, conversation_id, run_id)
-        record = await self.repo.get_run(tenant, conversation_id, run_id)
+        await self.state.stores.queue.release_hold(tenant, conversation_id, run_id)
+        record = await self.state.stores.records.get_run(tenant, conversation_id, run_id)
         if record is None:  # pragma: no cover - deleted with its conversation
             raise ShuttingDown
         return QueuedRun(record.run)
@@ -278,12 +282,12 @@ class Queueing:
         run = started.run
         assert run is not None and started.loaded is not None
         self.queues.add((run.tenant, run.conversation_id))
-        self._took_over(started)
+        self.state.took_over(started)
         request = pending.queued_request(run)
         active = ActiveRun(run.tenant, run.conversation_id, run.run_id, started, events=None)
-        self._spawn(active, self._agent_or_none(run.agent), request)
+        self.spawn(active, self.state.agent_or_none(run.agent), request)
 
-    def _conversation_freed(self, tenant: str, conversation_id: str) -> None:
+    def conversation_freed(self, tenant: str, conversation_id: str) -> None:
         """A run of this process on the conversation ended: wake its waiters here, and, on a
         conversation where this process saw queued runs, start the next background run at
         once (if it is one's turn; a read first). Queues this process did not see are started
@@ -291,63 +295,76 @@ class Queueing:
         for waiter in self.waiting.values():
             if waiter.tenant == tenant and waiter.conversation_id == conversation_id:
                 waiter.wake.set()
-        if (tenant, conversation_id) in self.queues and not self.closing:
+        if (tenant, conversation_id) in self.queues and not self.state.closing:
             task = asyncio.create_task(
                 self._claim_background(tenant, conversation_id),
                 name=f"carryover-claim-{uuid.uuid4().hex[:8]}",
             )
-            self._claims.add(task)
-            task.add_done_callback(self._claims.discard)
+            self.claims.add(task)
+            task.add_done_callback(self.claims.discard)
             task.add_done_callback(_log_failure)
 
     async def _claim_background(
-        self, tenant: str, conversation_id: str, repo: Repository | None = None
+        self, tenant: str, conversation_id: str, stores: Stores | None = None
     ) -> None:
-        await self._claim_background_run(tenant, conversation_id, repo)
+        await self._claim_background_run(tenant, conversation_id, stores)
 
     async def _claim_background_run(
-        self, tenant: str, conversation_id: str, repo: Repository | None = None
+        self, tenant: str, conversation_id: str, stores: Stores | None = None
     ) -> bool:
         """Claim the conversation's head if it is a background run; True when it waits for
         a ``concurrent_runs`` place of its tenant (nothing started)."""
-        repo = repo or self.repo
-        if self.closing:
+        queue = (stores or self.state.stores).queue
+        if self.state.closing:
             return False
-        if not await repo.has_queue(tenant, conversation_id):
+        if not await queue.has_queue(tenant, conversation_id):
             self.queues.discard((tenant, conversation_id))
             return False
-        started = await repo.claim_next(
+        started = await queue.claim_next(
             tenant,
             conversation_id,
-            owner=self.owner,
-            lease_seconds=self.settings.lease_seconds,
+            owner=self.state.owner,
+            lease_seconds=self.state.settings.lease_seconds,
             mine=None,
             check=self._claim_check,
         )
         if started is not None and started.run is not None:
             self._launch(started)
         elif started is not None:
-            self._took_over(started)
+            self.state.took_over(started)
         if started is not None:
             self._refused(started)  # background runs only: none is this process's request
         return started is not None and started.deferred is not None
 
-    async def _sweep_queues(self, *, claim: bool = True) -> None:
-        """The keeper's tick: renew the holds of this process's waiting requests, and (with
-        ``claim``) start background runs whose conversation is free (their accepting process
-        may have died)."""
+    async def sweep(self, stores: Stores, *, claim: bool = True) -> None:
+        """The keeper's tick (on the keeper's ``stores``): renew the holds of this process's
+        waiting requests, and (with ``claim``) start background runs whose conversation is
+        free (their accepting process may have died)."""
         if self.waiting:
-            await self.lease_repo.renew_holds(
-                list(self.waiting), owner=self.owner, lease_seconds=self.settings.lease_seconds
+            await stores.queue.renew_holds(
+                list(self.waiting),
+                owner=self.state.owner,
+                lease_seconds=self.state.settings.lease_seconds,
             )
-        if self.closing or not claim:
+        if self.state.closing or not claim:
             return
         waiting: set[str] = set()  # tenants whose concurrent_runs are spent: one claim a tick
-        for tenant, conversation_id in await self.lease_repo.ready_queues():
+        for tenant, conversation_id in await stores.queue.ready_queues():
             if tenant in waiting:
                 continue
-            if await self._claim_background_run(tenant, conversation_id, self.lease_repo):
+            if await self._claim_background_run(tenant, conversation_id, stores):
                 waiting.add(tenant)
+
+    def wake_all(self) -> None:
+        """The process stops: requests waiting in a queue give up now."""
+        for waiter in self.waiting.values():
+            waiter.wake.set()
+
+    async def drain(self) -> None:
+        """Wait for the claims in flight (a run one claims while stopping ends cancelled)."""
+        for claim in list(self.claims):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await claim
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:
@@ -355,4 +372,4 @@ def _log_failure(task: asyncio.Task[None]) -> None:
         log.warning("starting the next queued run failed (%s); the sweep retries", exc)
 
 
-__all__ = ["EndedUnrun", "QueuedRun", "Queueing"]
+__all__ = ["EndedUnrun", "QueuedRun", "RunQueue", "Spawn"]

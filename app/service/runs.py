@@ -6,8 +6,13 @@ when the client that asked for it goes away, unless told otherwise — and keeps
 plain results: a :class:`FinishedRun` (the run row, the agent's Result and what the store
 recorded), run records, or a :class:`Replayed` first answer. Rendering them is the API's.
 
-Its other halves are mixins: how a run ends in :mod:`app.service.finishing`, compacting now in
-:mod:`app.service.compacting`, the queue in :mod:`app.service.queue`.
+It runs the run itself; its collaborators share one :class:`~app.service.runstate.RunState`
+(the store, settings, clock, owner, runs in flight, caches):
+
+- :class:`~app.service.finishing.Finisher`: how a run ends (outcome stored, answer kept);
+- :class:`~app.service.queue.RunQueue`: queued runs, background runs, fair waiting;
+- :class:`~app.service.leases.LeaseKeeper`: the lease keeper loop, sweeps, stopping;
+- :class:`~app.service.compaction.Compactor`: compacting now.
 """
 
 from __future__ import annotations
@@ -20,30 +25,29 @@ from typing import Any
 
 from app import telemetry
 from app.agent.events import RunEvent
-from app.agent.messages import AttemptError
 from app.agent.records import Result
 from app.agent.run import Agent
 from app.clock import SYSTEM_CLOCK, Clock
 from app.config import Settings
 from app.errors import CarryoverError
 from app.etag import IfMatch
-from app.observability import observe_interrupted, observe_quota_refusal
+from app.observability import observe_quota_refusal
 from app.store.errors import run_not_found
 from app.store.quotas import QuotaExceeded
-from app.store.repository import IdempotencyClaim, Loaded, Repository, RunRecord, StartedRun
+from app.store.stores import IdempotencyClaim, Loaded, RunRecord, StartedRun, Stores
 
 from . import pending, runlog
 from .agents import AgentPool
 from .bounds import RunDeadline, size_bounds
 from .cache import BodyCache, ContextCache
-from .compacting import Compacting
-from .dbfaults import OutcomeNotStored, retry_after_busy
+from .compaction import Compactor
 from .errors import Busy, ShuttingDown
-from .events import start_recorder
-from .finishing import Finishing, _cancelled, _internal, _settle
-from .leases import LeaseKeeping
+from .faults import OutcomeNotStored
+from .finishing import Finisher, cancelled_result, internal_result, settle
+from .leases import LeaseKeeper
 from .pages import Page
-from .queue import EndedUnrun, QueuedRun, Queueing
+from .queue import EndedUnrun, QueuedRun, RunQueue
+from .runstate import ProblemSlug, RunState, no_problem
 from .types import ActiveRun, FinishedRun, Idempotency, Replayed, RunRequest
 
 log = logging.getLogger(__name__)
@@ -51,32 +55,65 @@ log = logging.getLogger(__name__)
 Disconnected = Callable[[], Awaitable[bool]]
 
 
-class RunManager(LeaseKeeping, Queueing, Finishing, Compacting):
+class RunManager:
+    """Runs of this process, with its collaborators (``finisher``, ``queue``, ``keeper``,
+    ``compactor``) on one shared ``state``."""
+
     def __init__(
         self,
-        repo: Repository,
+        stores: Stores,
         agents: AgentPool,
         settings: Settings,
         clock: Clock = SYSTEM_CLOCK,
+        *,
+        problem_slug: ProblemSlug = no_problem,
     ) -> None:
-        self.repo = repo
-        self.agents = agents
-        self.settings = settings
-        self.clock = clock
-        self.owner = f"{uuid.uuid4().hex[:12]}"
-        self.active: dict[str, ActiveRun] = {}
-        self.closing = False
-        self.lease_repo = repo  # renewals, sweeps, purges: its own connection once keeping
-        self._keeper: asyncio.Task[None] | None = None
-        self._hooked: dict[int, tuple[Any, Any]] = {}
-        self.contexts = ContextCache(settings.context_cache_messages, settings.context_cache_bytes)
-        self.bodies = BodyCache(settings.context_body_cache_bytes)
-        self.waiting: dict[str, Any] = {}  # held queued runs of this process (app.service.queue)
-        self._claims: set[asyncio.Task[None]] = set()
-        self.queues: set[tuple[str, str]] = set()
-        #: the problem slug of a run that ended with ``error`` / ``status`` (the API sets it:
-        #: the problem registry is the API's), for the run's log line
-        self.problem_slug: Callable[[AttemptError | None, str], str | None] = _no_problem
+        self.state = RunState(stores, agents, settings, clock, problem_slug)
+        self.finisher = Finisher(self.state)
+        self.queue = RunQueue(self.state, spawn=self._spawn)
+        self.keeper = LeaseKeeper(self.state, self.queue)
+        self.compactor = Compactor(self.state, self.finisher, self.queue)
+
+    # --- the shared state, as callers read it ----------------------------------------------
+
+    @property
+    def settings(self) -> Settings:
+        return self.state.settings
+
+    @property
+    def clock(self) -> Clock:
+        return self.state.clock
+
+    @property
+    def agents(self) -> AgentPool:
+        return self.state.agents
+
+    @property
+    def active(self) -> dict[str, ActiveRun]:
+        """This process's runs in flight, by run id."""
+        return self.state.active
+
+    @property
+    def contexts(self) -> ContextCache:
+        return self.state.contexts
+
+    @property
+    def bodies(self) -> BodyCache:
+        return self.state.bodies
+
+    # --- lifetime ----------------------------------------------------------------------------
+
+    async def start_keeper(self) -> None:
+        """Begin keeping leases (and sweeping, purging) until :meth:`aclose`."""
+        await self.keeper.start()
+
+    async def aclose(self) -> None:
+        """Cancel this process's runs (they are recorded ``cancelled``) and stop the keeper."""
+        await self.keeper.aclose()
+
+    def stop(self, active: ActiveRun) -> None:
+        """Cancel a run of this process, unless it is already writing its outcome."""
+        self.state.stop(active)
 
     # --- runs --------------------------------------------------------------------------------
 
@@ -132,20 +169,20 @@ class RunManager(LeaseKeeping, Queueing, Finishing, Compacting):
         stream: bool,
         respond_async: bool,
     ) -> ActiveRun | Replayed | QueuedRun | EndedUnrun:
-        if self.closing:
+        if self.state.closing:
             raise ShuttingDown
-        agent = self.agents.get(request.agent)
+        agent = self.state.agents.get(request.agent)
         claim = None
         if idempotency is not None:
             claim = IdempotencyClaim(
                 key=idempotency.key,
                 request_hash=idempotency.request_hash,
-                ttl_seconds=self.settings.idempotency_ttl_seconds,
+                ttl_seconds=self.state.settings.idempotency_ttl_seconds,
             )
         run_id = str(uuid.uuid4())
         if request.if_busy != "reject" or respond_async:
             # Queued runs, background runs and fair waiting: app/service/queue.py
-            turn = await self._queue_start(
+            turn = await self.queue.start(
                 tenant,
                 conversation_id,
                 request,
@@ -159,7 +196,7 @@ class RunManager(LeaseKeeping, Queueing, Finishing, Compacting):
                 return turn
             started = turn
         else:
-            started = await self.repo.start_run(
+            started = await self.state.stores.runs.start_run(
                 tenant,
                 conversation_id,
                 run_id=run_id,
@@ -167,10 +204,10 @@ class RunManager(LeaseKeeping, Queueing, Finishing, Compacting):
                 prompts=request.prompts,
                 agent=request.agent,
                 on_failure=request.on_failure,
-                owner=self.owner,
-                lease_seconds=self.settings.lease_seconds,
+                owner=self.state.owner,
+                lease_seconds=self.state.settings.lease_seconds,
                 idempotency=claim,
-                cached=self.contexts.lookup,
+                cached=self.state.contexts.lookup,
                 check=pending.checker(agent, request),
                 trace_id=telemetry.current_trace_id(),
             )
@@ -179,9 +216,9 @@ class RunManager(LeaseKeeping, Queueing, Finishing, Compacting):
             if started.active_run_id is not None:
                 raise Busy(
                     started.active_run_id,
-                    retry_after=await self._busy_retry_after(tenant, conversation_id),
+                    retry_after=await self.state.busy_retry_after(tenant, conversation_id),
                 )
-        self._took_over(started)
+        self.state.took_over(started)
 
         active = ActiveRun(
             tenant=tenant,
@@ -202,39 +239,14 @@ class RunManager(LeaseKeeping, Queueing, Finishing, Compacting):
     ) -> None:
         """Run a started run as a task of its own (``agent`` None: its profile is unknown
         here, and it fails)."""
-        self._register(active)
-        active.recorder = start_recorder(self.repo, self.clock, active)
+        self.state.register(active)
+        active.recorder = self.state.start_recorder(active)
         active.task = asyncio.create_task(
             self._execute(active, agent, request, idempotency),
             name=f"carryover-run-{active.run_id}",
         )
-        if self.closing:  # stopping began while the lease was being taken: end it at once
+        if self.state.closing:  # stopping began while the lease was being taken: end it at once
             self.stop(active)
-
-    def _agent_or_none(self, name: str) -> Agent | None:
-        try:
-            return self.agents.get(name)
-        except Exception:
-            return None
-
-    async def _busy_retry_after(self, tenant: str, conversation_id: str) -> int:
-        return await retry_after_busy(
-            self.repo, tenant, conversation_id, lease_seconds=self.settings.lease_seconds
-        )
-
-    def _took_over(self, started: StartedRun) -> None:
-        if started.loaded is not None and started.run is not None:
-            self.contexts.keep(started.run.tenant, started.run.conversation_id, started.loaded)
-        if started.interrupted is not None:
-            run = started.run
-            runlog.run_taken_over(
-                interrupted_run_id=started.interrupted,
-                run_id=run.run_id if run is not None else "",
-                conversation_id=run.conversation_id if run is not None else "",
-                tenant=run.tenant if run is not None else "",
-                trace_id=telemetry.current_trace_id(),
-            )
-            observe_interrupted()
 
     async def _execute(
         self,
@@ -267,14 +279,14 @@ class RunManager(LeaseKeeping, Queueing, Finishing, Compacting):
                     raise LookupError(f"no agent profile {request.agent!r} on this server")
                 result = await self._run_agent(active, agent, loaded, request)
             except asyncio.CancelledError:  # cancelled before the agent took over
-                result = _cancelled(loaded.context)
+                result = cancelled_result(loaded.context)
             except Exception as exc:  # a bug: the run still ends, recorded, lease released
                 log.exception("run %s failed unexpectedly", active.run_id)
-                result = _internal(loaded.context, exc)
+                result = internal_result(loaded.context, exc)
             active.finishing = True
             telemetry.record_run(run_span, result.status, result.usage)
             finish = asyncio.ensure_future(
-                self._finish(
+                self.finisher.finish(
                     active, loaded, result, request.on_failure, idempotency, request=request
                 )
             )
@@ -285,12 +297,12 @@ class RunManager(LeaseKeeping, Queueing, Finishing, Compacting):
                 active.done.set_exception(lost)
                 if active.events is not None:
                     active.events.put_nowait(None)  # a stream ends now, with the problem
-                await self._record_unstored(active, lost)
+                await self.finisher.record_unstored(active, lost)
                 return
             except asyncio.CancelledError:
                 # Cancelled while the outcome is being written (the event loop is closing):
                 # the write goes on, and its answer is still the run's answer.
-                finish.add_done_callback(lambda done: _settle(active.done, done))
+                finish.add_done_callback(lambda done: settle(active.done, done))
                 raise
             active.done.set_result(finished)
         except BaseException as exc:
@@ -302,12 +314,12 @@ class RunManager(LeaseKeeping, Queueing, Finishing, Compacting):
             if not isinstance(exc, Exception):
                 raise
         finally:
-            self._unregister(active.run_id)
+            self.state.unregister(active.run_id)
             if active.recorder is not None:
                 active.recorder.abandon()
             if active.events is not None:
                 active.events.put_nowait(None)
-            self._conversation_freed(active.tenant, active.conversation_id)
+            self.queue.conversation_freed(active.tenant, active.conversation_id)
 
     async def _run_agent(
         self, active: ActiveRun, agent: Agent, loaded: Loaded, request: RunRequest
@@ -316,8 +328,10 @@ class RunManager(LeaseKeeping, Queueing, Finishing, Compacting):
             if active.recorder is not None:
                 await active.recorder.record(event)  # numbered, stored, and streamed live
 
-        agent_input = pending.agent_input(loaded, request, size_bounds(self.settings))
-        with RunDeadline(self.settings.run_deadline_seconds, lambda: self.stop(active)) as deadline:
+        agent_input = pending.agent_input(loaded, request, size_bounds(self.state.settings))
+        with RunDeadline(
+            self.state.settings.run_deadline_seconds, lambda: self.stop(active)
+        ) as deadline:
             result = await agent.run(agent_input, on_event=on_event)
         return deadline.settle(result)
 
@@ -329,7 +343,9 @@ class RunManager(LeaseKeeping, Queueing, Finishing, Compacting):
             return await asyncio.shield(active.done)
         while True:
             try:
-                return await asyncio.wait_for(asyncio.shield(active.done), timeout=self.tick / 2)
+                return await asyncio.wait_for(
+                    asyncio.shield(active.done), timeout=self.state.tick / 2
+                )
             except TimeoutError:
                 if await disconnected():
                     self.stop(active)
@@ -338,7 +354,7 @@ class RunManager(LeaseKeeping, Queueing, Finishing, Compacting):
     async def cancel(self, tenant: str, conversation_id: str, run_id: str) -> RunRecord:
         """Ask a run to stop, wherever it runs; this process's runs stop at once. Returns the
         run's record as it is now (still ``running``, typically)."""
-        await self.repo.request_cancel(tenant, conversation_id, run_id)
+        await self.state.stores.runs.request_cancel(tenant, conversation_id, run_id)
         active = self.active.get(run_id)
         here = active is not None and active.tenant == tenant
         runlog.run_cancel_requested(
@@ -354,7 +370,7 @@ class RunManager(LeaseKeeping, Queueing, Finishing, Compacting):
 
     async def record(self, tenant: str, conversation_id: str, run_id: str) -> RunRecord:
         """One run record; :class:`~app.store.errors.NotFound` when there is none."""
-        record = await self.repo.get_run(tenant, conversation_id, run_id)
+        record = await self.state.stores.records.get_run(tenant, conversation_id, run_id)
         if record is None:
             raise run_not_found(conversation_id, run_id)
         return record
@@ -363,14 +379,10 @@ class RunManager(LeaseKeeping, Queueing, Finishing, Compacting):
         self, tenant: str, conversation_id: str, *, after: str | None = None, limit: int = 50
     ) -> Page[RunRecord]:
         """A page of the conversation's run records, oldest first, after the run ``after``."""
-        fetched = await self.repo.list_run_records(
+        fetched = await self.state.stores.records.list_run_records(
             tenant, conversation_id, after=after, limit=limit + 1
         )
         return Page.of(fetched, limit)
-
-
-def _no_problem(error: AttemptError | None, status: str) -> str | None:
-    return None if error is None and status in ("completed", "requires_action") else status
 
 
 __all__ = [

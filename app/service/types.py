@@ -11,7 +11,7 @@ from typing import Any, Literal
 from app.agent.messages import ToolResultMessage, UserMessage
 from app.agent.pending import Approval, ClientTool
 from app.agent.records import Result
-from app.store.repository import OnFailure, RunOutcome, StartedRun
+from app.store.stores import OnFailure, RunOutcome, StartedRun
 from app.store.tables import Run
 
 from .events import EventRecorder, StreamedEvent

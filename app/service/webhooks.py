@@ -30,7 +30,7 @@ import httpx
 from app.clock import Clock
 from app.config import Settings
 from app.store.faults import classify
-from app.store.repository import Repository, RunRecord
+from app.store.stores import RunRecord, Stores
 from app.store.tables import Webhook, WebhookDelivery
 
 log = logging.getLogger(__name__)
@@ -61,8 +61,8 @@ def verify(secret: str, headers: dict[str, str], body: bytes) -> bool:
 
 
 class WebhookWorker:
-    def __init__(self, repo: Repository, settings: Settings, clock: Clock, render: Render):
-        self.repo = repo
+    def __init__(self, stores: Stores, settings: Settings, clock: Clock, render: Render):
+        self.stores = stores
         self.settings = settings
         self.clock = clock
         self.render = render
@@ -104,7 +104,7 @@ class WebhookWorker:
 
     async def deliver_due(self) -> int:
         """Claim and send one batch of due deliveries; how many were claimed."""
-        claimed = await self.repo.claim_deliveries(
+        claimed = await self.stores.webhooks.claim_deliveries(
             self.owner,
             lease_seconds=self.settings.webhook_timeout_seconds + 30,
             limit=CLAIM_BATCH,
@@ -114,7 +114,9 @@ class WebhookWorker:
         return len(claimed)
 
     async def body(self, delivery: WebhookDelivery) -> bytes:
-        record = await self.repo.get_run(delivery.tenant, delivery.conversation_id, delivery.run_id)
+        record = await self.stores.records.get_run(
+            delivery.tenant, delivery.conversation_id, delivery.run_id
+        )
         data = (
             self.render(record)
             if record is not None
@@ -151,7 +153,7 @@ class WebhookWorker:
             error = "timeout"
         except httpx.HTTPError as exc:
             error = f"{type(exc).__name__}: {exc}"[:500]
-        status = await self.repo.settle_delivery(
+        status = await self.stores.webhooks.settle_delivery(
             delivery.id,
             self.owner,
             delivered=error is None,

@@ -3,7 +3,8 @@
 - :mod:`.db` builds engines and opens read / write transactions;
 - :mod:`.tables` declares the tables, ``alembic/`` (at the repository root) their Alembic
   history and :mod:`.migrate` applies it;
-- the aggregates hold the queries: :mod:`.conversations`, :mod:`.runs`, :mod:`.leases`,
-  :mod:`.idempotency`, :mod:`.records` (sharing :mod:`._sql`); :mod:`.repository` puts them
-  together as one handle; :mod:`.errors` says what they refuse.
+- the aggregates hold the queries, one store object each: :mod:`.conversations`, :mod:`.runs`,
+  :mod:`.queue`, :mod:`.leases`, :mod:`.idempotency`, :mod:`.records`, :mod:`.events`,
+  :mod:`.webhooks`, … (sharing :mod:`._sql`); :mod:`.stores` builds them on one engine and clock
+  (``Stores``); :mod:`.errors` says what they refuse.
 """

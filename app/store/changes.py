@@ -251,7 +251,7 @@ def run_transcript(
     ``pause`` entry holding its ``required_action``.
 
     ``base_len`` is no longer needed (compactions say where they happened); it stays until the
-    caller in :mod:`app.store.repository` drops it.
+    caller in :mod:`app.store.runs` drops it.
     """
     slots = compaction_slots(result)
     # A compaction at slot i comes before new_messages[i]; compactions keep their own order.

@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import and_, delete, literal, or_, select, update
+from sqlalchemy import ColumnElement, and_, delete, literal, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ._sql import StoreBase, child_key, conversation_key
@@ -25,21 +26,30 @@ class Renewal:
     cancel_requested: frozenset[str]  # of those, the ones another replica asked to cancel
 
 
-async def interrupt(
-    conn: AsyncConnection, tenant: str, conv_id: str, run_id: str, now: datetime
-) -> bool:
-    """A run whose process died: ``interrupted``, nothing stored, conversation freed.
+#: the ``error`` of a run whose process died
+WENT_AWAY: dict[str, Any] = {
+    "kind": "internal",
+    "message": "the process running this run went away",
+    "status": None,
+    "code": "interrupted",
+}
 
-    Conditional on the run still running with its lease expired (PostgreSQL re-checks that on
-    the current row when a renewal or the run's own finish committed meanwhile); False when it
-    did not hold, and then nothing is changed.
-    """
-    error = {
-        "kind": "internal",
-        "message": "the process running this run went away",
-        "status": None,
-        "code": "interrupted",
-    }
+
+async def _mark_interrupted(
+    conn: AsyncConnection,
+    tenant: str,
+    conv_id: str,
+    run_id: str,
+    now: datetime,
+    *,
+    holds: ColumnElement[bool],
+    error: dict[str, Any],
+) -> bool:
+    """The four statements that interrupt a run: ``interrupted`` with ``error``, nothing
+    stored, its conversation freed, its idempotency key released (an idempotent request whose
+    run ended so may be sent again). Conditional on the run still ``running`` and ``holds``
+    (PostgreSQL re-checks that on the current row when a renewal or the run's own finish
+    committed meanwhile); False when it did not hold, and then nothing is changed."""
     if conn.dialect.name == "postgresql":
         # Lock order: the conversation row first, then the run row (as start_run and
         # finish_run take them), so that an interrupt never deadlocks with either.
@@ -52,7 +62,7 @@ async def interrupt(
             *child_key(runs, tenant, conv_id),
             runs.c.run_id == run_id,
             runs.c.status == "running",
-            or_(runs.c.lease_expires_at.is_(None), runs.c.lease_expires_at <= now),
+            holds,
         )
         .values(status="interrupted", finished_at=now, lease_expires_at=None, error=error)
     )
@@ -63,7 +73,6 @@ async def interrupt(
         .where(*conversation_key(tenant, conv_id), conversations.c.active_run_id == run_id)
         .values(active_run_id=None)
     )
-    # An idempotent request whose run died may be sent again: its key is released.
     await conn.execute(
         delete(idempotency_keys).where(
             *child_key(idempotency_keys, tenant, conv_id),
@@ -71,6 +80,22 @@ async def interrupt(
             idempotency_keys.c.response.is_(None),
         )
     )
+    return True
+
+
+async def interrupt(
+    conn: AsyncConnection, tenant: str, conv_id: str, run_id: str, now: datetime
+) -> bool:
+    """A run whose process died: ``interrupted``, nothing stored, conversation freed.
+
+    Conditional on the run still running with its lease expired; False when it did not hold,
+    and then nothing is changed.
+    """
+    expired = or_(runs.c.lease_expires_at.is_(None), runs.c.lease_expires_at <= now)
+    if not await _mark_interrupted(
+        conn, tenant, conv_id, run_id, now, holds=expired, error=WENT_AWAY
+    ):
+        return False
     await enqueue_deliveries(conn, tenant, conv_id, run_id, "interrupted", now)
     return True
 
@@ -159,5 +184,17 @@ class LeaseStore(StoreBase):
                 )
         return marked
 
+    async def mark_unstored(
+        self, tenant: str, conv_id: str, run_id: str, owner: str, error: dict[str, Any]
+    ) -> bool:
+        """Mark a run this process still owns ``interrupted`` with ``error`` (its outcome could
+        not be stored: docs/faults.md), as a dead process's run is, in one transaction; False
+        when the run was no longer this process's running run (nothing changed)."""
+        now: datetime = self.clock.now()
+        async with write_transaction(self.engine) as conn:
+            return await _mark_interrupted(
+                conn, tenant, conv_id, run_id, now, holds=runs.c.lease_owner == owner, error=error
+            )
 
-__all__ = ["LeaseStore", "Renewal", "interrupt"]
+
+__all__ = ["WENT_AWAY", "LeaseStore", "Renewal", "interrupt"]

@@ -128,7 +128,7 @@ def _outcome_statements() -> tuple[Any, Any, Any]:
 _STORE, _RELEASE, _FINISH = _outcome_statements()
 
 
-class _NotRunning(Exception):
+class NotRunning(Exception):
     """The run being finished is no longer ``running`` (or no longer exists)."""
 
 
@@ -228,7 +228,7 @@ class FinishingStore(StoreBase):
                 },
             )
             if not finished.rowcount:
-                raise _NotRunning  # rolls the transaction back
+                raise NotRunning  # rolls the transaction back
 
             await insert_audit(conn, tenant, conv_id, run_id, result, folded)
             await settle(conn, tenant, now, result.usage)
@@ -265,7 +265,7 @@ class FinishingStore(StoreBase):
         )
 
 
-async def _no_longer_running(
+async def no_longer_running(
     conn: AsyncConnection, tenant: str, conv_id: str, run_id: str
 ) -> RunOutcome:
     """What a run that may no longer finish learns: how it was recorded (``interrupted``, or
@@ -289,4 +289,4 @@ async def _no_longer_running(
     )
 
 
-__all__ = ["FinishingStore", "RunOutcome", "RunStatus"]
+__all__ = ["FinishingStore", "NotRunning", "RunOutcome", "RunStatus", "no_longer_running"]

@@ -58,6 +58,24 @@ class RecordStore(StoreBase):
             [record] = await _records(conn, tenant, conv_id, [Run.model_construct(**row)])
         return record
 
+    async def recent_run_durations(self, tenant: str, conv_id: str, *, limit: int) -> list[float]:
+        """Seconds each of the conversation's last ``limit`` finished runs took (one read on
+        ``ix_runs_conversation_created``)."""
+        async with read_transaction(self.engine) as conn:
+            rows = (
+                await conn.execute(
+                    select(runs.c.created_at, runs.c.finished_at)
+                    .where(*child_key(runs, tenant, conv_id), runs.c.finished_at.is_not(None))
+                    .order_by(runs.c.created_at.desc())
+                    .limit(limit)
+                )
+            ).all()
+        return [
+            (row.finished_at - row.created_at).total_seconds()
+            for row in rows
+            if row.finished_at is not None and row.created_at is not None
+        ]
+
     async def list_runs(
         self, tenant: str, conv_id: str, *, after: str | None = None, limit: int = 50
     ) -> list[Run]:

@@ -35,7 +35,7 @@ from .db import read_transaction, write_transaction
 from .errors import Conflict, PreconditionFailed, conversation_not_found, run_not_found
 from .events import EventRow
 from .idempotency import IdempotencyClaim, IdempotentReplay, claimed, insert_claim
-from .outcomes import FinishingStore, RunOutcome, RunStatus, _no_longer_running, _NotRunning
+from .outcomes import FinishingStore, NotRunning, RunOutcome, RunStatus, no_longer_running
 from .quotas import QuotaExceeded, admit
 from .tables import Conversation, Run, conversations, runs
 
@@ -127,7 +127,7 @@ class RunStore(FinishingStore):
         run_id: str | None = None,
     ) -> Run:
         """Record a run that starts (status ``running``), without a lease."""
-        values = _run_values(
+        values = run_values(
             tenant,
             conv_id,
             run_id or str(uuid.uuid4()),
@@ -224,7 +224,7 @@ class RunStore(FinishingStore):
             await conn.execute(
                 _TAKE_LEASE, {"b_tenant": tenant, "b_conv_id": conv_id, "b_run_id": run_id}
             )
-            values = _run_values(
+            values = run_values(
                 tenant,
                 conv_id,
                 run_id,
@@ -341,16 +341,16 @@ class RunStore(FinishingStore):
                 events=events,
                 paused_events=paused_events,
             )
-        except _NotRunning:
+        except NotRunning:
             # The lease fences the write: only a run still ``running`` finishes. A run whose
             # lease expired and that another process marked ``interrupted`` (its process was
             # paused or cut off from the database meanwhile) stores nothing (the transaction
             # was rolled back) and stays as it was marked.
             async with read_transaction(self.engine) as conn:
-                return await _no_longer_running(conn, tenant, conv_id, run_id)
+                return await no_longer_running(conn, tenant, conv_id, run_id)
 
 
-def _run_values(
+def run_values(
     tenant: str,
     conv_id: str,
     run_id: str,

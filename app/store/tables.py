@@ -472,7 +472,7 @@ def _table(name: str) -> Table:
     return metadata.tables[name]
 
 
-# Core handles on the tables, for the repository's statements.
+# Core handles on the tables, for the stores' statements.
 conversations = _table("conversations")
 context_messages = _table("context_messages")
 conversation_metadata = _table("conversation_metadata")

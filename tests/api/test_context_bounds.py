@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from app.store.repository import Repository
 from tests.fakes.gated import GatedProvider, gated_pool
+from tests.repository import Repository
 
 from ..helpers import assert_problem, user
 from .conftest import AppClient, SettingsFactory
@@ -56,7 +56,7 @@ async def run(http: httpx.AsyncClient, conv: str, prompt: str, **body: Any) -> d
 
 
 async def stored_bytes(http: AppClient, conv: str) -> int | None:
-    repo: Repository = http.app.state.services.runs.repo
+    repo = Repository.of(http.app.state.services.stores)
     row = await repo.get_conversation("default", conv)
     assert row is not None
     return row.context_bytes

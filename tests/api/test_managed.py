@@ -389,7 +389,7 @@ async def test_the_sweeper_deletes_in_bounded_batches(
         for i in range(5):
             await create(client, f"x{i}", ttl_seconds=1)
         clock.advance(1)
-        repo = client.app.state.services.runs.lease_repo
+        repo = client.app.state.services.runs.keeper.lease_stores.conversations
         assert await repo.sweep_expired(default_seconds=None, batch=2) == 2
         assert len(await ids(client)) == 3
         assert await sweep(client) == 3  # the rest, two at a time

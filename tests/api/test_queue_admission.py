@@ -26,6 +26,7 @@ from app.store.quotas import QuotaStore
 
 from ..fakes.gated import GatedProvider, gated_pool
 from ..helpers import assert_problem, until, user_texts
+from ..repository import Repository
 from .conftest import AppClient, SettingsFactory
 
 ASYNC = {"Prefer": "respond-async"}
@@ -64,7 +65,7 @@ def quotas(client: AppClient) -> QuotaStore:
 
 
 def repo(client: AppClient) -> Any:
-    return client.app.state.services.runs.repo
+    return Repository.of(client.app.state.services.stores)
 
 
 async def post_run(

@@ -20,8 +20,8 @@ from app.clock import ManualClock
 from app.service.events import COALESCE_SECONDS, EventRecorder, StreamedEvent
 from app.store import events as store_events
 from app.store.events import EventRow
-from app.store.repository import Repository
 from app.store.tables import run_events
+from tests.repository import Repository
 
 from ..helpers import assert_problem, until, user
 from ..store.test_write_cost import counting

@@ -431,16 +431,16 @@ async def held_run(client: AppClient, gate: GatedProvider, conv: str, prompt: st
 
 def busy_waits(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
     """Set once a run with ``if_busy: wait`` has found the conversation busy and waits."""
-    from app.service.runs import RunManager
+    from app.service.queue import RunQueue
 
     waiting = asyncio.Event()
-    wait_until_free = RunManager._wait_until_free
+    wait_until_free = RunQueue._wait_until_free
 
-    async def spied(self: RunManager, *args: Any, **kwargs: Any) -> Any:
+    async def spied(self: RunQueue, *args: Any, **kwargs: Any) -> Any:
         waiting.set()
         return await wait_until_free(self, *args, **kwargs)
 
-    monkeypatch.setattr(RunManager, "_wait_until_free", spied)
+    monkeypatch.setattr(RunQueue, "_wait_until_free", spied)
     return waiting
 
 

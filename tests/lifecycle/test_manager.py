@@ -21,8 +21,8 @@ from app.config import Settings
 from app.observability import RUNS_IN_PROGRESS
 from app.service.runs import ActiveRun, RunManager, RunRequest, ShuttingDown
 from app.store.db import write_transaction
-from app.store.repository import Repository
 from app.store.tables import runs, utcnow
+from tests.repository import Repository
 
 from ..fakes.gated import GatedProvider, gated_pool
 from ..helpers import until
@@ -83,14 +83,14 @@ async def test_a_cancel_while_the_outcome_is_written_keeps_the_answer(
 ) -> None:
     await repo.create_conversation("default", "c1")
     writing, release = asyncio.Event(), asyncio.Event()
-    finish = repo.finish_run
+    finish = repo.runs.finish_run
 
     async def slow_finish(*args: Any, **kwargs: Any) -> Any:
         writing.set()
         await release.wait()
         return await finish(*args, **kwargs)
 
-    monkeypatch.setattr(repo, "finish_run", slow_finish)
+    monkeypatch.setattr(repo.runs, "finish_run", slow_finish)
     active = await _start(manager, "c1", "hello")
     await asyncio.wait_for(writing.wait(), 10)
     await manager.cancel("default", "c1", active.run_id)  # the row still says running
@@ -272,7 +272,7 @@ async def test_shutdown_cancels_runs_and_refuses_new_ones(
     await repo.create_conversation("default", "c2")
     active = await _start(manager, "c1", "held: in flight")
     held = await gate.arrival("held: in flight")  # admitted, and its model is answering
-    manager.shutdown()
+    manager.keeper.shutdown()
     body = await _answer(manager, active)
     assert body["status"] == "cancelled" and body["stored"] is True  # keep: prompt admitted
     assert held.cancelled  # the stop cut the provider request off
@@ -286,7 +286,7 @@ async def test_keys_of_runs_in_flight_outlive_their_retention(
     clocked_repo: Repository, clock: ManualClock
 ) -> None:
     from app.store.errors import IdempotencyInFlight
-    from app.store.repository import IdempotencyClaim
+    from app.store.stores import IdempotencyClaim
 
     await clocked_repo.create_conversation("default", "c1")
     claim = IdempotencyClaim(key="k", request_hash="h", ttl_seconds=1)

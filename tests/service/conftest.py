@@ -13,7 +13,7 @@ from app.service.agents import AgentPool
 from app.service.conversations import ConversationService
 from app.service.runs import RunManager
 from app.store.db import make_engine
-from app.store.repository import Repository
+from tests.repository import Repository
 
 TENANT = "acme"
 

@@ -19,7 +19,7 @@ from app.service.agents import AgentPool
 from app.service.cache import BodyCache
 from app.service.conversations import ConversationService
 from app.service.runs import RunManager
-from app.store.repository import Loaded, StoredRows
+from app.store.stores import Loaded, StoredRows
 from tests.fakes.gated import GatedProvider, gated_pool
 
 from .conftest import TENANT, Services

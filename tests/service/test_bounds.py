@@ -20,7 +20,7 @@ from app.config import AgentProfile, Settings
 from app.service.agents import AgentPool, build_agent
 from app.service.bounds import ANSWER_TOO_LARGE, RUN_DEADLINE
 from app.service.runs import ActiveRun, FinishedRun, RunManager, RunRequest
-from app.store.repository import Loaded
+from app.store.stores import Loaded
 from tests.fakes.gated import GatedProvider, gated_pool
 
 from .conftest import TENANT, Services

@@ -25,7 +25,7 @@ from app.service.cache import ContextCache
 from app.service.conversations import ConversationService
 from app.service.runs import ActiveRun, RunManager, RunRequest
 from app.store.db import make_engine
-from app.store.repository import Loaded, Repository
+from app.store.stores import Loaded, Stores
 
 from .conftest import TENANT
 
@@ -80,7 +80,7 @@ async def _runs(
     config = Settings(database_url=database_url, **settings)
     engine = make_engine(database_url)
     pool = AgentPool(config)
-    repo = Repository(engine)
+    repo = Stores(engine)
     runs = RunManager(repo, pool, config)
     try:
         yield runs, ConversationService(repo, runs)

@@ -21,7 +21,7 @@ from app.etag import parse_condition
 from app.service.agents import AgentPool
 from app.service.cache import ContextCache
 from app.service.runs import ActiveRun, FinishedRun, RunManager, RunRequest
-from app.store.repository import Loaded
+from app.store.stores import Loaded
 from tests.fakes.gated import GatedProvider, gated_pool
 
 from .conftest import TENANT, Services

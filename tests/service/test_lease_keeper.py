@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from types import SimpleNamespace
 from typing import Any
 
 from app.clock import ManualClock
@@ -20,7 +21,7 @@ from app.service.agents import AgentPool
 from app.service.leases import SWEEP_GRACE_TICKS
 from app.service.runs import RunManager
 from app.store.leases import Renewal
-from app.store.repository import Repository
+from tests.repository import Repository
 
 from ..helpers import HANG_GUARD_SECONDS
 
@@ -71,10 +72,10 @@ async def _passes(down: set[int], passes: int) -> list[int]:
     clock = ManualClock()
     settings = Settings(lease_seconds=LEASE)
     manager = RunManager(None, AgentPool(settings), settings, clock)  # type: ignore[arg-type]
-    store = ScriptedLeases(clock, manager.tick, down, passes)
-    manager.lease_repo = store  # type: ignore[assignment]
+    store = ScriptedLeases(clock, manager.state.tick, down, passes)
+    manager.keeper.lease_stores = SimpleNamespace(leases=store, queue=store)  # type: ignore[assignment]
     manager.active["its-run"] = None  # type: ignore[assignment]  # renewed: never finishing
-    keeper = asyncio.create_task(manager._keep_leases())
+    keeper = asyncio.create_task(manager.keeper._keep_leases())
     try:
         await asyncio.wait_for(store.done.wait(), HANG_GUARD_SECONDS)
     finally:

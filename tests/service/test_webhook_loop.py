@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from types import SimpleNamespace
 
 import pytest
 
@@ -29,7 +30,8 @@ async def test_a_database_fault_is_a_warning_and_the_next_poll(
             raise ConnectionRefusedError(111, "Connect call failed")
 
     settings = Settings(webhook_poll_seconds=0.01)
-    worker = WebhookWorker(Down(), settings, ManualClock(), render=lambda record: {})  # type: ignore[arg-type]
+    stores = SimpleNamespace(webhooks=Down())
+    worker = WebhookWorker(stores, settings, ManualClock(), render=lambda record: {})  # type: ignore[arg-type]
     with caplog.at_level(logging.WARNING, logger="app.service.webhooks"):
         await worker.start()
         try:

@@ -12,7 +12,7 @@ from app.agent.providers.echo import EchoProvider
 from app.agent.records import Result
 from app.agent.retry import RetryPolicy
 from app.agent.tools import ToolRegistry
-from app.store.repository import Repository
+from tests.repository import Repository
 
 T = "acme"
 

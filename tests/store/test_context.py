@@ -7,7 +7,7 @@ import pytest
 from app.agent.codec import dump_context
 from app.agent.messages import Context
 from app.store.errors import NotFound, PreconditionFailed
-from app.store.repository import Repository
+from tests.repository import Repository
 
 from .builders import conversation, rich_context
 

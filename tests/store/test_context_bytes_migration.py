@@ -10,8 +10,8 @@ from sqlalchemy import insert, inspect
 from app.agent.codec import dump_message
 from app.store.db import make_engine
 from app.store.migrate import downgrade, upgrade
-from app.store.repository import Repository
 from app.store.tables import context_messages, conversations
+from tests.repository import Repository
 
 from .builders import assistant, user
 

@@ -8,7 +8,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.db import read_transaction, write_transaction
 from app.store.errors import AlreadyExists, PreconditionFailed
-from app.store.repository import Repository
 from app.store.tables import (
     context_messages,
     conversations,
@@ -21,6 +20,7 @@ from app.store.tables import (
     transcript,
     utcnow,
 )
+from tests.repository import Repository
 
 from .builders import compaction, completed_run, conversation, user
 

@@ -12,7 +12,7 @@ from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.db import async_url, make_engine, read_transaction, write_transaction
-from app.store.repository import Repository
+from tests.repository import Repository
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from app.agent.messages import (
     ToolCallBlock,
     ToolResultMessage,
 )
-from app.store.repository import Repository
+from tests.repository import Repository
 
 from .builders import conversation
 

@@ -16,7 +16,7 @@ from app.agent.records import Result
 from app.clock import ManualClock
 from app.store.idempotency import IdempotencyClaim
 from app.store.queue import ASYNC_ANSWER_KEY
-from app.store.repository import Repository
+from tests.repository import Repository
 
 T = "acme"
 LEASE = 10.0

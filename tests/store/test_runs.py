@@ -20,7 +20,8 @@ from app.agent.messages import (
 from app.agent.records import Result
 from app.store.changes import plan_context_write
 from app.store.errors import NotFound
-from app.store.repository import Loaded, Repository, RunOutcome
+from app.store.stores import Loaded, RunOutcome
+from tests.repository import Repository
 
 from .builders import (
     assistant,

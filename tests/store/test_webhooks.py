@@ -11,8 +11,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.clock import ManualClock
 from app.service.webhooks import sign, verify
-from app.store.repository import Repository
 from app.store.tables import runs
+from tests.repository import Repository
 
 from .builders import completed_run, user
 

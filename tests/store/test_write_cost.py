@@ -23,7 +23,7 @@ from app.agent.messages import (
     ToolResultMessage,
 )
 from app.agent.records import Result
-from app.store.repository import Repository
+from tests.repository import Repository
 
 from .builders import assistant, compaction, completed_run, conversation, result, user
 

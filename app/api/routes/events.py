@@ -95,7 +95,7 @@ async def run_events(
     """Stream a run's events (or resume them), during and after the run."""
     start = _after(last_event_id, after)
     feed = EventFeed(
-        svc.runs.repo,
+        svc.stores,
         svc.runs.clock,
         svc.settings.event_retention_seconds,
         svc.settings.event_poll_seconds,

@@ -67,6 +67,6 @@ async def readyz(svc: ServicesDep) -> Response:
 )
 async def metrics(svc: ServicesDep) -> Response:
     """Prometheus metrics."""
-    await observe_queue(svc.runs.repo)  # the queue's depth, as the database has it now
+    await observe_queue(svc.stores.queue)  # the queue's depth, as the database has it now
     body, content_type = render_metrics()
     return Response(body, media_type=content_type)

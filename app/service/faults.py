@@ -5,32 +5,22 @@
 - :class:`OutcomeNotStored`: a run finished but its outcome could not be written within
   ``outcome_retry_seconds``: the client is told so (503, ``stored: false``), and the run record
   is then marked ``interrupted`` with a reason naming the outage once the database is back
-  (:func:`app.store.outages.mark_unstored`).
-- :func:`retry_after_busy`: the ``Retry-After`` of a ``409 run-in-progress``, from the
-  conversation's recent run durations.
+  (:meth:`app.store.leases.LeaseStore.mark_unstored`).
 """
 
 from __future__ import annotations
 
 import logging
-import statistics
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from app.clock import Clock
 from app.errors import CarryoverError
-from app.store.faults import DbFault, classify, retry_transient
-from app.store.outages import mark_unstored, recent_run_durations
-from app.store.repository import Repository
+from app.store.faults import DbFault, retry_transient
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-#: recent finished runs whose durations give a busy conversation's Retry-After
-RECENT_RUNS = 5
-#: the Retry-After of a busy conversation without any finished run yet (seconds)
-DEFAULT_BUSY_RETRY_AFTER = 1
 
 
 class DatabaseDown(CarryoverError):
@@ -105,32 +95,9 @@ def outage_reason(exc: OutcomeNotStored) -> dict[str, object]:
     }
 
 
-async def retry_after_busy(
-    repo: Repository, tenant: str, conv_id: str, *, lease_seconds: float
-) -> int:
-    """Seconds a client refused with ``409 run-in-progress`` should wait: the median duration
-    of the conversation's last :data:`RECENT_RUNS` finished runs, clamped to
-    ``[1, lease_seconds]``; :data:`DEFAULT_BUSY_RETRY_AFTER` when none finished yet or the
-    database cannot say."""
-    try:
-        durations = await recent_run_durations(repo, tenant, conv_id, limit=RECENT_RUNS)
-    except Exception as exc:
-        if classify(exc) is None:
-            raise
-        return DEFAULT_BUSY_RETRY_AFTER
-    if not durations:
-        return DEFAULT_BUSY_RETRY_AFTER
-    median = statistics.median(durations)
-    upper = max(1, int(lease_seconds + 0.999))
-    return min(upper, max(1, round(median + 0.499)))
-
-
 __all__ = [
-    "DEFAULT_BUSY_RETRY_AFTER",
     "DatabaseDown",
     "OutcomeNotStored",
-    "mark_unstored",
     "outage_reason",
-    "retry_after_busy",
     "retry_write",
 ]
