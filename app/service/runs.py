@@ -140,6 +140,7 @@ class RunManager(LeaseKeeping, Queueing, Finishing, Compacting):
             claim = IdempotencyClaim(
                 key=idempotency.key,
                 request_hash=idempotency.request_hash,
+                legacy_hash=idempotency.legacy_hash,
                 ttl_seconds=self.settings.idempotency_ttl_seconds,
             )
         run_id = str(uuid.uuid4())

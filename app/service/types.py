@@ -50,11 +50,13 @@ Answer = Callable[[FinishedRun], tuple[int, dict[str, Any]]]
 class Idempotency:
     """An ``Idempotency-Key`` with the request: the key, a hash of the request, and how to
     render the answer that repeats will replay (given by the API, called after the outcome
-    was recorded)."""
+    was recorded). ``legacy_hash``: the request's hash in the form keys stored by an earlier
+    version hold (app/api/fingerprint.py), matched only against such keys."""
 
     key: str
     request_hash: str
     answer: Answer
+    legacy_hash: str | None = None
 
 
 @dataclass

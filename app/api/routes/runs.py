@@ -33,6 +33,7 @@ from ..deps import (
     page_limit,
     parse_prefer,
 )
+from ..fingerprint import legacy_fingerprint, request_fingerprint
 from ..headers import ETAG_HEADER, LOCATION_HEADER, RETRY_AFTER_HEADER
 from ..limits import check_prompts
 from ..problems import (
@@ -43,7 +44,7 @@ from ..problems import (
     problem_responses,
 )
 from ..schemas import Run, RunCreate, RunPage
-from ..views import record_view, request_hash, run_request, run_view
+from ..views import record_view, run_request, run_view
 from .run_answers import (
     SSE_DESCRIPTION,
     SSE_EVENT,
@@ -128,7 +129,12 @@ async def create_run(
                 return 202, async_answer(finished.run.run_id)
             return 201, run_view(finished).body(minimal=minimal)
 
-        idempotency = Idempotency(key, request_hash(body), answer)
+        idempotency = Idempotency(
+            key,
+            request_fingerprint(await request.body()),  # what the client sent
+            answer,
+            legacy_hash=legacy_fingerprint(body),  # keys stored before that form
+        )
     started = await svc.runs.start(
         tenant,
         conversation_id,
