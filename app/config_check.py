@@ -38,6 +38,7 @@ from .config import (
     _mask_url,
     _ProfileFields,
 )
+from .config_keys import MIN_API_KEY_LENGTH
 
 ENV_PREFIX = "CARRYOVER_"
 MASK = "**********"
@@ -225,6 +226,14 @@ def check(settings: Settings, environ: Mapping[str, str] | None = None) -> Check
         problem = key_problem(profile, settings, environ)
         if problem is not None:
             found.unready[name] = problem
+    short = settings.api_keys.short_key_tenants()
+    if short:
+        found.errors.append(
+            f"CARRYOVER_API_KEYS={MASK!r}: the key(s) of tenant(s) {', '.join(map(repr, short))} "
+            f"are shorter than {MIN_API_KEY_LENGTH} characters, short enough to guess; use "
+            "long random keys (such as 32 bytes from the secrets module, URL-safe) or "
+            "'carryover keys create --tenant NAME'"
+        )
     exporters = environ.get("OTEL_TRACES_EXPORTER", "")
     for name in (n.strip().lower() for n in exporters.split(",") if n.strip()):
         if name not in ("otlp", "console", "none"):
