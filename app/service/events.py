@@ -42,6 +42,7 @@ from app.store.repository import Repository, RunRecord
 from app.store.tables import Dumped
 
 if TYPE_CHECKING:
+    from .live import LiveStream
     from .types import ActiveRun
 
 log = logging.getLogger(__name__)
@@ -122,7 +123,7 @@ class EventRecorder:
         tenant: str,
         conversation_id: str,
         run_id: str,
-        live: asyncio.Queue[StreamedEvent | None] | None = None,
+        live: LiveStream | None = None,
         *,
         coalesce_seconds: float = COALESCE_SECONDS,
         flush_seconds: float = FLUSH_SECONDS,

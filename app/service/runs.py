@@ -42,6 +42,7 @@ from .errors import Busy, ShuttingDown
 from .events import start_recorder
 from .finishing import Finishing, _cancelled, _internal, _settle
 from .leases import LeaseKeeping
+from .live import LiveStream
 from .pages import Page
 from .queue import EndedUnrun, QueuedRun, Queueing
 from .types import ActiveRun, FinishedRun, Idempotency, Replayed, RunRequest
@@ -189,7 +190,11 @@ class RunManager(LeaseKeeping, Queueing, Finishing, Compacting):
             conversation_id=conversation_id,
             run_id=run_id,
             started=started,
-            events=asyncio.Queue() if stream and not respond_async else None,
+            events=(
+                LiveStream(self.settings.stream_buffer_bytes)
+                if stream and not respond_async
+                else None
+            ),
         )
         self._spawn(active, agent, request, idempotency)
         return active

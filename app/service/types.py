@@ -14,7 +14,8 @@ from app.agent.records import Result
 from app.store.repository import OnFailure, RunOutcome, StartedRun
 from app.store.tables import Run
 
-from .events import EventRecorder, StreamedEvent
+from .events import EventRecorder
+from .live import LiveStream
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class ActiveRun:
     conversation_id: str
     run_id: str
     started: StartedRun
-    events: asyncio.Queue[StreamedEvent | None] | None  # numbered: the POST's SSE stream
+    events: LiveStream | None  # numbered: the POST's SSE stream (bounded: app/service/live.py)
     done: asyncio.Future[FinishedRun] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )

@@ -44,6 +44,7 @@ from ..problems import (
     problem_responses,
 )
 from ..schemas import Run, RunCreate, RunPage
+from ..sse import keepalive
 from ..views import record_view, run_request, run_view
 from .run_answers import (
     SSE_DESCRIPTION,
@@ -173,7 +174,10 @@ async def create_run(
     location = _location(conversation_id, started.run_id)
     if stream:
         return StreamingResponse(
-            _events(svc.runs, started, body.on_disconnect, minimal),
+            keepalive(
+                _events(svc.runs, started, body.on_disconnect, minimal),
+                svc.settings.stream_keepalive_seconds,
+            ),
             status_code=201,
             media_type="text/event-stream",
             headers={
