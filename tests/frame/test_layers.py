@@ -30,6 +30,7 @@ RANKS = {"base": 0, "agent": 1, "config": 2, "store": 3, "service": 4, "api": 5,
 
 #: where each part of ``app`` sits (the longest matching prefix wins)
 LAYERS = {
+    "app.addresses": "base",
     "app.clock": "base",
     "app.errors": "base",
     "app.etag": "base",
