@@ -60,6 +60,7 @@ MAX_AGENT_LABELS = 32
 UNKNOWN_AGENT = "unknown"
 TOKEN_KINDS = ("input", "output", "cache_read", "cache_write")
 QUOTA_LIMITS = frozenset({"tokens_per_day", "runs_per_minute", "concurrent_runs"})
+AUTH_OUTCOMES = frozenset({"unauthorized", "throttled"})
 
 RUNS = Counter(
     "carryover_runs",
@@ -92,6 +93,13 @@ QUOTA_REFUSALS = Counter(
     "carryover_quota_refusals",
     "Runs refused for a spent tenant quota, by limit.",
     ["limit"],
+    registry=REGISTRY,
+)
+AUTH_FAILURES = Counter(
+    "carryover_auth_failures",
+    "Requests refused for their credential, by outcome: unauthorized (a wrong or revoked key, "
+    "a malformed Authorization header) or throttled (429: the address failed too often).",
+    ["outcome"],
     registry=REGISTRY,
 )
 RUNS_IN_PROGRESS = Gauge(
@@ -198,6 +206,10 @@ def observe_tokens(
 
 def observe_quota_refusal(limit: str) -> None:
     QUOTA_REFUSALS.labels(limit=_bounded(limit, QUOTA_LIMITS)).inc()
+
+
+def observe_auth_failure(outcome: str) -> None:
+    AUTH_FAILURES.labels(outcome=_bounded(outcome, AUTH_OUTCOMES)).inc()
 
 
 def observe_queued(background: int, waiting: int) -> None:

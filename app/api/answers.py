@@ -11,13 +11,14 @@ from typing import Any
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from app.service.live import ReaderBehind
 from app.service.runs import ActiveRun, Replayed, RunManager
 from app.store.records import RunRecord
 from app.store.tables import Dumped
 
 from .deps import prefers_minimal
 from .handlers import stream_problem
-from .problems import BAD_HEADER, Problem
+from .problems import BAD_HEADER, STREAM_READER_BEHIND, Problem
 from .views import record_view, run_view
 
 SSE_DESCRIPTION = (
@@ -26,7 +27,9 @@ SSE_DESCRIPTION = (
     "`tool.started`, `tool.finished`, `compaction`, `run.requires_action` (a run that paused: "
     "its `required_action`, right before `run.finished`), and last `run.finished` carrying "
     "the same body as the JSON answer — or, when the outcome could not be stored, `error` "
-    "carrying the problem (e.g. `database-unavailable` with `stored: false`)."
+    "carrying the problem (e.g. `database-unavailable` with `stored: false`, or "
+    "`stream-reader-behind`: the reader fell too far behind, the run goes on and the stream "
+    "resumes at `GET …/runs/{run_id}/events`). Quiet periods carry `: keep-alive` comments."
 )
 
 
@@ -148,19 +151,39 @@ def _sse(event: str, data: Any, seq: int | None = None) -> bytes:
     return f"event: {event}\ndata: {body}\n{tail}\n".encode()
 
 
+def _behind(active: ActiveRun, behind: ReaderBehind, last: int) -> dict[str, Any]:
+    """The ``error`` event of a stream cut because its reader fell behind."""
+    location = run_location(active.conversation_id, active.run_id)
+    return Problem(
+        STREAM_READER_BEHIND,
+        f"this stream's reader fell more than {behind.max_bytes} bytes of events behind the "
+        f"run, so the stream ends here; the run goes on and keeps every event: resume with "
+        f"GET {location}/events and Last-Event-ID: {last}",
+        run_id=active.run_id,
+        events=f"{location}/events",
+        last_event_id=last,
+    ).body(instance=location)
+
+
 async def sse_events(
     manager: RunManager, active: ActiveRun, on_disconnect: str, minimal: bool
 ) -> AsyncIterator[bytes]:
     """The run as server-sent events. A client that goes away cancels the run only with
     ``on_disconnect: cancel``; the run's task is separate from this response."""
     assert active.events is not None and active.recorder is not None
+    last = 0
     try:
         # run.started (seq 1) and every event after it come numbered from the run's recorder
         while True:
-            event = await active.events.get()
+            try:
+                event = await active.events.get()
+            except ReaderBehind as behind:  # cut (app/service/live.py): the run goes on
+                yield _sse("error", _behind(active, behind, last))
+                return
             if event is None:
                 break
             yield _sse(event.event, event.data, event.seq)
+            last = event.seq
         try:
             finished = await asyncio.shield(active.done)
             # a long compaction's folded messages encoded in pieces (RunView.render)

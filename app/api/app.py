@@ -143,7 +143,13 @@ def create_app(
         stores = Stores(engine, clock)
         manager = RunManager(stores, pool, settings, clock, problem_slug=run_problem_slug)
         keys = KeyStore(engine, clock)
-        auth = Authenticator(settings.api_keys, keys, settings.api_key_cache_seconds)
+        auth = Authenticator(
+            settings.api_keys,
+            keys,
+            settings.api_key_cache_seconds,
+            failure_limit=settings.auth_failure_limit,
+            failure_window=settings.auth_failure_window_seconds,
+        )
         app.state.services = Services(
             settings=settings,
             engine=engine,

@@ -32,10 +32,12 @@ from collections.abc import Callable
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.config import ApiKeys
+from app.observability import observe_auth_failure
 from app.store.faults import classify
 from app.store.keys import KeyStore, hash_key
 
-from .problems import NOT_READY, UNAUTHORIZED, Problem, database_unavailable
+from .problems import NOT_READY, TOO_MANY_AUTH_FAILURES, UNAUTHORIZED, Problem, database_unavailable
+from .throttle import AuthThrottle, client_key
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +81,16 @@ class Authenticator:
         store: KeyStore,
         cache_seconds: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        failure_limit: int = 0,
+        failure_window: float = 60.0,
     ) -> None:
         self.env_keys = env_keys
         self.store = store
         self.cache_seconds = cache_seconds
         self.clock = clock
+        #: refused credentials per client address (app/api/throttle.py); 0: not throttled
+        self.throttle = AuthThrottle(failure_limit, failure_window, clock)
         self._db_keys_seen = False
         self._next_check = float("-inf")
         self._lookups: dict[str, tuple[str | None, float]] = {}
@@ -127,16 +134,32 @@ class Authenticator:
             self._lookups[digest] = (tenant, now + self.cache_seconds)
         return tenant
 
-    async def authenticate(self, authorization: str | None) -> str:
+    async def authenticate(self, authorization: str | None, client: str | None = None) -> str:
         """The caller's tenant, from its ``Authorization`` header (401 ``unauthorized``).
 
-        A database that cannot be asked is a 503 ``database-unavailable`` (any other failure a
-        503 ``not-ready``), never a pass.
+        ``client``: the caller's address. One that presented too many refused credentials
+        lately is 429 ``too-many-auth-failures`` without its key being checked
+        (app/api/throttle.py). A database that cannot be asked is a 503
+        ``database-unavailable`` (any other failure a 503 ``not-ready``), never a pass.
         """
         try:
             if not await self.required():
                 return DEFAULT_TENANT
-            key = bearer_token(authorization)
+            wait = self.throttle.retry_after(client)
+            if wait is not None:
+                observe_auth_failure("throttled")
+                raise Problem(
+                    TOO_MANY_AUTH_FAILURES,
+                    "too many requests from this address presented a wrong API key; "
+                    f"try again in {wait} s",
+                    headers={"Retry-After": str(wait)},
+                )
+            try:
+                key = bearer_token(authorization)
+            except Problem:
+                if authorization is not None and authorization.strip():
+                    self._failed(client, "the Authorization header is not 'Bearer <key>'")
+                raise
             tenant = await self.tenant_for(key)
         except Problem:
             raise
@@ -156,8 +179,14 @@ class Authenticator:
                 headers={"Retry-After": "1"},
             ) from None
         if tenant is None:
+            self._failed(client, "unknown or revoked API key")
             raise _unauthorized("the API key is not valid (unknown or revoked)", invalid=True)
         return tenant
+
+    def _failed(self, client: str | None, why: str) -> None:
+        observe_auth_failure("unauthorized")
+        log.info("authentication failed from %s: %s", client_key(client), why)
+        self.throttle.failed(client)
 
     def describe(self, db_keys: int) -> str:
         """The access rule, for the start message."""
@@ -212,8 +241,11 @@ class AuthMiddleware:
                 authorization = value.decode("latin-1")
                 break
         authenticator: Authenticator = scope["app"].state.services.auth
+        peer = scope.get("client")
         try:
-            scope[TENANT_SCOPE_KEY] = await authenticator.authenticate(authorization)
+            scope[TENANT_SCOPE_KEY] = await authenticator.authenticate(
+                authorization, peer[0] if peer else None
+            )
         except Problem as problem:
             await problem.response(instance=scope["path"])(scope, receive, send)
             return

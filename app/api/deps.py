@@ -68,7 +68,9 @@ async def tenant(
     if isinstance(found, str):
         return found
     # Not behind the middleware (a route on a public path): authenticate here.
-    return await services_of(request).auth.authenticate(request.headers.get("authorization"))
+    return await services_of(request).auth.authenticate(
+        request.headers.get("authorization"), request.client.host if request.client else None
+    )
 
 
 TenantDep = Annotated[str, Depends(tenant)]

@@ -30,6 +30,7 @@ from .problems import (
     MALFORMED_JSON,
     NOT_READY,
     PAYLOAD_TOO_LARGE,
+    TOO_MANY_AUTH_FAILURES,
     UNAUTHORIZED,
     UNSUPPORTED_MEDIA_TYPE,
     problem_responses,
@@ -206,7 +207,10 @@ def document_extras(schema: dict[str, Any]) -> None:
                 _add_responses(operation, problem_responses(UNAUTHORIZED))
             elif operation.get("security"):
                 _add_responses(
-                    operation, problem_responses(UNAUTHORIZED, NOT_READY, DATABASE_UNAVAILABLE)
+                    operation,
+                    problem_responses(
+                        UNAUTHORIZED, TOO_MANY_AUTH_FAILURES, NOT_READY, DATABASE_UNAVAILABLE
+                    ),
                 )
             if method in _BODY_METHODS:
                 _add_responses(operation, problem_responses(PAYLOAD_TOO_LARGE))

@@ -98,6 +98,12 @@ PROVIDER_ERROR = _register("provider-error", "The model provider failed", 502)
 NOT_READY = _register("not-ready", "Service not ready", 503)
 DATABASE_UNAVAILABLE = _register("database-unavailable", "The database is not available", 503)
 QUOTA_EXCEEDED = _register("quota-exceeded", "The tenant's quota is spent", 429)
+STREAM_READER_BEHIND = _register(
+    "stream-reader-behind", "The stream's reader fell too far behind; resume it", 409
+)
+TOO_MANY_AUTH_FAILURES = _register(
+    "too-many-auth-failures", "Too many failed authentications from this address", 429
+)
 
 # Why a run did not complete: a run record's ``error`` (docs/api.md). Its status is the one the
 # failure would have as an answer; the run itself is answered 201.

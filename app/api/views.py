@@ -3,8 +3,6 @@ stored record), conversations, and the service's request types from HTTP bodies.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -206,18 +204,11 @@ def run_request(body: RunCreate) -> RunRequest:
     )
 
 
-def request_hash(body: RunCreate) -> str:
-    """What makes two requests with one Idempotency-Key "the same": their bodies, as JSON."""
-    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
 __all__ = [
     "PROBLEM_TYPES",
     "RunView",
     "conversation_body",
     "record_view",
-    "request_hash",
     "run_problem",
     "run_request",
     "run_view",

@@ -2,9 +2,11 @@
 (docs/runs.md, "Webhooks"). API callers cannot register endpoints: only whoever runs this
 command against the database can point the server at a URL.
 
-- ``carryover webhooks add --tenant T URL [--events run.completed,run.failed,…]`` registers an
-  endpoint and prints its id and its signing secret (``whsec_…``; shown here and by nothing
-  else);
+- ``carryover webhooks add --tenant T URL [--events run.completed,run.failed,…]
+  [--allow-private]`` registers an endpoint and prints its id and its signing secret
+  (``whsec_…``; shown here and by nothing else). A URL whose host is (or resolves to) a
+  private, loopback or link-local address is refused (status 2) without ``--allow-private``
+  (app/addresses.py);
 - ``carryover webhooks list [--tenant T]``, ``carryover webhooks remove ID``;
 - ``carryover webhooks deliveries [--tenant T] [--webhook ID] [--limit N]``: the newest first,
   with status (pending, delivered, failed), attempts and the last error.
@@ -40,6 +42,11 @@ def add_webhooks_parser(commands: Any) -> None:
     add = actions.add_parser("add", help="register an endpoint and print its signing secret")
     add.add_argument("--tenant", required=True, type=tenant, help="whose runs it hears of")
     add.add_argument("url", help="an http(s) URL")
+    add.add_argument(
+        "--allow-private",
+        action="store_true",
+        help="allow a private, loopback or link-local address (refused otherwise)",
+    )
     add.add_argument(
         "--events",
         help="comma-separated: run.completed, run.failed, run.cancelled, run.conflicted, "
@@ -78,6 +85,21 @@ def _url(text: str) -> str:
     return text
 
 
+def _check_target(url: str, allow_private: bool) -> None:
+    """Refuse (status 2) an endpoint on a private, loopback or link-local address, or one
+    whose name does not resolve, unless the operator said ``--allow-private``."""
+    from app.addresses import PrivateTarget, check_url
+
+    try:
+        asyncio.run(check_url(url, allow_private=allow_private))
+    except PrivateTarget as exc:
+        raise CliError(
+            f"refusing webhook {url!r}: {exc}. Webhooks are sent from the server's network; "
+            "pass --allow-private if this endpoint is meant to be reached there",
+            status=2,
+        ) from None
+
+
 def _table(rows: Sequence[tuple[str, ...]]) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
@@ -102,8 +124,15 @@ def webhooks_command(args: argparse.Namespace) -> int:
     command = args.webhooks_command
     if command == "add":
         url, events = _url(args.url), _events(args.events)
+        _check_target(url, args.allow_private)
         open_database(settings)
-        hook = asyncio.run(using(lambda repo: repo.add_webhook(args.tenant, url, events)))
+        hook = asyncio.run(
+            using(
+                lambda repo: repo.add_webhook(
+                    args.tenant, url, events, allow_private=args.allow_private
+                )
+            )
+        )
         print(
             f"registered webhook {hook.id} for tenant {hook.tenant!r}: {hook.url} "
             f"({', '.join(hook.events)}). Its signing secret follows; it is shown only now.",

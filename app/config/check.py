@@ -31,7 +31,7 @@ from pydantic import SecretStr, ValidationError
 
 from app.agent.tools import ToolLoadError, ToolRegistry, load_tool
 
-from .keys import ApiKeys
+from .keys import MIN_API_KEY_LENGTH, ApiKeys
 from .profiles import PROVIDER_KEY_ENV, AgentProfile, _ProfileFields
 from .settings import Settings, _mask_url
 
@@ -243,6 +243,14 @@ def check(settings: Settings, environ: Mapping[str, str] | None = None) -> Check
         problem = key_problem(profile, settings, environ)
         if problem is not None:
             found.unready[name] = problem
+    short = settings.api_keys.short_key_tenants()
+    if short:
+        found.errors.append(
+            f"CARRYOVER_API_KEYS={MASK!r}: the key(s) of tenant(s) {', '.join(map(repr, short))} "
+            f"are shorter than {MIN_API_KEY_LENGTH} characters, short enough to guess; use "
+            "long random keys (such as 32 bytes from the secrets module, URL-safe) or "
+            "'carryover keys create --tenant NAME'"
+        )
     exporters = environ.get("OTEL_TRACES_EXPORTER", "")
     for name in (n.strip().lower() for n in exporters.split(",") if n.strip()):
         if name not in ("otlp", "console", "none"):

@@ -12,6 +12,8 @@ from pydantic import GetCoreSchemaHandler
 from pydantic_core import core_schema
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+#: the shortest key ``carryover serve`` accepts in ``CARRYOVER_API_KEYS`` (docs/security.md)
+MIN_API_KEY_LENGTH = 16
 #: what a tenant (and a profile) may be called
 TENANT_NAME = _NAME
 
@@ -64,6 +66,10 @@ class ApiKeys:
             if hmac.compare_digest(candidate.encode(), presented):
                 found = tenant
         return found
+
+    def short_key_tenants(self, minimum: int = MIN_API_KEY_LENGTH) -> list[str]:
+        """The tenants (sorted, each once) holding a key shorter than ``minimum`` characters."""
+        return sorted({t for k, t in self._tenant_by_key.items() if len(k) < minimum})
 
     @property
     def tenants(self) -> frozenset[str]:

@@ -108,6 +108,11 @@ class Settings(_ProfileFields, BaseSettings):
     event_retention_seconds: int = Field(default=86_400, ge=1)
     #: how often a reader of a run in flight looks for new events (short polling)
     event_poll_seconds: float = Field(default=0.25, gt=0, le=10)
+    #: an event stream quiet this long gets a ``: keep-alive`` comment (proxies' idle timeouts)
+    stream_keepalive_seconds: float = Field(default=15.0, gt=0, le=300)
+    #: events a streamed run holds for a reader that lags (JSON bytes, estimated); past it the
+    #: reader's stream is cut and it resumes from the stored events (docs/runs.md)
+    stream_buffer_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     #: this process delivers webhooks (false: it only writes the outbox; other replicas send)
     webhook_worker: bool = True
     webhook_max_attempts: int = Field(default=8, ge=1, le=100)
@@ -160,6 +165,10 @@ class Settings(_ProfileFields, BaseSettings):
     #: how long a database key lookup (and "are there keys at all") is remembered: a revoked
     #: key stops working within this time
     api_key_cache_seconds: float = Field(default=2.0, ge=0, le=60)
+    #: refused credentials a client address may present per window before its requests are
+    #: answered 429 without a lookup (docs/security.md); 0: no throttling
+    auth_failure_limit: int = Field(default=20, ge=0)
+    auth_failure_window_seconds: float = Field(default=60.0, gt=0)
     allow_unauthenticated_public: bool = False
     #: serve /metrics without an API key even when keys are configured
     public_metrics: bool = False

@@ -22,7 +22,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.agent.codec import dump_message, dumps_json, model_value
 from app.agent.events import (
@@ -40,6 +40,9 @@ from app.store.errors import run_not_found
 from app.store.events import EventRow, EventStore
 from app.store.stores import RunRecord, Stores
 from app.store.tables import Dumped
+
+if TYPE_CHECKING:
+    from .live import LiveStream  # it imports this module's StreamedEvent
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +122,7 @@ class EventRecorder:
         tenant: str,
         conversation_id: str,
         run_id: str,
-        live: asyncio.Queue[StreamedEvent | None] | None = None,
+        live: LiveStream | None = None,
         *,
         coalesce_seconds: float = COALESCE_SECONDS,
         flush_seconds: float = FLUSH_SECONDS,

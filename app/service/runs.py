@@ -45,6 +45,7 @@ from .errors import Busy, ShuttingDown
 from .faults import OutcomeNotStored
 from .finishing import Finisher, cancelled_result, internal_result, settle
 from .leases import LeaseKeeper
+from .live import LiveStream
 from .pages import Page
 from .queue import EndedUnrun, QueuedRun, RunQueue
 from .runstate import ProblemSlug, RunState, no_problem
@@ -177,6 +178,7 @@ class RunManager:
             claim = IdempotencyClaim(
                 key=idempotency.key,
                 request_hash=idempotency.request_hash,
+                legacy_hash=idempotency.legacy_hash,
                 ttl_seconds=self.state.settings.idempotency_ttl_seconds,
             )
         run_id = str(uuid.uuid4())
@@ -225,7 +227,11 @@ class RunManager:
             conversation_id=conversation_id,
             run_id=run_id,
             started=started,
-            events=asyncio.Queue() if stream and not respond_async else None,
+            events=(
+                LiveStream(self.settings.stream_buffer_bytes)
+                if stream and not respond_async
+                else None
+            ),
         )
         self._spawn(active, agent, request, idempotency)
         return active

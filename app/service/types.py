@@ -14,7 +14,8 @@ from app.agent.records import Result
 from app.store.stores import OnFailure, RunOutcome, StartedRun
 from app.store.tables import Run
 
-from .events import EventRecorder, StreamedEvent
+from .events import EventRecorder
+from .live import LiveStream
 
 
 @dataclass(frozen=True)
@@ -50,11 +51,13 @@ Answer = Callable[[FinishedRun], tuple[int, dict[str, Any]]]
 class Idempotency:
     """An ``Idempotency-Key`` with the request: the key, a hash of the request, and how to
     render the answer that repeats will replay (given by the API, called after the outcome
-    was recorded)."""
+    was recorded). ``legacy_hash``: the request's hash in the form keys stored by an earlier
+    version hold (app/api/fingerprint.py), matched only against such keys."""
 
     key: str
     request_hash: str
     answer: Answer
+    legacy_hash: str | None = None
 
 
 @dataclass
@@ -65,7 +68,7 @@ class ActiveRun:
     conversation_id: str
     run_id: str
     started: StartedRun
-    events: asyncio.Queue[StreamedEvent | None] | None  # numbered: the POST's SSE stream
+    events: LiveStream | None  # numbered: the POST's SSE stream (bounded: app/service/live.py)
     done: asyncio.Future[FinishedRun] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )

@@ -10,6 +10,11 @@ lease expired — receivers deduplicate on ``webhook-id``, which every attempt r
 
 The body is ``{"type": "run.<status>", "timestamp": …, "data": <run record without context>}``,
 rendered from the stored (immutable) run record, so every attempt sends the same bytes.
+
+Before each attempt the endpoint's address is checked (app/addresses.py) unless it was added
+with ``--allow-private``: a name that resolves to a private, loopback or link-local address is
+not sent to (the attempt fails, ``refused: …``), and the request goes to the address that was
+checked, so a name cannot resolve to another one between the check and the connection.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any
 
 import httpx
 
+from app.addresses import PrivateTarget, Resolver, check_url, pinned, resolve
 from app.clock import Clock
 from app.config import Settings
 from app.store.faults import classify
@@ -69,6 +75,8 @@ class WebhookWorker:
         self.owner = f"webhooks-{uuid.uuid4().hex[:12]}"
         self._task: asyncio.Task[None] | None = None
         self._http: httpx.AsyncClient | None = None
+        #: how endpoint names are resolved for the address check (app/addresses.py)
+        self.resolver: Resolver = resolve
 
     async def start(self) -> None:
         if self._task is None:
@@ -146,9 +154,18 @@ class WebhookWorker:
                 "webhook-signature": sign(hook.secret, delivery.id, timestamp, body),
             }
             assert self._http is not None
-            answer = await self._http.post(hook.url, content=body, headers=headers)
+            # checked (unless added with --allow-private) and sent to the address checked
+            target = await check_url(
+                hook.url, allow_private=hook.allow_private, resolver=self.resolver
+            )
+            url, host, extensions = pinned(target)
+            answer = await self._http.post(
+                url, content=body, headers={**headers, **host}, extensions=extensions
+            )
             if not 200 <= answer.status_code < 300:
                 error = f"HTTP {answer.status_code}"
+        except PrivateTarget as exc:
+            error = f"refused: {exc}; add the endpoint with --allow-private to allow it"
         except httpx.TimeoutException:
             error = "timeout"
         except httpx.HTTPError as exc:

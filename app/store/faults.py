@@ -32,14 +32,24 @@ kind                    transient  what arrives
                                    ``AdminShutdownError`` (57P01 "terminating connection due
                                    to administrator command": a fast shutdown, or
                                    ``pg_terminate_backend``), ``CrashShutdownError`` (57P02),
-                                   ``TooManyConnectionsError`` (53300), SQLSTATE 08001/08004
+                                   ``TooManyConnectionsError`` (53300: "too many
+                                   connections for role / database", "sorry, too many
+                                   clients already", "remaining connection slots are
+                                   reserved"), SQLSTATE 08001/08004, SQLSTATE 55000 when it
+                                   says the database "is not currently accepting
+                                   connections" (``ALTER DATABASE … ALLOW_CONNECTIONS
+                                   false``), SQLAlchemy's pool ``TimeoutError`` (every
+                                   connection of the pool is in use)
 ``serialization``       yes        SQLSTATE 40001 (``SerializationError``)
 ``deadlock``            yes        SQLSTATE 40P01 (``DeadlockDetectedError``)
 ``lock_timeout``        yes        SQLSTATE 55P03 (``LockNotAvailableError``, ``lock_timeout``)
 ``busy``                yes        SQLite "database is locked" / "database table is locked"
                                    (``SQLITE_BUSY``, ``SQLITE_LOCKED``)
 ``misconfigured``       no         SQLSTATE class 28 (bad password, no such role), 3D000
-                                   (no such database), 53100 (disk full); SQLite
+                                   (no such database), 53100 (disk full), 42501 when it
+                                   says "permission denied for database" (no ``CONNECT``
+                                   privilege), 54000 "not accepting commands to avoid
+                                   wraparound data loss"; SQLite
                                    ``SQLITE_CANTOPEN`` ("unable to open database file"),
                                    ``SQLITE_FULL``, ``SQLITE_READONLY``: the database is
                                    there but unusable until an operator acts
@@ -169,7 +179,9 @@ _MESSAGE_PATTERNS: tuple[tuple[str, FaultKind], ...] = (
     (
         r"the database system is (?:shutting down|starting up|in recovery mode|not yet "
         r"accepting connections)|terminating connection due to administrator command|"
-        r"too many (?:clients|connections)|connection refused|could not connect to server",
+        r"too many (?:clients|connections)|connection refused|could not connect to server|"
+        r"remaining connection slots are reserved|not currently accepting connections|"
+        r"the database system is not accepting connections|no more connections allowed",
         "unavailable",
     ),
     (
@@ -232,6 +244,8 @@ def _by_type(exc: BaseException) -> FaultKind | None:
         return None
     if isinstance(exc, ConnectionRefusedError):
         return "unavailable"
+    if isinstance(exc, sqlalchemy.exc.TimeoutError):  # the pool has no connection to give
+        return "unavailable"
     if isinstance(exc, ConnectionResetError | BrokenPipeError | ConnectionAbortedError):
         return "connection_lost"
     if isinstance(exc, OSError):  # no socket, no route, TimeoutError on connect, gaierror
@@ -248,9 +262,22 @@ def _by_type(exc: BaseException) -> FaultKind | None:
     return None
 
 
-def _by_sqlstate(state: str) -> FaultKind | None:
+_CONNECT = re.compile(r"permission denied for database|CONNECT privilege", re.I)
+# SQLSTATEs that are a refusal of the connection only when their message says so (55000 and
+# 42501 are also what many statements raise for reasons of their own)
+_SQLSTATE_MESSAGE_KIND: tuple[tuple[str, re.Pattern[str], FaultKind], ...] = (
+    ("55000", re.compile(r"not currently accepting connections", re.I), "unavailable"),
+    ("42501", _CONNECT, "misconfigured"),
+    ("54000", re.compile(r"not accepting commands", re.I), "misconfigured"),
+)
+
+
+def _by_sqlstate(state: str, exc: BaseException | None = None) -> FaultKind | None:
     if state in _SQLSTATE_KIND:
         return _SQLSTATE_KIND[state]
+    for qualified, pattern, kind in _SQLSTATE_MESSAGE_KIND:
+        if state == qualified and exc is not None and pattern.search(str(exc)):
+            return kind
     if state.startswith("08"):
         return "connection_lost"
     if state.startswith("28"):
@@ -270,7 +297,7 @@ def classify(exc: BaseException) -> DbFault | None:
         kind = _by_type(link)
         state = _sqlstate(link)
         if kind is None and state is not None:
-            kind = _by_sqlstate(state)
+            kind = _by_sqlstate(state, link)
         if kind is not None:
             return DbFault(kind, _detail(link), state)
     # 2. SQLAlchemy saw the connection die (its is_disconnect): a lost connection

@@ -23,6 +23,16 @@ class IdempotencyClaim:
     key: str
     request_hash: str
     ttl_seconds: int
+    #: the request's hash in the form of keys stored before ``request_hash``'s (a bare hex
+    #: digest, without the ``json-sha256:`` prefix): such a key is compared in it
+    legacy_hash: str | None = None
+
+    def matches(self, stored: str) -> bool:
+        """Whether a stored key's hash is this request's."""
+        if stored == self.request_hash:
+            return True
+        legacy = ":" not in stored  # stored before the hash named its form
+        return legacy and self.legacy_hash is not None and stored == self.legacy_hash
 
 
 @dataclass(frozen=True)
@@ -60,7 +70,7 @@ async def claimed(
     ):
         await conn.execute(delete(idempotency_keys).where(*key))
         return None
-    if row["request_hash"] != claim.request_hash:
+    if not claim.matches(row["request_hash"]):
         raise IdempotencyMismatch(
             f"Idempotency-Key {claim.key!r} was used with a different request body"
         )

@@ -406,6 +406,8 @@ class Webhook(SQLModel, table=True):
     secret: str = Field(max_length=128)
     events: list[Any] = Field(sa_type=JSONText)
     created_at: datetime = Field(sa_type=UTCDateTime)
+    #: added with ``--allow-private``: its address is not checked (app/addresses.py)
+    allow_private: bool = Field(default=False)
 
 
 class WebhookDelivery(SQLModel, table=True):

@@ -127,7 +127,11 @@ async def enqueue_deliveries(
 
 
 class WebhookStore(StoreBase):
-    async def add_webhook(self, tenant: str, url: str, events: Sequence[str]) -> Webhook:
+    async def add_webhook(
+        self, tenant: str, url: str, events: Sequence[str], *, allow_private: bool = False
+    ) -> Webhook:
+        """Register an endpoint. ``allow_private``: the operator's yes to a private, loopback
+        or link-local address (else checked before each delivery: app/addresses.py)."""
         values: dict[str, Any] = {
             "id": str(uuid.uuid4()),
             "tenant": tenant,
@@ -135,6 +139,7 @@ class WebhookStore(StoreBase):
             "secret": new_secret(),
             "events": list(events),
             "created_at": self.clock.now(),
+            "allow_private": allow_private,
         }
         async with write_transaction(self.engine) as conn:
             await conn.execute(insert(webhooks).values(values))

@@ -205,10 +205,10 @@ async def test_a_keep_alive_client_sees_only_503_problems_while_the_database_is_
     servers: Servers, pg_cluster: PgCluster, pg_url: str
 ) -> None:
     # routes: keys from the environment (no database needed to check them)
-    routes = (await servers.start(pg_url, api_keys="acme:secret-key"))[0]
+    routes = (await servers.start(pg_url, api_keys="acme:secret-key-0123456789"))[0]
     # the API-key check: no keys configured, so each request asks the database whether any
     auth = (await servers.start(pg_url, api_key_cache_seconds=0))[0]
-    bearer = {"Authorization": "Bearer secret-key"}
+    bearer = {"Authorization": "Bearer secret-key-0123456789"}
     async with client(routes, headers=bearer) as http:
         conv, _ = await create_conversation(http)
     await asyncio.to_thread(pg_cluster.stop, "fast")

@@ -156,7 +156,7 @@ def test_serve_migrates_then_runs_the_app_factory(
 def test_serve_on_a_public_host_with_api_keys(
     monkeypatch: pytest.MonkeyPatch, calls: Calls, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("CARRYOVER_API_KEYS", "acme:key-acme-1,globex:key-globex-1")
+    monkeypatch.setenv("CARRYOVER_API_KEYS", "acme:key-acme-1-0123456,globex:key-globex-1-01234")
     monkeypatch.setenv("CARRYOVER_PROVIDER", "anthropic")
     monkeypatch.setenv("CARRYOVER_MODEL", "claude-x")
     assert main(["serve", "--host", "0.0.0.0"]) == 0

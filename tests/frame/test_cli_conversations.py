@@ -19,14 +19,17 @@ from .live_server import LiveServer, free_port, live_server
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     tmp = tmp_path_factory.mktemp("cli-conversations")
-    with live_server(tmp, CARRYOVER_API_KEYS="ops:secret-key") as running:
+    with live_server(tmp, CARRYOVER_API_KEYS="ops:secret-key-01234567") as running:
         running.read_until(lambda text: "listening on" in text)
         yield running
         running.stop()
 
 
 def cli(
-    server: LiveServer, *args: str, key: str | None = "secret-key", stdin: str | None = None
+    server: LiveServer,
+    *args: str,
+    key: str | None = "secret-key-01234567",
+    stdin: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CARRYOVER_")}
     command = [sys.executable, "-m", "app.cli", "conversations", "--url", server.url]
@@ -44,7 +47,7 @@ def as_json(done: subprocess.CompletedProcess[str]) -> Any:
 
 def http(server: LiveServer) -> httpx.Client:
     return httpx.Client(
-        base_url=server.url, headers={"Authorization": "Bearer secret-key"}, timeout=30
+        base_url=server.url, headers={"Authorization": "Bearer secret-key-01234567"}, timeout=30
     )
 
 

@@ -39,6 +39,7 @@ RANKS = {"base": 0, "agent": 1, "config": 2, "store": 3, "service": 4, "api": 5,
 
 #: where each part of ``app`` sits (the longest matching prefix wins)
 LAYERS = {
+    "app.addresses": "base",
     "app.clock": "base",
     "app.errors": "base",
     "app.etag": "base",
@@ -274,7 +275,7 @@ def test_the_contract_catches_an_upward_import(tmp_path: Path) -> None:
     ("module", "layer"),
     [
         ("app.etag", "base"),
-        ("app.store.repository", "store"),
+        ("app.store.stores", "store"),
         ("app.service.runs", "service"),
         ("app.api.routes.runs", "api"),
         ("app.cli", "top"),

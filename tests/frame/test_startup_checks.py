@@ -210,7 +210,7 @@ def test_config_prints_values_masked_with_their_sources(
         monkeypatch.delenv(name)
     monkeypatch.setenv("CARRYOVER_CONFIG_FILE", str(path))
     monkeypatch.setenv("CARRYOVER_DATABASE_URL", "postgresql://u:hunter22@127.0.0.1/x")
-    monkeypatch.setenv("CARRYOVER_API_KEYS", "acme:sekrit-key-1")
+    monkeypatch.setenv("CARRYOVER_API_KEYS", "acme:sekrit-key-1-0123456789")
     monkeypatch.setenv("LOCAL_KEY", "sk-local-secret")
     monkeypatch.setenv("CARRYOVER_LEASE_SECOND", "3")
     get_settings.cache_clear()

@@ -41,6 +41,10 @@ ACME_KEY = "acme-key-9f2c0d7e4b1a"
 GLOBEX_KEY = "globex-key-3e8a6c5d2f90"
 API_KEYS = f"acme:{ACME_KEY},globex:{GLOBEX_KEY}"
 
+#: these tests send many wrong keys from one address: the throttle of failed authentication
+#: has tests of its own (test_auth_throttle.py)
+UNTHROTTLED = {"auth_failure_limit": 0}
+
 Rows = dict[str, list[tuple[Any, ...]]]
 
 
@@ -111,7 +115,7 @@ async def _tenants(settings: Settings, agents: AgentPool | None = None) -> Async
 
 @pytest.fixture
 async def tenants(make_settings: SettingsFactory) -> AsyncIterator[Tenants]:  # noqa: F811
-    async with _tenants(make_settings(api_keys=API_KEYS)) as found:
+    async with _tenants(make_settings(api_keys=API_KEYS, **UNTHROTTLED)) as found:
         yield found
 
 
@@ -127,7 +131,7 @@ async def gated_tenants(
     gate: GatedProvider,
 ) -> AsyncIterator[Tenants]:
     """``tenants`` whose default agent answers through ``gate``."""
-    settings = make_settings(api_keys=API_KEYS)
+    settings = make_settings(api_keys=API_KEYS, **UNTHROTTLED)
     async with _tenants(settings, gated_pool(settings, gate)) as found:
         try:
             yield found

@@ -225,7 +225,7 @@ def test_serve_says_which_access_rule_applies_on_loopback(
         capsys.readouterr().out
     )
     keys("create", "--tenant", "acme", capsys=capsys)
-    monkeypatch.setenv("CARRYOVER_API_KEYS", "globex:globex-key-1234")
+    monkeypatch.setenv("CARRYOVER_API_KEYS", "globex:globex-key-1234-5678")
     get_settings.cache_clear()
     assert main(["serve"]) == 0
     assert "access: API keys for 1 tenant(s), 1 key(s) in the database" in (capsys.readouterr().out)

@@ -276,6 +276,7 @@ def fuzzed_app(database: Path) -> Any:
             api_keys=API_KEYS,
             lease_seconds=2.0,
             busy_wait_seconds=1.0,
+            auth_failure_limit=0,  # it sends wrong keys from one address (test_auth_throttle.py)
         )
     )
 

@@ -19,6 +19,7 @@ from app.service.events import EventFeed, StreamedEvent
 
 from ..deps import ConversationPath, RunIdPath, ServicesDep, TenantDep
 from ..problems import BAD_HEADER, EVENTS_EXPIRED, Problem, problem_responses
+from ..sse import keepalive
 from ..views import record_view
 from .runs import SSE_EVENT
 
@@ -51,7 +52,7 @@ EVENTS_DESCRIPTION = (
     "`run.requires_action` (a run that paused, docs/tools.md), and last "
     "`run.finished` with the run record (without `context`). Live while the run is in flight; "
     "the stream ends after `run.finished`. Kept `CARRYOVER_EVENT_RETENTION_SECONDS` after "
-    "they were written."
+    "they were written. Quiet periods carry `: keep-alive` comments."
 )
 
 
@@ -114,7 +115,7 @@ async def run_events(
             log.exception("streaming the events of run %s failed", run_id)
 
     return StreamingResponse(
-        stream(),
+        keepalive(stream(), svc.settings.stream_keepalive_seconds),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )

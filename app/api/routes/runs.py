@@ -45,6 +45,7 @@ from ..deps import (
     page_limit,
     parse_prefer,
 )
+from ..fingerprint import legacy_fingerprint, request_fingerprint
 from ..headers import ETAG_HEADER, LOCATION_HEADER, RETRY_AFTER_HEADER
 from ..limits import check_prompts
 from ..problems import (
@@ -55,7 +56,8 @@ from ..problems import (
     problem_responses,
 )
 from ..schemas import Run, RunCreate, RunPage
-from ..views import record_view, request_hash, run_request, run_view
+from ..sse import keepalive
+from ..views import record_view, run_request, run_view
 from .usage import QUOTA_RESPONSE
 
 router = APIRouter(tags=["runs"])
@@ -128,7 +130,12 @@ async def create_run(
                 return 202, async_answer(finished.run.run_id)
             return 201, run_view(finished).body(minimal=minimal)
 
-        idempotency = Idempotency(key, request_hash(body), answer)
+        idempotency = Idempotency(
+            key,
+            request_fingerprint(await request.body()),  # what the client sent
+            answer,
+            legacy_hash=legacy_fingerprint(body),  # keys stored before that form
+        )
     started = await svc.runs.start(
         tenant,
         conversation_id,
@@ -167,7 +174,10 @@ async def create_run(
     location = run_location(conversation_id, started.run_id)
     if stream:
         return StreamingResponse(
-            sse_events(svc.runs, started, body.on_disconnect, minimal),
+            keepalive(
+                sse_events(svc.runs, started, body.on_disconnect, minimal),
+                svc.settings.stream_keepalive_seconds,
+            ),
             status_code=201,
             media_type="text/event-stream",
             headers={

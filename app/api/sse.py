@@ -1,0 +1,64 @@
+"""Keep-alives for every event stream the service sends (docs/runs.md, "Keep-alives").
+
+A stream that sends nothing for a while — a provider thinking for minutes, a run waiting for a
+tool — is cut by any proxy with an idle timeout (60 s is common). :func:`keepalive` wraps a
+stream's chunks and, whenever ``interval`` seconds pass without one, sends an SSE comment,
+``: keep-alive`` and a blank line, which every SSE client ignores (WHATWG HTML §9.2.6: a line
+starting with a colon). The interval is ``CARRYOVER_STREAM_KEEPALIVE_SECONDS`` (default 15).
+
+The wrapped stream's next chunk is awaited in a task of its own, so that waiting for it can be
+interrupted by the timer; cancelling the response cancels that task inside the wrapped stream
+(where it awaits), as it would without the wrapper.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+#: the comment sent when a stream has been quiet for an interval
+KEEPALIVE = b": keep-alive\n\n"
+
+
+async def keepalive(
+    source: AsyncIterator[bytes],
+    interval: float,
+    *,
+    timer: Callable[[], Awaitable[Any]] | None = None,
+) -> AsyncIterator[bytes]:
+    """``source``'s chunks, with :data:`KEEPALIVE` after every ``interval`` seconds without
+    one. ``timer`` (for tests): an awaitable per quiet period instead of ``interval``."""
+    wait = timer or (lambda: asyncio.sleep(interval))
+    chunks = source.__aiter__()
+    pending: asyncio.Future[bytes] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(chunks.__anext__())
+            tick = asyncio.ensure_future(wait())
+            try:
+                await asyncio.wait({pending, tick}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                tick.cancel()
+            if not pending.done():
+                yield KEEPALIVE
+                continue
+            done, pending = pending, None
+            try:
+                chunk = done.result()
+            except StopAsyncIteration:
+                return
+            yield chunk
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
+            with contextlib.suppress(BaseException):
+                await pending
+        aclose = getattr(chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+__all__ = ["KEEPALIVE", "keepalive"]
