@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -148,13 +149,18 @@ class Procs:
 
     def __init__(self, workdir: Path | None = None) -> None:
         self._stack = ExitStack()
+        self._own = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="carryover-bench-"))
 
     def __enter__(self) -> Procs:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stack.close()
+        try:
+            self._stack.close()
+        finally:
+            if self._own and not os.environ.get("CARRYOVER_BENCH_KEEP"):
+                shutil.rmtree(self.workdir, ignore_errors=True)
 
     def start(
         self,
