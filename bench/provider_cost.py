@@ -6,7 +6,9 @@ Issue 20's first and second targets. For each provider mode it starts a fresh ``
 (200-character texts), runs it a few times with ``Prefer: return=minimal`` and prints:
 
 - the server's CPU per run (utime + stime of the server process and its children, from
-  /proc/PID/stat; the fake's and the client's time are not counted) and the run's p50 latency;
+  /proc/PID/stat; the fake's and the client's time are not counted), less what the /healthz
+  probe's requests cost it (calibrated by 200 sequential /healthz first; the raw figure is
+  shown too), and the run's p50 latency;
 - the worst ``/healthz`` answer during the measured runs (polled every 50 ms from a thread);
 - the floor app's CPU per request (shared/bench/floor_app.py, served by uvicorn from this venv:
   FastAPI + pydantic + aiosqlite doing the writes a stored-state run must do);
@@ -49,7 +51,8 @@ class Row:
     mode: str
     messages: int
     runs: int
-    cpu_ms_per_run: float
+    cpu_ms_per_run: float  # the probe's own requests taken out (below)
+    raw_cpu_ms_per_run: float  # all the server's CPU during the runs, probe included
     p50_ms: float
     p90_ms: float
     healthz_worst_ms: float
@@ -57,14 +60,27 @@ class Row:
     rss_mib: float
 
 
+def healthz_cpu(http: httpx.Client, server: c.Proc, times: int = 200) -> float:
+    """The server's CPU per ``GET /healthz``: what the probe's requests cost it, to take out
+    of the runs' figure (at 10 messages they would otherwise add a few ms per run)."""
+    for _ in range(20):
+        http.get("/healthz")
+    before = c.cpu_seconds(server.pid)
+    for _ in range(times):
+        http.get("/healthz").raise_for_status()
+    return (c.cpu_seconds(server.pid) - before) / times
+
+
 def measure_mode(
     http: httpx.Client, server: c.Proc, mode: str, sizes: list[int], runs: list[int]
 ) -> list[Row]:
     rows = []
+    per_probe = healthz_cpu(http, server)
     for n, k in zip(sizes, runs, strict=True):
         conv = f"cost-{n}"
         c.put_context_sync(http, conv, n)
-        for w in range(2):  # warm: caches, connections, first-run costs
+        # warm: caches, connections, first-run costs (more for the first, cheap, size)
+        for w in range(max(2, min(10, k // 4))):
             c.check_run(
                 http.post(
                     f"/conversations/{conv}/runs",
@@ -90,7 +106,8 @@ def measure_mode(
                 mode=mode,
                 messages=n,
                 runs=k,
-                cpu_ms_per_run=cpu / k * 1000,
+                cpu_ms_per_run=max(0.0, cpu - probe.count * per_probe) / k * 1000,
+                raw_cpu_ms_per_run=cpu / k * 1000,
                 p50_ms=statistics.median(times) * 1000,
                 p90_ms=c.percentile(times, 0.9) * 1000,
                 healthz_worst_ms=probe.worst * 1000,
@@ -156,6 +173,7 @@ def report(rows: list[Row], floor_ms: float | None, found: list[dict[str, Any]])
                 "messages",
                 "runs",
                 "server CPU ms/run",
+                "(probe in)",
                 "run p50 ms",
                 "run p90 ms",
                 "/healthz worst ms",
@@ -167,6 +185,7 @@ def report(rows: list[Row], floor_ms: float | None, found: list[dict[str, Any]])
                     f"{r.messages:,}",
                     r.runs,
                     c.fmt(r.cpu_ms_per_run),
+                    c.fmt(r.raw_cpu_ms_per_run),
                     c.fmt(r.p50_ms),
                     c.fmt(r.p90_ms),
                     c.fmt(r.healthz_worst_ms, 0),
