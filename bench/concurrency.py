@@ -333,6 +333,36 @@ def verdict(loads: list[Load], level: int = 16) -> str:
     return "\n".join(out)
 
 
+def plot(loads: list[Load], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    measured = [r for r in loads if r.added_p50_ms is not None]
+    for key in dict.fromkeys((r.system, r.engine, r.workers) for r in measured):
+        mine = [r for r in measured if (r.system, r.engine, r.workers) == key]
+        label = key[0] if key[0] == "litellm" else f"{key[0]}/{key[1]}/{key[2]}w"
+        xs = [r.clients for r in mine]
+        left.plot(xs, [r.added_p50_ms for r in mine], marker="o", label=label)
+        right.plot(xs, [r.runs_per_s for r in mine], marker="o", label=label)
+    for ax, what in ((left, "added p50 latency (ms)"), (right, "runs/s")):
+        ax.set_xscale("log")
+        ticks = sorted({r.clients for r in measured})
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.set_xlabel("concurrent clients")
+        ax.set_ylabel(what)
+        ax.grid(True, which="both", alpha=0.3)
+    left.legend(fontsize="small")
+    fig.suptitle("In front of a fast provider fake")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"plot: {path}")
+
+
 def main() -> None:
     c.on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -356,6 +386,7 @@ def main() -> None:
         "--server-env", action="append", default=[], metavar="NAME=VALUE", help="for the server"
     )
     parser.add_argument("--json", type=Path, help="write the figures there")
+    parser.add_argument("--plot", type=Path, help="write a PNG plot there")
     args = parser.parse_args()
     levels = [int(x) for x in args.clients.split(",")]
     engines = [e for e in args.engines.split(",") if e]
@@ -470,6 +501,8 @@ def main() -> None:
             "seconds": took,
         },
     )
+    if args.plot and loads:
+        plot(loads, args.plot)
 
 
 if __name__ == "__main__":
