@@ -108,7 +108,11 @@ async def drive(
 
 
 def limits(clients: int) -> httpx.Limits:
-    return httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
+    # idle connections dropped before uvicorn's 5 s keep-alive closes them under a request
+    # (a ReadError at 64 clients otherwise)
+    return httpx.Limits(
+        max_connections=clients + 8, max_keepalive_connections=clients + 8, keepalive_expiry=2.0
+    )
 
 
 TIMEOUT = httpx.Timeout(120)
