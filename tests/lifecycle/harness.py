@@ -12,7 +12,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,20 +22,13 @@ from typing import Any, TypeVar
 
 import httpx
 
-from ..helpers import until
+from ..helpers import free_port, until
 
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
 #: the lease every lifecycle server uses: short, so dead processes are found quickly
 LEASE_SECONDS = 2.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def server_env(database_url: str, port: int, **settings: Any) -> dict[str, str]:
