@@ -16,6 +16,8 @@ when ``CARRYOVER_REQUIRE_POSTGRES=1`` (CI sets it).
 
 Admin work runs on its own event loop in a helper thread, so these fixtures never touch the
 event loop pytest-asyncio gives each test.
+
+Also here: ``clock``, a ``ManualClock`` the test moves (one per test).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import pytest
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.clock import ManualClock
 from app.store.db import make_engine
 from app.store.migrate import upgrade
 from app.store.repository import Repository
@@ -210,6 +213,12 @@ async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
 @pytest.fixture
 def repo(engine: AsyncEngine) -> Repository:
     return Repository(engine)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """A clock that moves only when the test advances it (leases, TTLs, retention)."""
+    return ManualClock()
 
 
 # --- an invariant of the whole suite -------------------------------------------------------------
