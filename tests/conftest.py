@@ -16,6 +16,11 @@ when ``CARRYOVER_REQUIRE_POSTGRES=1`` (CI sets it).
 
 Admin work runs on its own event loop in a helper thread, so these fixtures never touch the
 event loop pytest-asyncio gives each test.
+
+Also here: ``clock``, a ``ManualClock`` the test moves (one per test), and the suite's order
+and its groups under pytest-xdist (``./scripts/test`` runs ``-n N --dist loadgroup``): the
+tests that share a costly module-scoped fixture (a built wheel, a private PostgreSQL cluster,
+a live server) run on one worker, so it is set up once; the slowest tests are handed out first.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import pytest
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.clock import ManualClock
 from app.store.db import make_engine
 from app.store.migrate import upgrade
 from tests.repository import Repository
@@ -210,6 +216,64 @@ async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
 @pytest.fixture
 def repo(engine: AsyncEngine) -> Repository:
     return Repository(engine)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """A clock that moves only when the test advances it (leases, TTLs, retention)."""
+    return ManualClock()
+
+
+# --- the order of the suite under pytest-xdist ---------------------------------------------------
+
+#: module-scoped fixtures cheap enough to set up once per worker: their tests spread freely
+_CHEAP_MODULE_FIXTURES = frozenset({"postgres_url"})
+
+
+#: the slowest parts of the suite (seconds each: a wheel built, servers started, a cluster
+#: restarted, an API fuzzed), handed to the workers first so that none is left to run alone at
+#: the end; in this order, the rest keeps its order
+SLOW_FIRST = (
+    "tests/frame/test_wheel.py",
+    "tests/client/",
+    "tests/security/test_schemathesis.py",
+    "tests/faults/",
+    "tests/lifecycle/",
+    "tests/frame/test_cli_conversations.py",
+    "tests/frame/test_chat.py",
+)
+
+
+def _rank(item: pytest.Item) -> int:
+    path = item.nodeid.split("::", 1)[0]
+    for rank, prefix in enumerate(SLOW_FIRST):
+        if path.startswith(prefix):
+            return rank
+    return len(SLOW_FIRST)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The order of the suite, and its groups under ``--dist loadgroup``.
+
+    - The slowest parts first (``SLOW_FIRST``; a stable sort, so the order within each part
+      and of the rest stays the collection's).
+    - A test that uses a module-scoped fixture (a built wheel, a private cluster, a live server,
+      a fuzzed app) joins its module's group, so that fixture is set up on one worker only;
+      everything else spreads test by test. Runs before xdist reads the marks (``tryfirst``).
+    """
+    items.sort(key=_rank)
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        shared = any(
+            definitions[-1].scope in ("module", "package")
+            for name, definitions in info.name2fixturedefs.items()
+            if definitions and name not in _CHEAP_MODULE_FIXTURES
+        )
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
 
 
 # --- an invariant of the whole suite -------------------------------------------------------------

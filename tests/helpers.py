@@ -6,11 +6,15 @@
   user messages of a list.
 - :func:`until`: wait for a condition with a generous timeout that only guards against a hang
   (nothing is asserted on how long it took).
+- :func:`free_port`: a loopback port for a server a test starts, never the same in two
+  pytest-xdist workers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
@@ -83,3 +87,34 @@ async def until(
         return await asyncio.wait_for(poll(), within)
     except TimeoutError:
         raise AssertionError(f"no {what} within {within}s (a hang)") from None
+
+
+_handed_out: set[int] = set()
+
+
+def free_port() -> int:
+    """A loopback TCP port that nothing listens on, for a server the test is about to start.
+
+    The OS picks it (a bind to port 0). Under pytest-xdist each worker keeps only the ports of
+    its own share (``port // 2 % workers == index``: Linux hands out ports of one parity first),
+    so two workers never start servers on the same port between the moment one picks it and
+    the moment its server binds it; one process never hands the same port out twice.
+    """
+    index, count = _worker()
+    for _ in range(10_000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+        if port // 2 % count == index and port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise AssertionError("no free loopback port")
+
+
+def _worker() -> tuple[int, int]:
+    """(index, count) of this pytest-xdist worker; (0, 1) when the tests run in one process."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not name.startswith("gw") or count < 2:
+        return 0, 1
+    return int(name[2:]) % count, count

@@ -25,7 +25,6 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -34,6 +33,8 @@ from typing import Any
 
 import asyncpg
 import pytest
+
+from .helpers import free_port
 
 __all__ = ["PgCluster", "find_bindir", "pg_cluster"]
 
@@ -51,13 +52,6 @@ def find_bindir() -> Path | None:
     return max(found)[1] if found else None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 class PgCluster:
     """One private cluster: ``init()`` once, then ``start`` / ``stop`` / ``restart`` at will."""
 
@@ -67,7 +61,7 @@ class PgCluster:
         self.data = root / "data"
         self.sockets = root / "sockets"
         self.log = root / "LOG"
-        self.port = port or _free_port()
+        self.port = port or free_port()
         if self.port == 5432:
             raise ValueError("the private cluster never uses 5432")
 

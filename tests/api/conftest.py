@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 import pytest
 
 from app.api.app import create_app
+from app.clock import SYSTEM_CLOCK, Clock
 from app.config import Settings
 from app.service.agents import AgentPool
 
@@ -38,9 +40,9 @@ class AppClient(httpx.AsyncClient):
 
 
 async def start_client(
-    settings: Settings, agents: AgentPool | None = None
+    settings: Settings, agents: AgentPool | None = None, clock: Clock = SYSTEM_CLOCK
 ) -> tuple[Any, AppClient]:
-    app = create_app(settings, agents=agents)
+    app = create_app(settings, agents=agents, clock=clock)
     client = AppClient(transport=httpx.ASGITransport(app=app), base_url="http://carryover.test")
     client.app = app
     return app, client
@@ -54,17 +56,20 @@ async def client(make_settings: SettingsFactory) -> AsyncIterator[AppClient]:
         yield http
 
 
-@pytest.fixture
-def app_factory(make_settings: SettingsFactory) -> Callable[..., Any]:
-    """Start more apps on the same database: ``async with app_factory(**settings) as client``."""
-    from contextlib import asynccontextmanager
+def apps(make_settings: SettingsFactory, clock: Clock = SYSTEM_CLOCK) -> Callable[..., Any]:
+    """``async with apps(agents=..., **settings) as client``: a started app on the test
+    database, with the settings overridden, on ``clock``."""
 
     @asynccontextmanager
-    async def factory(
-        agents: AgentPool | None = None, **overrides: Any
-    ) -> AsyncIterator[AppClient]:
-        app, http = await start_client(make_settings(**overrides), agents)
+    async def start(agents: AgentPool | None = None, **overrides: Any) -> AsyncIterator[AppClient]:
+        app, http = await start_client(make_settings(**overrides), agents, clock)
         async with app.router.lifespan_context(app), http:
             yield http
 
-    return factory
+    return start
+
+
+@pytest.fixture
+def app_factory(make_settings: SettingsFactory) -> Callable[..., Any]:
+    """Start more apps on the same database: ``async with app_factory(**settings) as client``."""
+    return apps(make_settings)

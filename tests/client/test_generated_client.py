@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+from ..helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "openapi" / "openapi.json"
@@ -72,13 +73,6 @@ def client_package(tmp_path: Path) -> Iterator[ModuleType]:
         sys.path.remove(str(target.parent))
         for name in [n for n in sys.modules if n == PACKAGE or n.startswith(PACKAGE + ".")]:
             del sys.modules[name]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.fixture

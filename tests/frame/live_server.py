@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -12,11 +11,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+from ..helpers import free_port
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+__all__ = ["LiveServer", "free_port", "live_server"]
 
 
 class LiveServer:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import queue
 import shutil
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from sqlalchemy import inspect
 from app.store.db import make_engine
 from app.store.migrate import head_revision
 
+from ..helpers import free_port
 from ..store.test_migrations import TABLES
 
 pytestmark = pytest.mark.slow
@@ -159,17 +159,10 @@ async def test_carryover_migrate_on_each_engine(
     assert tables >= TABLES
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def test_carryover_serve_in_an_empty_directory_migrates_and_serves(
     installed: Installed, tmp_path: Path
 ) -> None:
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [str(installed.bin / "carryover"), "serve", "--port", str(port)],
         cwd=tmp_path,

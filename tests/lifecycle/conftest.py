@@ -1,14 +1,14 @@
 """Fixtures of the lifecycle tests: a fresh PostgreSQL database per test module (migrated with
-``app.store.migrate.upgrade``, via the helpers of tests/conftest.py), a SQLite file per test,
-``servers``, which starts real ``carryover serve`` processes and kills them when the test
-ends, pass or fail, and ``gate``, an OpenAI-compatible fake that holds each request until the
-test releases it (start servers with ``**gate.settings()`` and run with ``agent=PROFILE``)."""
+``app.store.migrate.upgrade``, via the helpers of tests/conftest.py), and from harness.py (shared
+with tests/faults) a SQLite file per test, ``servers``, which starts real ``carryover serve``
+processes and kills them when the test ends, pass or fail, and ``gate``, an OpenAI-compatible
+fake that holds each request until the test releases it (start servers with
+``**gate.settings()`` and run with ``agent=PROFILE``)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
@@ -21,8 +21,9 @@ from ..conftest import (
     _require_postgres,
     run_blocking,
 )
-from ..fakes.gated_http import GatedOpenAI
-from .harness import Servers
+from .harness import gate as gate
+from .harness import servers as servers
+from .harness import sqlite_url as sqlite_url
 
 
 @pytest.fixture(scope="module")
@@ -37,23 +38,3 @@ def postgres_url(_postgres_dropper: ThreadPoolExecutor) -> Iterator[str]:
     finally:
         # Servers are killed after each test; FORCE drops any connection left behind.
         _postgres_dropper.submit(_drop_postgres_database, name)
-
-
-@pytest.fixture
-def sqlite_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'carryover.db'}"
-
-
-@pytest.fixture
-async def servers(tmp_path: Path) -> AsyncIterator[Servers]:
-    started = Servers(tmp_path)
-    try:
-        yield started
-    finally:
-        started.close()
-
-
-@pytest.fixture
-def gate() -> Iterator[GatedOpenAI]:
-    with GatedOpenAI() as fake:
-        yield fake

@@ -4,6 +4,11 @@ A :class:`Server` is a ``python -m app.cli serve`` subprocess in a session (proc
 its own, on a free loopback port, so that a signal reaches the uvicorn supervisor and every
 worker it started. :class:`Servers` starts them (several at once), and kills every one it
 started when the test ends, pass or fail.
+
+The fixtures of the tests that start servers (tests/lifecycle and tests/faults import them into
+their conftest.py): ``servers`` (a :class:`Servers` for the test), ``sqlite_url`` (a SQLite file
+of the test's own) and ``gate`` (the gated OpenAI fake of tests/fakes/gated_http.py: start
+servers with ``**gate.settings()`` and run with its profile).
 """
 
 from __future__ import annotations
@@ -12,31 +17,25 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import pytest
 
-from ..helpers import until
+from ..fakes.gated_http import GatedOpenAI
+from ..helpers import free_port, until
 
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
 #: the lease every lifecycle server uses: short, so dead processes are found quickly
 LEASE_SECONDS = 2.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def server_env(database_url: str, port: int, **settings: Any) -> dict[str, str]:
@@ -209,6 +208,31 @@ class Servers:
     def close(self) -> None:
         for server in self.started:
             server.stop()
+
+
+# --- fixtures ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def servers(tmp_path: Path) -> AsyncIterator[Servers]:
+    """Start servers with ``await servers.start(url, ...)``; all are killed when the test ends."""
+    started = Servers(tmp_path)
+    try:
+        yield started
+    finally:
+        started.close()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'carryover.db'}"
+
+
+@pytest.fixture
+def gate() -> Iterator[GatedOpenAI]:
+    """An OpenAI-compatible fake that holds each request until the test releases it."""
+    with GatedOpenAI() as fake:
+        yield fake
 
 
 # --- client helpers ---------------------------------------------------------------------------

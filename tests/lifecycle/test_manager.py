@@ -35,11 +35,6 @@ def gate() -> GatedProvider:
 
 
 @pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
 def clocked_repo(engine: AsyncEngine, clock: ManualClock) -> Repository:
     """A store whose time moves only when the test advances ``clock`` (leases, TTLs)."""
     return Repository(engine, clock)

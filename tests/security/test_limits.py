@@ -16,7 +16,7 @@ from app.config import AgentProfile, Settings
 from tests.fakes.openai_fake import OpenAIFake, Reply
 from tests.fakes.openai_fake import openai_fake as openai_fake
 
-from ..helpers import assert_problem
+from ..helpers import assert_problem, until
 from .conftest import AppClient, StartApp, http_client, snapshot
 
 LIMITS = {
@@ -305,16 +305,43 @@ async def test_a_largest_image_under_the_default_limits_is_stored(
 
 
 class Listener:
-    """A TCP listener on 127.0.0.1 that records every connection made to it."""
+    """A TCP listener on 127.0.0.1 that records every connection made to it.
+
+    :meth:`settled` makes "nothing connected" a fact rather than a pause: it connects once itself
+    (that connection is not counted) and waits until the listener has taken it. Connections are
+    taken in the order they were made, so any connection made before that one is counted by
+    then.
+    """
 
     def __init__(self) -> None:
-        self.connections = 0
+        self.peers: list[Any] = []
+        self._probes: set[Any] = set()
         self.server: asyncio.Server | None = None
         self.url = ""
+        self._address: tuple[str, int] = ("127.0.0.1", 0)
+
+    @property
+    def connections(self) -> int:
+        return sum(1 for peer in self.peers if peer not in self._probes)
+
+    async def settled(self) -> None:
+        """Return once every connection made to the listener before this call is counted."""
+        _, writer = await asyncio.open_connection(*self._address)
+        probe = writer.get_extra_info("sockname")
+        self._probes.add(probe)
+
+        async def taken() -> bool | None:
+            return True if probe in self.peers else None
+
+        try:
+            await until(taken, what="the listener to take its probe")
+        finally:
+            writer.close()
+            await writer.wait_closed()
 
     async def __aenter__(self) -> Listener:
         async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            self.connections += 1
+            self.peers.append(writer.get_extra_info("peername"))
             writer.write(
                 b"HTTP/1.1 200 OK\r\ncontent-type: image/png\r\ncontent-length: 0\r\n"
                 b"connection: close\r\n\r\n"
@@ -324,6 +351,7 @@ class Listener:
 
         self.server = await asyncio.start_server(accept, "127.0.0.1", 0)
         port = self.server.sockets[0].getsockname()[1]
+        self._address = ("127.0.0.1", port)
         self.url = f"http://127.0.0.1:{port}/cat.png"
         return self
 
@@ -359,7 +387,7 @@ async def test_image_urls_are_stored_and_passed_on_never_fetched(
                 json={"agent": agent, "prompts": [user(text("and this?"), picture)]},
             )
             assert ran.status_code == 201 and ran.json()["status"] == "completed", ran.text
-        await asyncio.sleep(0.2)  # a fetch, if anything had started one, would have connected
+        await listener.settled()  # a fetch, if anything had started one, has connected
         stored = (await client.get("/conversations/pics/context")).json()
         transcript = (await client.get("/conversations/pics/transcript")).json()
     assert listener.connections == 0
@@ -397,7 +425,7 @@ async def test_a_url_image_is_not_resolved_even_when_it_is_refused(
             422,
             "limit-exceeded",
         )
-        await asyncio.sleep(0.1)
+        await listener.settled()
     assert listener.connections == 0
 
 

@@ -27,11 +27,6 @@ class Services:
 
 
 @pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
 async def services(database_url: str, clock: ManualClock) -> AsyncIterator[Services]:
     settings = Settings(database_url=database_url, lease_seconds=30, idempotency_ttl_seconds=600)
     engine = make_engine(database_url)

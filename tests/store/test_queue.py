@@ -23,11 +23,6 @@ LEASE = 10.0
 
 
 @pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
 async def queue(engine: AsyncEngine, clock: ManualClock) -> Repository:
     repo = Repository(engine, clock)
     await repo.create_conversation(T, "c")

@@ -10,46 +10,20 @@ from __future__ import annotations
 
 import contextvars
 import re
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
 import pytest
 from sqlalchemy import event
 
-from app.api.app import create_app
 from app.clock import ManualClock
-from app.service.agents import AgentPool
 
-from ..helpers import assert_problem, user
-from .conftest import AppClient, SettingsFactory
-from .test_client_tools_http import LOOKUP, RAW_ARGS, tool_result
-from .test_context import assistant, context, tool_call
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-def managed(make_settings: SettingsFactory, clock: ManualClock) -> Callable[..., Any]:
-    @asynccontextmanager
-    async def start(agents: AgentPool | None = None, **overrides: Any) -> AsyncIterator[AppClient]:
-        app = create_app(make_settings(**overrides), agents=agents, clock=clock)
-        http = AppClient(transport=httpx.ASGITransport(app=app), base_url="http://carryover.test")
-        http.app = app
-        async with app.router.lifespan_context(app), http:
-            yield http
-
-    return start
-
-
-@pytest.fixture
-async def client(managed: Callable[..., Any]) -> AsyncIterator[AppClient]:
-    async with managed() as http:
-        yield http
+from ...helpers import assert_problem, user
+from ..conftest import AppClient
+from ..test_client_tools_http import LOOKUP, RAW_ARGS, tool_result
+from ..test_context import assistant, context, tool_call
 
 
 async def create(client: AppClient, conv_id: str, **body: Any) -> None:

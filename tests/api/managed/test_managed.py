@@ -5,8 +5,7 @@ export/import."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -14,43 +13,15 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from app.api.app import create_app
 from app.clock import ManualClock
-from app.service.agents import AgentPool
 from app.store import tables
 
-from ..fakes.gated import GatedProvider, gated_pool
-from ..helpers import assert_problem, until, user
-from .conftest import AppClient, SettingsFactory
-from .test_context import FULL, assistant, context, tool_call, tool_result
+from ...fakes.gated import GatedProvider, gated_pool
+from ...helpers import assert_problem, until, user
+from ..conftest import AppClient, SettingsFactory
+from ..test_context import FULL, assistant, context, tool_call, tool_result
 
 MERGE = {"content-type": "application/merge-patch+json"}
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-def managed(make_settings: SettingsFactory, clock: ManualClock) -> Callable[..., Any]:
-    """``async with managed(agents=..., **settings) as client``: the app on the test's clock."""
-
-    @asynccontextmanager
-    async def start(agents: AgentPool | None = None, **overrides: Any) -> AsyncIterator[AppClient]:
-        app = create_app(make_settings(**overrides), agents=agents, clock=clock)
-        http = AppClient(transport=httpx.ASGITransport(app=app), base_url="http://carryover.test")
-        http.app = app
-        async with app.router.lifespan_context(app), http:
-            yield http
-
-    return start
-
-
-@pytest.fixture
-async def client(managed: Callable[..., Any]) -> AsyncIterator[AppClient]:
-    async with managed() as http:
-        yield http
 
 
 async def create(client: AppClient, conv_id: str, **body: Any) -> dict[str, Any]:
