@@ -278,14 +278,16 @@ async def test_if_match_is_checked_on_arrival_not_when_a_queued_run_starts(
     assert await stored_texts(client) == ["held first", "stale", "matching"]
 
 
-async def test_a_waiter_whose_conversation_is_deleted_gets_404(
+async def test_a_conversation_with_a_run_and_a_waiter_is_not_deleted_under_them(
     client: AppClient, gate: GatedProvider
 ) -> None:
     running = asyncio.create_task(post_run(client, "held"))
     await gate.arrival("held")
     waiter = asyncio.create_task(post_run(client, "waiting", if_busy="enqueue"))
     await queued_count(client, 1)
-    assert (await client.delete("/conversations/conv")).status_code == 204
-    assert_problem(await asyncio.wait_for(waiter, HANG_GUARD_SECONDS), 404, "not-found")
+    assert_problem(await client.delete("/conversations/conv"), 409, "run-in-progress")
     gate.release_all()
-    await running
+    assert (await running).json()["status"] == "completed"
+    answered = await asyncio.wait_for(waiter, HANG_GUARD_SECONDS)
+    assert answered.status_code == 201 and answered.json()["status"] == "completed"
+    assert (await client.delete("/conversations/conv")).status_code == 204
