@@ -68,6 +68,8 @@ class _ProfileFields(BaseModel):
     #: seconds to connect to the provider, and the longest it may send nothing (between two
     #: bytes of an answer: with streaming off, that is the whole answer) before the request is
     #: abandoned as a retryable failure (docs/providers.md, "Timeouts")
+    #: ask the provider to stream its answer (server-sent events); false: one JSON answer
+    stream: bool = True
     connect_timeout: float = Field(default=10.0, gt=0)
     idle_timeout: float = Field(default=180.0, gt=0)
     thinking_budget: int | None = Field(default=None, ge=1)

@@ -90,6 +90,7 @@ def build_provider(profile: AgentProfile) -> Provider:
             base_url=profile.base_url,
             model=profile.model,
             timeouts=timeouts,
+            stream=profile.stream,
         )
     from app.agent.providers.anthropic import AnthropicProvider
 
@@ -105,6 +106,7 @@ def build_provider(profile: AgentProfile) -> Provider:
         max_tokens=max_tokens,
         thinking_budget=profile.thinking_budget,
         timeouts=timeouts,
+        stream=profile.stream,
     )
 
 

@@ -139,7 +139,7 @@ def free_port() -> Iterator[int]:
         yield s.getsockname()[1]
 
 
-def test_a_profile_sets_its_providers_timeouts(free_port: int) -> None:
+def test_a_profile_sets_its_providers_timeouts_and_streaming(free_port: int) -> None:
     for provider in ("openai", "anthropic"):
         profile = AgentProfile(
             provider=provider,
@@ -148,9 +148,11 @@ def test_a_profile_sets_its_providers_timeouts(free_port: int) -> None:
             api_key=SecretStr("sk-x"),
             connect_timeout=3,
             idle_timeout=45,
+            stream=False,
         )
         built = build_provider(profile)
         assert isinstance(built, OpenAIProvider | AnthropicProvider)
         assert built.timeouts == Timeouts(connect=3, idle=45)
+        assert built.stream_mode is False
     default = AgentProfile(provider="openai", model="m", base_url="http://127.0.0.1:1")
-    assert (default.connect_timeout, default.idle_timeout) == (10.0, 180.0)
+    assert (default.connect_timeout, default.idle_timeout, default.stream) == (10.0, 180.0, True)
