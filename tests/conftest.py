@@ -18,9 +18,9 @@ Admin work runs on its own event loop in a helper thread, so these fixtures neve
 event loop pytest-asyncio gives each test.
 
 Also here: ``clock``, a ``ManualClock`` the test moves (one per test), and the suite's order
-and its groups under pytest-xdist (``./scripts/test`` runs ``-n N --dist loadgroup``): the
-tests that share a costly module-scoped fixture (a built wheel, a private PostgreSQL cluster,
-a live server) run on one worker, so it is set up once; the slowest tests are handed out first.
+under pytest-xdist (``./scripts/test`` runs ``-n N --dist loadscope``: each module runs on one
+worker, so a module-scoped fixture, a built wheel, a private PostgreSQL cluster or a live
+server, is set up once): the slowest modules are handed out first.
 """
 
 from __future__ import annotations
@@ -226,10 +226,6 @@ def clock() -> ManualClock:
 
 # --- the order of the suite under pytest-xdist ---------------------------------------------------
 
-#: module-scoped fixtures cheap enough to set up once per worker: their tests spread freely
-_CHEAP_MODULE_FIXTURES = frozenset({"postgres_url"})
-
-
 #: the slowest parts of the suite (seconds each: a wheel built, servers started, a cluster
 #: restarted, an API fuzzed), handed to the workers first so that none is left to run alone at
 #: the end; in this order, the rest keeps its order
@@ -254,26 +250,9 @@ def _rank(item: pytest.Item) -> int:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The order of the suite, and its groups under ``--dist loadgroup``.
-
-    - The slowest parts first (``SLOW_FIRST``; a stable sort, so the order within each part
-      and of the rest stays the collection's).
-    - A test that uses a module-scoped fixture (a built wheel, a private cluster, a live server,
-      a fuzzed app) joins its module's group, so that fixture is set up on one worker only;
-      everything else spreads test by test. Runs before xdist reads the marks (``tryfirst``).
-    """
+    """The slowest parts first (``SLOW_FIRST``; a stable sort, so the order within each part and
+    of the rest stays the collection's): xdist hands the modules out in this order."""
     items.sort(key=_rank)
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        if info is None:
-            continue
-        shared = any(
-            definitions[-1].scope in ("module", "package")
-            for name, definitions in info.name2fixturedefs.items()
-            if definitions and name not in _CHEAP_MODULE_FIXTURES
-        )
-        if shared:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
 
 
 # --- an invariant of the whole suite -------------------------------------------------------------
