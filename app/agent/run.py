@@ -26,8 +26,8 @@ duration.
 
 The stages live in modules of their own: the config, plan and run state in
 :mod:`app.agent.state`, the tool batches in :mod:`app.agent.batches`, compaction in
-:mod:`app.agent.folding`, and what a provider is sent in :mod:`app.agent.opaque`; this module
-holds :class:`Agent` itself, its run loop and the attempts.
+:mod:`app.agent.compaction_stage`, and what a provider is sent in :mod:`app.agent.opaque`;
+this module holds :class:`Agent` itself, its run loop and the attempts.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from app import telemetry
 
 from .assembly import AttemptBuilder
 from .batches import _ToolBatches
+from .compaction_stage import _Folding
 from .events import Delta, EventSink, MessageCompleted
-from .folding import _Folding
 from .messages import (
     AnyMessage,
     AssistantMessage,

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.agent import compaction as compaction_module
-from app.agent import folding, offload, opaque, tokens
+from app.agent import compaction_stage, offload, opaque, tokens
 from app.agent import run as run_module
 from app.agent.compaction import choose_cut, is_safe_cut
 from app.agent.messages import (
@@ -327,7 +327,7 @@ async def test_compacting_a_long_context_runs_its_cpu_heavy_steps_in_a_worker_th
         (tokens, "heuristic_tokens"),
         (compaction_module, "choose_cut"),
         (compaction_module, "render"),
-        (folding, "_fold"),
+        (compaction_stage, "_fold"),
         (run_module, "tally_of"),
     ):
         _spy(monkeypatch, module, name, on_loop.setdefault(name, []))
