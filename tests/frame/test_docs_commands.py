@@ -51,6 +51,7 @@ NOT_RUN = {
     ("runs.md", 2): "a public webhook target (its address is resolved) and ids it printed",
     ("runs.md", 3): "illustrative: the id of the run it started (7f9c…) and jq",
     ("security.md", 1): "the id of a key a previous command printed (key_3f9a…)",
+    ("testing.md", 1): "runs the whole suite, or parts of it (the suite itself)",
     ("tools.md", 1): "a transcript with the server's ids in its output (tests/api cover it)",
     ("tools.md", 2): "a transcript with the server's ids in its output (tests/api cover it)",
     ("tools.md", 3): "a transcript with the server's ids in its output (tests/api cover it)",

@@ -281,9 +281,9 @@ def connection_error(provider: str, exc: BaseException, api_key: str | None) -> 
     the URL the request went to (httpx's errors carry it), so a wrong ``base_url`` shows."""
     detail = scrub(str(exc) or type(exc).__name__, api_key)
     url = _url_of(exc)
-    where = f" to {scrub(url, api_key)}" if url else ""
+    where = f" ({scrub(url, api_key)})" if url else ""
     return ProviderError(
-        "retryable", f"{provider}: connection{where} failed ({type(exc).__name__}): {detail}"
+        "retryable", f"{provider}: connection failed{where} ({type(exc).__name__}): {detail}"
     )
 
 
