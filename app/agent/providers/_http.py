@@ -95,12 +95,13 @@ def parse_retry_after(
     return seconds
 
 
-def _load_transport_errors() -> tuple[type[BaseException], ...]:
-    """Transport-level exception classes of httpx and httpx2 (whichever the SDKs use).
+def transport_classes(*names: str) -> tuple[type[BaseException], ...]:
+    """Exception classes of httpx and httpx2 (whichever the SDKs use) by name.
 
-    The SDKs wrap most of them in ``APIConnectionError``, but not every stream reader does
-    (a connection dropped half-way through an SSE body can surface as the raw
-    ``RemoteProtocolError``), so the providers catch these as well.
+    The SDKs wrap most transport errors in ``APIConnectionError``, but not every stream reader
+    does (a connection dropped half-way through an SSE body can surface as the raw
+    ``RemoteProtocolError``, a stalled read as the raw ``ReadTimeout``), so the providers catch
+    these as well.
     """
     found: list[type[BaseException]] = []
     for module_name in ("httpx", "httpx2"):
@@ -108,14 +109,14 @@ def _load_transport_errors() -> tuple[type[BaseException], ...]:
             module = importlib.import_module(module_name)
         except ImportError:
             continue
-        for attr in ("TransportError", "StreamError", "DecodingError"):
+        for attr in names:
             cls = getattr(module, attr, None)
             if isinstance(cls, type) and issubclass(cls, BaseException):
                 found.append(cls)
     return tuple(found)
 
 
-TRANSPORT_ERRORS: tuple[type[BaseException], ...] = _load_transport_errors()
+TRANSPORT_ERRORS = transport_classes("TransportError", "StreamError", "DecodingError")
 
 
 # Error codes the providers give to the stream faults they detect themselves.

@@ -11,7 +11,6 @@ provider failure. The classification itself lives in :mod:`._http`.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
@@ -21,6 +20,7 @@ from ._http import (
     check_event_stream,
     malformed_error,
     no_events_error,
+    transport_classes,
 )
 from .base import ProviderError, Timeouts
 
@@ -90,22 +90,8 @@ async def events(
             yield event
 
 
-def _timeout_types() -> tuple[type[BaseException], ...]:
-    """The transport's timeout exceptions (httpx and httpx2, whichever the SDKs use): a read
-    that stalls half-way through a stream raises them unwrapped."""
-    found: list[type[BaseException]] = []
-    for module_name in ("httpx", "httpx2"):
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        cls = getattr(module, "TimeoutException", None)
-        if isinstance(cls, type) and issubclass(cls, BaseException):
-            found.append(cls)
-    return tuple(found)
-
-
-TIMEOUT_ERRORS = _timeout_types()
+#: a read that stalls half-way through a stream raises these unwrapped
+TIMEOUT_ERRORS = transport_classes("TimeoutException")
 
 
 def timeout_error(provider: str, exc: BaseException, timeouts: Timeouts) -> ProviderError:
