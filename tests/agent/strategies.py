@@ -22,6 +22,7 @@ Public strategies (reuse them from other test files):
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import random
 from typing import Any, get_args
@@ -81,6 +82,7 @@ SPECIAL_STRINGS: tuple[str, ...] = (
 _chars = st.characters(codec="utf-8")
 
 
+@functools.cache
 def texts(*, min_size: int = 0, max_size: int = 40) -> st.SearchStrategy[str]:
     """Arbitrary unicode, biased towards :data:`SPECIAL_STRINGS` and the empty string."""
     special = [s for s in SPECIAL_STRINGS if min_size <= len(s) <= max_size]
@@ -90,6 +92,7 @@ def texts(*, min_size: int = 0, max_size: int = 40) -> st.SearchStrategy[str]:
     )
 
 
+@functools.cache
 def nonempty_texts(max_size: int = 40) -> st.SearchStrategy[str]:
     return texts(min_size=1, max_size=max_size)
 
@@ -105,6 +108,7 @@ _json_scalars = st.one_of(
 )
 
 
+@functools.cache
 def json_values(max_leaves: int = 15) -> st.SearchStrategy[Any]:
     """Nested JSON: dicts/lists of str/int/bool/None/finite floats."""
     return st.recursive(
@@ -117,6 +121,7 @@ def json_values(max_leaves: int = 15) -> st.SearchStrategy[Any]:
     )
 
 
+@functools.cache
 def provider_data() -> st.SearchStrategy[dict[str, Any]]:
     """The opaque ``provider_data`` object: any JSON object."""
     return st.one_of(
@@ -147,6 +152,7 @@ _INVALID_JSON_ARGUMENTS = (
 )
 
 
+@functools.cache
 def raw_arguments() -> st.SearchStrategy[str]:
     """What a model may put in ``arguments``: valid JSON in odd layouts, or anything at all."""
     odd_layouts = st.builds(
@@ -184,6 +190,7 @@ def random_bytes(size: int, seed: int) -> bytes:
     return random.Random(seed).randbytes(size)
 
 
+@functools.cache
 def image_bytes(*, large: bool = False) -> st.SearchStrategy[bytes]:
     """Raw image payloads: small ones drawn by hypothesis; ``large`` ones up to ~1 MB."""
     if large:
@@ -195,6 +202,7 @@ def image_bytes(*, large: bool = False) -> st.SearchStrategy[bytes]:
     return st.binary(max_size=300)
 
 
+@functools.cache
 def base64_sources(*, large: bool = False) -> st.SearchStrategy[Base64Source]:
     return st.builds(
         lambda raw, media_type: Base64Source(
@@ -205,6 +213,7 @@ def base64_sources(*, large: bool = False) -> st.SearchStrategy[Base64Source]:
     )
 
 
+@functools.cache
 def url_sources() -> st.SearchStrategy[UrlSource]:
     urls = st.one_of(
         st.sampled_from(
@@ -220,23 +229,28 @@ def url_sources() -> st.SearchStrategy[UrlSource]:
     return st.builds(UrlSource, url=urls)
 
 
+@functools.cache
 def image_blocks(*, large: bool = False) -> st.SearchStrategy[ImageBlock]:
     sources = base64_sources(large=True) if large else st.one_of(base64_sources(), url_sources())
     return st.builds(ImageBlock, source=sources)
 
 
+@functools.cache
 def text_blocks() -> st.SearchStrategy[TextBlock]:
     return st.builds(TextBlock, text=texts(max_size=200))
 
 
+@functools.cache
 def thinking_blocks() -> st.SearchStrategy[ThinkingBlock]:
     return st.builds(ThinkingBlock, thinking=texts(max_size=200), signature=texts(max_size=120))
 
 
+@functools.cache
 def redacted_thinking_blocks() -> st.SearchStrategy[RedactedThinkingBlock]:
     return st.builds(RedactedThinkingBlock, data=texts(max_size=200))
 
 
+@functools.cache
 def tool_call_ids() -> st.SearchStrategy[str]:
     return st.one_of(
         st.from_regex(r"(call|toolu)_[A-Za-z0-9]{1,24}", fullmatch=True),
@@ -244,6 +258,7 @@ def tool_call_ids() -> st.SearchStrategy[str]:
     )
 
 
+@functools.cache
 def tool_names() -> st.SearchStrategy[str]:
     return st.one_of(
         st.from_regex(r"[a-z_][a-z0-9_]{0,20}", fullmatch=True),
@@ -254,18 +269,29 @@ def tool_names() -> st.SearchStrategy[str]:
 def tool_call_blocks(
     *, ids: st.SearchStrategy[str] | None = None
 ) -> st.SearchStrategy[ToolCallBlock]:
+    if ids is None:
+        return _any_tool_call_blocks()
     return st.builds(
         ToolCallBlock,
-        id=ids if ids is not None else tool_call_ids(),
+        id=ids,
         name=tool_names(),
         arguments=raw_arguments(),
     )
 
 
+@functools.cache
+def _any_tool_call_blocks() -> st.SearchStrategy[ToolCallBlock]:
+    return st.builds(
+        ToolCallBlock, id=tool_call_ids(), name=tool_names(), arguments=raw_arguments()
+    )
+
+
+@functools.cache
 def user_blocks() -> st.SearchStrategy[TextBlock | ImageBlock]:
     return st.one_of(text_blocks(), image_blocks())
 
 
+@functools.cache
 def assistant_blocks() -> st.SearchStrategy[Any]:
     return st.one_of(
         text_blocks(), thinking_blocks(), redacted_thinking_blocks(), tool_call_blocks()
@@ -279,6 +305,7 @@ _token_counts = st.one_of(
 )
 
 
+@functools.cache
 def usages() -> st.SearchStrategy[Usage]:
     return st.builds(
         Usage,
@@ -289,6 +316,7 @@ def usages() -> st.SearchStrategy[Usage]:
     )
 
 
+@functools.cache
 def attempt_errors() -> st.SearchStrategy[AttemptError]:
     return st.builds(
         AttemptError,
@@ -302,8 +330,22 @@ def attempt_errors() -> st.SearchStrategy[AttemptError]:
 # --- messages ---------------------------------------------------------------------------------
 
 
+@functools.cache
 def user_messages() -> st.SearchStrategy[UserMessage]:
     return st.builds(UserMessage, content=st.lists(user_blocks(), max_size=4).map(tuple))
+
+
+# what assistant_messages draws from, built once (a strategy built per draw is validated anew
+# each time, which costs more than the draw)
+_assistant_contents = st.lists(assistant_blocks(), max_size=5)
+_stop_reasons = st.sampled_from(STOP_REASONS)
+_replayable_stop_reasons = st.sampled_from(REPLAYABLE_STOP_REASONS)
+_maybe_errors = st.none() | attempt_errors()
+_failed_endings = st.one_of(
+    st.tuples(st.sampled_from(("error", "aborted")), _maybe_errors),
+    st.tuples(_stop_reasons, attempt_errors()),
+)
+_provider_names = st.one_of(st.sampled_from(["echo", "openai", "anthropic"]), texts())
 
 
 @st.composite
@@ -318,23 +360,24 @@ def assistant_messages(
     ``replayable=True`` gives only attempts a context may hold; ``False`` only failed/aborted
     ones (``stop_reason`` ``error``/``aborted`` or an ``error`` object); ``None`` anything.
     """
-    blocks = draw(content if content is not None else st.lists(assistant_blocks(), max_size=5))
+    blocks = draw(content if content is not None else _assistant_contents)
+    return _draw_assistant(draw, replayable, blocks)
+
+
+def _draw_assistant(
+    draw: st.DrawFn, replayable: bool | None, blocks: list[Any]
+) -> AssistantMessage:
     if replayable is None:
-        stop_reason = draw(st.sampled_from(STOP_REASONS))
-        error = draw(st.none() | attempt_errors())
+        stop_reason = draw(_stop_reasons)
+        error = draw(_maybe_errors)
     elif replayable:
-        stop_reason = draw(st.sampled_from(REPLAYABLE_STOP_REASONS))
+        stop_reason = draw(_replayable_stop_reasons)
         error = None
     else:
-        stop_reason, error = draw(
-            st.one_of(
-                st.tuples(st.sampled_from(("error", "aborted")), st.none() | attempt_errors()),
-                st.tuples(st.sampled_from(STOP_REASONS), attempt_errors()),
-            )
-        )
+        stop_reason, error = draw(_failed_endings)
     return AssistantMessage(
         content=tuple(blocks),
-        provider=draw(st.one_of(st.sampled_from(["echo", "openai", "anthropic"]), texts())),
+        provider=draw(_provider_names),
         model=draw(texts(max_size=40)),
         response_id=draw(texts(max_size=40)),
         stop_reason=stop_reason,
@@ -351,15 +394,22 @@ def tool_result_messages(
         ToolResultMessage,
         tool_call_id=st.just(call_id) if call_id is not None else tool_call_ids(),
         tool_name=st.just(name) if name is not None else tool_names(),
-        content=st.lists(user_blocks(), max_size=3).map(tuple),
+        content=_result_contents(),
         is_error=st.booleans(),
     )
 
 
+@functools.cache
+def _result_contents() -> st.SearchStrategy[tuple[TextBlock | ImageBlock, ...]]:
+    return st.lists(user_blocks(), max_size=3).map(tuple)
+
+
+@functools.cache
 def messages() -> st.SearchStrategy[UserMessage | AssistantMessage | ToolResultMessage]:
     return st.one_of(user_messages(), assistant_messages(), tool_result_messages())
 
 
+@functools.cache
 def contexts(max_messages: int = 6) -> st.SearchStrategy[Context]:
     """Any context the codec must carry; not necessarily replayable."""
     return st.builds(
@@ -373,23 +423,39 @@ def contexts(max_messages: int = 6) -> st.SearchStrategy[Context]:
 # --- replayable contexts ------------------------------------------------------------------------
 
 _no_call_blocks = st.one_of(text_blocks(), thinking_blocks(), redacted_thinking_blocks())
+_some_no_call_blocks = st.lists(_no_call_blocks, max_size=3)
 
 
 @st.composite
 def _assistant_with_calls(
     draw: st.DrawFn, *, min_calls: int = 1, max_calls: int = 3
 ) -> AssistantMessage:
-    ids = draw(st.lists(tool_call_ids(), min_size=min_calls, max_size=max_calls, unique=True))
-    calls = [draw(tool_call_blocks(ids=st.just(i))) for i in ids]
-    others = draw(st.lists(_no_call_blocks, max_size=3))
+    ids = draw(_call_ids(min_calls, max_calls))
+    calls = [
+        ToolCallBlock(id=i, name=draw(tool_names()), arguments=draw(raw_arguments())) for i in ids
+    ]
+    others = draw(_some_no_call_blocks)
     blocks = draw(st.permutations(others + calls))
-    return draw(assistant_messages(replayable=True, content=st.just(blocks)))
+    return _draw_assistant(draw, True, blocks)
+
+
+@functools.cache
+def _call_ids(min_calls: int, max_calls: int) -> st.SearchStrategy[list[str]]:
+    return st.lists(tool_call_ids(), min_size=min_calls, max_size=max_calls, unique=True)
 
 
 @st.composite
 def _answers(draw: st.DrawFn, message: AssistantMessage) -> list[ToolResultMessage]:
     """One result per call of ``message``, in call order or shuffled."""
-    results = [draw(tool_result_messages(call_id=c.id, name=c.name)) for c in message.tool_calls]
+    results = [
+        ToolResultMessage(
+            tool_call_id=c.id,
+            tool_name=c.name,
+            content=draw(_result_contents()),
+            is_error=draw(st.booleans()),
+        )
+        for c in message.tool_calls
+    ]
     return list(draw(st.one_of(st.just(results), st.permutations(results))))
 
 
@@ -397,23 +463,30 @@ def _answers(draw: st.DrawFn, message: AssistantMessage) -> list[ToolResultMessa
 def _turn(draw: st.DrawFn) -> list[Any]:
     """user → (assistant with calls → their results)* → optional closing assistant."""
     out: list[Any] = [draw(user_messages())]
-    for _ in range(draw(st.integers(min_value=0, max_value=2))):
-        assistant = draw(_assistant_with_calls())
+    for _ in range(draw(_up_to_two)):
+        assistant = draw(_assistants_with_calls)
         out.append(assistant)
         out.extend(draw(_answers(assistant)))
     if draw(st.booleans()):
-        out.append(
-            draw(assistant_messages(replayable=True, content=st.lists(_no_call_blocks, max_size=3)))
-        )
+        out.append(_draw_assistant(draw, True, draw(_some_no_call_blocks)))
     return out
+
+
+_up_to_two = st.integers(min_value=0, max_value=2)
+_assistants_with_calls = _assistant_with_calls()
+_turns = _turn()
 
 
 @st.composite
 def replayable_contexts(draw: st.DrawFn, max_turns: int = 3) -> Context:
     """Contexts that satisfy every replay rule of contract §1."""
+    return _draw_replayable(draw, max_turns)
+
+
+def _draw_replayable(draw: st.DrawFn, max_turns: int) -> Context:
     messages_: list[Any] = []
     for _ in range(draw(st.integers(min_value=0, max_value=max_turns))):
-        messages_.extend(draw(_turn()))
+        messages_.extend(draw(_turns))
     return Context(
         system_prompt=draw(texts(max_size=100)),
         summary=draw(texts(max_size=100)),
@@ -427,11 +500,11 @@ def open_batch_contexts(draw: st.DrawFn, max_turns: int = 2) -> tuple[Context, i
 
     Draws ``(context, index_of_that_assistant, ids_still_unanswered_in_call_order)``.
     """
-    base = draw(replayable_contexts(max_turns=max_turns))
+    base = _draw_replayable(draw, max_turns)
     head = list(base.messages)
     if not head or draw(st.booleans()):
         head.append(draw(user_messages()))
-    assistant = draw(_assistant_with_calls())
+    assistant = draw(_assistants_with_calls)
     index = len(head)
     calls = list(assistant.tool_calls)
     answered = (
@@ -440,7 +513,15 @@ def open_batch_contexts(draw: st.DrawFn, max_turns: int = 2) -> tuple[Context, i
         else []
     )
     answered_ids = {c.id for c in answered}
-    results = [draw(tool_result_messages(call_id=c.id, name=c.name)) for c in answered]
+    results = [
+        ToolResultMessage(
+            tool_call_id=c.id,
+            tool_name=c.name,
+            content=draw(_result_contents()),
+            is_error=draw(st.booleans()),
+        )
+        for c in answered
+    ]
     missing = [c.id for c in calls if c.id not in answered_ids]
     context = Context(
         system_prompt=base.system_prompt,
