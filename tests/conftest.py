@@ -253,7 +253,7 @@ class _PostgresPool:
                 for (sequence,) in await conn.fetch(
                     "SELECT sequencename FROM pg_sequences WHERE schemaname = 'public'"
                 ):
-                    await conn.execute(f"ALTER SEQUENCE \"{sequence}\" RESTART")
+                    await conn.execute(f'ALTER SEQUENCE "{sequence}" RESTART')
             return True
         finally:
             await conn.close()

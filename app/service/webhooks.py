@@ -38,6 +38,7 @@ from app.config import Settings
 from app.store.faults import classify
 from app.store.stores import RunRecord, Stores
 from app.store.tables import Webhook, WebhookDelivery
+from app.tls import client_context
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,9 @@ class WebhookWorker:
     async def start(self) -> None:
         if self._task is None:
             self._http = httpx.AsyncClient(
-                timeout=self.settings.webhook_timeout_seconds, follow_redirects=False
+                timeout=self.settings.webhook_timeout_seconds,
+                follow_redirects=False,
+                verify=client_context(),
             )
             self._task = asyncio.create_task(self._loop(), name="carryover-webhooks")
 

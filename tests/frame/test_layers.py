@@ -2,7 +2,8 @@
 layer or the layers below it. Read from the source (an AST walk, no import), so a module that
 would import an upper layer lazily, inside a function or under ``TYPE_CHECKING``, counts too.
 
-    base     app.clock, app.errors, app.etag, app.telemetry  (import nothing of app but each other)
+    base     app.addresses, app.clock, app.errors, app.etag, app.telemetry, app.tls
+             (import nothing of app but each other)
     agent    app.agent
     config   app.config, app.observability  (settings and metrics)
     store    app.store
@@ -44,6 +45,7 @@ LAYERS = {
     "app.errors": "base",
     "app.etag": "base",
     "app.telemetry": "base",
+    "app.tls": "base",
     "app.agent": "agent",
     "app.config": "config",
     "app.observability": "config",

@@ -24,6 +24,8 @@ from typing import Any
 import anthropic
 from anthropic.types import Message, RawMessageStreamEvent
 
+from app.tls import client_context
+
 from .._http import (
     DECODE_ERRORS,
     TRANSPORT_ERRORS,
@@ -107,6 +109,7 @@ class AnthropicProvider:
             base_url=base_url,
             timeout=anthropic.Timeout(self.timeouts.idle, connect=self.timeouts.connect),
             max_retries=0,
+            http_client=anthropic.DefaultAsyncHttpxClient(verify=client_context()),
         )
 
     async def aclose(self) -> None:

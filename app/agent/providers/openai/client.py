@@ -19,6 +19,8 @@ from typing import Any
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from app.tls import client_context
+
 from .._http import (
     DECODE_ERRORS,
     TRANSPORT_ERRORS,
@@ -70,6 +72,7 @@ class OpenAIProvider:
             base_url=base_url,
             timeout=openai.Timeout(self.timeouts.idle, connect=self.timeouts.connect),
             max_retries=0,
+            http_client=openai.DefaultAsyncHttpxClient(verify=client_context()),
         )
 
     async def aclose(self) -> None:
