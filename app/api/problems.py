@@ -69,6 +69,9 @@ NOT_ACCEPTABLE = _register("not-acceptable", "Not acceptable", 406)
 CONVERSATION_EXISTS = _register("conversation-exists", "Conversation already exists", 409)
 RUN_IN_PROGRESS = _register("run-in-progress", "Another run is in progress", 409)
 RUN_NOT_ACTIVE = _register("run-not-active", "The run is not in progress", 409)
+STORED_DATA_DAMAGED = _register(
+    "stored-data-damaged", "A stored message of the conversation is damaged", 409
+)
 TOOL_RESULTS_REQUIRED = _register(
     "tool-results-required", "Pending tool calls must be answered first", 409
 )
@@ -339,7 +342,15 @@ class ProblemDetails(BaseModel):
         default=None, description="validation-error: each invalid value and why"
     )
     message_index: int | None = Field(
-        default=None, description="invalid-context: index of the offending message"
+        default=None,
+        description="invalid-context, stored-data-damaged: index of the offending message",
+    )
+    current_etag: str | None = Field(
+        default=None,
+        description="precondition-failed, stored-data-damaged: the stored context's ETag now",
+    )
+    conversation_id: str | None = Field(
+        default=None, description="stored-data-damaged: the conversation whose message it is"
     )
     active_run_id: str | None = Field(
         default=None, description="run-in-progress: the run holding the conversation"

@@ -180,7 +180,9 @@ class Conversation(SQLModel, table=True):
 
 
 class ContextMessage(SQLModel, table=True):
-    """One message of a conversation's context, as ``app.agent.codec.dump_message`` gives it."""
+    """One message of a conversation's context, as ``app.agent.codec.dump_message`` gives it,
+    and the checksum of its stored text (:mod:`app.store.integrity`; null in rows written
+    before migration 0013 whose text did not parse then: such a row is verified by decoding)."""
 
     __tablename__ = "context_messages"
     __table_args__ = (_conversation_fk("fk_context_messages_conversation"),)
@@ -189,6 +191,8 @@ class ContextMessage(SQLModel, table=True):
     conversation_id: str = Field(primary_key=True, max_length=CONVERSATION_ID_LEN)
     position: int = Field(primary_key=True, sa_type=BigInteger)
     body: dict[str, Any] = Field(sa_type=JSONText)
+    #: SHA-256 of ``body`` as stored (UTF-8), in hex (app/store/integrity.py)
+    body_sha256: str | None = Field(default=None, max_length=64)
 
 
 class ConversationMetadata(SQLModel, table=True):

@@ -52,6 +52,7 @@ from ..problems import (
     PRECONDITION_FAILED,
     RUN_IN_PROGRESS,
     RUN_NOT_ACTIVE,
+    STORED_DATA_DAMAGED,
     VALIDATION_ERROR,
     problem_responses,
 )
@@ -99,7 +100,7 @@ router = APIRouter(tags=["runs"])
                 }
             },
         },
-        **problem_responses(400, 404, PRECONDITION_FAILED, 413, 422),
+        **problem_responses(400, 404, PRECONDITION_FAILED, STORED_DATA_DAMAGED, 413, 422),
         **QUOTA_RESPONSE,
     },
     operation_id="create_run",
@@ -288,7 +289,7 @@ class CompactRequest(BaseModel):
                 }
             },
         },
-        **problem_responses(400, 404, PRECONDITION_FAILED, 422),
+        **problem_responses(400, 404, PRECONDITION_FAILED, STORED_DATA_DAMAGED, 422),
         **QUOTA_RESPONSE,
     },
     operation_id="compact_conversation",
