@@ -140,6 +140,11 @@ _RUN_PROBLEMS = {
         422,
     ),
     "validation_error": ("run-invalid-request", "The queued run's request was not valid", 422),
+    "stored_data_damaged": (
+        "run-stored-data-damaged",
+        "A stored message of the conversation was damaged at the queued run's turn",
+        409,
+    ),
 }
 #: run error codes with a problem type of their own (the others take their kind's)
 CODED_RUN_PROBLEMS = frozenset(
@@ -152,6 +157,7 @@ CODED_RUN_PROBLEMS = frozenset(
         "tool_results_required",
         "unexpected_tool_answer",
         "validation_error",
+        "stored_data_damaged",
     }
 )
 #: run error kinds (and the statuses conflicted / interrupted) → their problem type

@@ -10,12 +10,12 @@ is not what was written is :class:`StoredDataDamaged` (409), naming the conversa
 message's index, and nothing is served, copied, leased or stored.
 
 Why a hash of the bytes and not a parse: GET context sends the stored texts as they are, joined
-by the database, never parsed; hashing them costs a few milliseconds per 10 MB (``hashlib``
-releases the GIL for long texts, and a long context is verified in a worker thread), where a
-parse costs a hundred times that. Why SHA-256 rather than a CRC: the same digest is the content
-address of a message text once each text is stored once (the migration series of context
-versions and content-addressed messages), so it must not collide; a CRC-32 would catch a flipped
-byte but could not become that key. PostgreSQL can compute it too (``sha256()``).
+by the database, never parsed; hashing them costs ~7 ms per 10 MB (``hashlib`` releases the
+GIL for long texts, and a long context is verified in a worker thread), a fifth of a parse.
+Why SHA-256 rather than a CRC: the same digest is the content address of a message text once
+each text is stored once (the migration series of context versions and content-addressed
+messages), so it must not collide; a CRC-32 would catch a flipped byte but could not become
+that key. PostgreSQL can compute it too (``sha256()``).
 
 A row without a checksum (``NULL``: written before migration 0013 by a process that did not
 know the column, or left unset by the migration because its text did not parse) is verified by

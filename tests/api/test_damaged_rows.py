@@ -21,10 +21,13 @@ from app.cli import main
 from app.config import get_settings
 from app.store.db import make_engine
 
-from ..helpers import assert_problem, user
-from .conftest import AppClient
+from ..fakes.gated import GatedProvider, gated_pool
+from ..helpers import assert_problem, until, user
+from .conftest import AppClient, SettingsFactory
 
 A, B = "damaged", "sound"
+PROBLEM = "https://carryover.dev/problems/"
+ASYNC = {"Prefer": "respond-async"}
 
 #: how a row is damaged: (SQL expression of the new body, what the read says)
 DAMAGES = {
@@ -221,3 +224,38 @@ async def test_carryover_check_lists_the_damaged_messages_and_how_to_repair(
         )
         assert repaired.status_code == 200
     assert await check() == 0
+
+
+async def test_a_queued_background_run_is_refused_at_its_turn_and_frees_the_conversation(
+    app_factory: Callable[..., Any], make_settings: SettingsFactory, database_url: str
+) -> None:
+    gate = GatedProvider(hold=lambda prompt: prompt.startswith("held"))
+    async with app_factory(agents=gated_pool(make_settings(), gate)) as client:
+        try:
+            await put_context(client, A)
+            runs = f"/conversations/{A}/runs"
+            first = await client.post(runs, json={"prompts": ["held"]}, headers=ASYNC)
+            assert first.status_code == 202, first.text
+            held = await gate.arrival("held")
+            queued = await client.post(
+                runs, json={"prompts": ["next"], "if_busy": "enqueue"}, headers=ASYNC
+            )
+            assert queued.status_code == 202 and queued.json()["status"] == "queued"
+            await damage(database_url, A, 2, DAMAGES["flipped-byte"])
+            held.release()  # the first run ran on the context it read before the damage
+
+            async def ended(run_id: str) -> dict[str, Any] | None:
+                record: dict[str, Any] = (await client.get(f"{runs}/{run_id}")).json()
+                return None if record["status"] in ("queued", "running") else record
+
+            assert (await until(lambda: ended(first.json()["run_id"])))["status"] == "completed"
+            record = await until(lambda: ended(queued.json()["run_id"]))
+            assert record["status"] == "failed" and record["stored"] is False
+            assert record["error"]["type"] == PROBLEM + "run-stored-data-damaged"
+            assert record["error"]["code"] == "stored_data_damaged"
+            assert "message 2" in record["error"]["detail"]
+            conv = (await client.get(f"/conversations/{A}")).json()
+            assert conv["active_run_id"] is None
+            assert_damaged(await client.get(f"/conversations/{A}/context"), conv["etag"])
+        finally:
+            gate.open()
