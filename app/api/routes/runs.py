@@ -52,7 +52,6 @@ from ..problems import (
     PRECONDITION_FAILED,
     RUN_IN_PROGRESS,
     RUN_NOT_ACTIVE,
-    STORED_DATA_DAMAGED,
     VALIDATION_ERROR,
     problem_responses,
 )
@@ -92,7 +91,8 @@ router = APIRouter(tags=["runs"])
             "description": "Another run is in progress (`run-in-progress`), the first "
             "request with this Idempotency-Key still runs, or the conversation awaits "
             "results or approvals for its pending tool calls (`tool-results-required`, "
-            "listing them in `pending_tool_calls`)",
+            "listing them in `pending_tool_calls`), or a stored message of it is damaged "
+            "(`stored-data-damaged`, no Retry-After: repair it with PUT …/context)",
             "headers": {"Retry-After": RETRY_AFTER_HEADER},
             "content": {
                 "application/problem+json": {
@@ -100,7 +100,7 @@ router = APIRouter(tags=["runs"])
                 }
             },
         },
-        **problem_responses(400, 404, PRECONDITION_FAILED, STORED_DATA_DAMAGED, 413, 422),
+        **problem_responses(400, 404, PRECONDITION_FAILED, 413, 422),
         **QUOTA_RESPONSE,
     },
     operation_id="create_run",
@@ -281,7 +281,8 @@ class CompactRequest(BaseModel):
             "headers": {"Location": LOCATION_HEADER, "ETag": ETAG_HEADER},
         },
         409: {
-            "description": "Another run is in progress",
+            "description": "Another run is in progress (`run-in-progress`), or a stored "
+            "message of the conversation is damaged (`stored-data-damaged`, no Retry-After)",
             "headers": {"Retry-After": RETRY_AFTER_HEADER},
             "content": {
                 "application/problem+json": {
@@ -289,7 +290,7 @@ class CompactRequest(BaseModel):
                 }
             },
         },
-        **problem_responses(400, 404, PRECONDITION_FAILED, STORED_DATA_DAMAGED, 422),
+        **problem_responses(400, 404, PRECONDITION_FAILED, 422),
         **QUOTA_RESPONSE,
     },
     operation_id="compact_conversation",
