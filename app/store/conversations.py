@@ -50,11 +50,10 @@ from .errors import (
     CutPastTheEnd,
     LimitExceeded,
     PreconditionFailed,
-    StoredDataDamaged,
     UnsafeCut,
     conversation_not_found,
 )
-from .integrity import body_octets, damage
+from .integrity import body_octets, damage, damaged
 from .listing import ListingStore, Search
 from .metadata import write_metadata
 from .tables import (
@@ -103,7 +102,7 @@ async def read_last_batch(
                 conv = conv or await read_conversation(conn, tenant, conv_id)
                 assert conv is not None
                 first = conv.next_position - conv.message_count
-                raise StoredDataDamaged(conv_id, position - first, conv.etag, why)
+                raise damaged(conv_id, position - first, conv.etag, why)
             message = load_message(json.loads(text))
             tail.append(message)
             if not isinstance(message, ToolResultMessage):

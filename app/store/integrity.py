@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,8 @@ from app.etag import version_etag
 from .db import read_transaction
 from .errors import StoredDataDamaged
 from .tables import context_messages, conversations
+
+_log = logging.getLogger(__name__)
 
 #: rows read per batch by :func:`scan`
 SCAN_BATCH = 1000
@@ -86,6 +89,19 @@ def spans_column(dialect: Dialect | str) -> ColumnElement[str]:
     return type_coerce(cast(body_octets(dialect), Text) + ":" + digest, Text)
 
 
+def damaged(conv_id: str, index: int, etag: str, reason: str) -> StoredDataDamaged:
+    """The refusal of a read that found a damaged message, logged (an ERROR naming the
+    conversation and the message: the operator's signal, the client gets a 409)."""
+    _log.error(
+        "stored message %d of conversation %r is damaged (%s); its reads and runs are "
+        "refused until its context is replaced (carryover check lists every one)",
+        index,
+        conv_id,
+        reason,
+    )
+    return StoredDataDamaged(conv_id, index, etag, reason)
+
+
 def verify_rows(
     conv_id: str, etag: str, texts: Sequence[str], digests: Sequence[str | None]
 ) -> None:
@@ -94,7 +110,7 @@ def verify_rows(
     for index, (text, digest) in enumerate(zip(texts, digests, strict=True)):
         why = damage(text, digest)
         if why is not None:
-            raise StoredDataDamaged(conv_id, index, etag, why)
+            raise damaged(conv_id, index, etag, why)
 
 
 def verify_joined(conv_id: str, etag: str, joined: bytes, spans: str) -> None:
@@ -109,10 +125,10 @@ def verify_joined(conv_id: str, etag: str, joined: bytes, spans: str) -> None:
         end = start + int(octets)
         why = damage(view[start:end], digest or None) if end <= len(joined) else "it is cut"
         if why is not None:
-            raise StoredDataDamaged(conv_id, index, etag, why)
+            raise damaged(conv_id, index, etag, why)
         start = end + 1
     if (start - 1 if items else 0) != len(joined):  # every text checked, and bytes left over
-        raise StoredDataDamaged(conv_id, len(items) - 1, etag, "it is longer than was written")
+        raise damaged(conv_id, len(items) - 1, etag, "it is longer than was written")
 
 
 @dataclass(frozen=True)
@@ -177,6 +193,7 @@ __all__ = [
     "body_octets",
     "body_sha256",
     "damage",
+    "damaged",
     "scan",
     "spans_column",
     "verify_joined",

@@ -85,7 +85,10 @@ def assert_damaged(response: Any, etag: str, index: int = 2) -> dict[str, Any]:
 
 @pytest.mark.parametrize("kind", sorted(DAMAGES))
 async def test_a_damaged_conversation_answers_a_problem_on_every_read_and_takes_no_run(
-    kind: str, app_factory: Callable[..., Any], database_url: str
+    kind: str,
+    app_factory: Callable[..., Any],
+    database_url: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     async with app_factory() as client:
         etag = await put_context(client, A)
@@ -94,7 +97,12 @@ async def test_a_damaged_conversation_answers_a_problem_on_every_read_and_takes_
     await damage(database_url, A, 2, DAMAGES[kind])
 
     async with app_factory() as client:  # a fresh process: nothing of A in its caches
-        assert_damaged(await client.get(f"/conversations/{A}/context"), etag)
+        with caplog.at_level(logging.ERROR, logger="app.store.integrity"):
+            assert_damaged(await client.get(f"/conversations/{A}/context"), etag)
+        assert any(  # the operator's signal
+            r.levelno == logging.ERROR and f"message 2 of conversation {A!r}" in r.getMessage()
+            for r in caplog.records
+        )
         assert_damaged(await client.get(f"/conversations/{A}/export"), etag)
         fork = await client.post(f"/conversations/{A}/fork", json={"id": "copy"})
         assert_damaged(fork, etag)
