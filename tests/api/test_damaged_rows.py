@@ -107,10 +107,15 @@ async def test_a_damaged_conversation_answers_a_problem_on_every_read_and_takes_
         fork = await client.post(f"/conversations/{A}/fork", json={"id": "copy"})
         assert_damaged(fork, etag)
         assert (await client.get("/conversations/copy")).status_code == 404
-        assert_damaged(
+        assert_damaged(  # message 2 is the first left out: whether the cut is safe is unknown
             await client.post(f"/conversations/{A}/fork", json={"id": "copy", "messages": 2}),
             etag,
         )
+        # what comes before it can still be saved: a fork of the sound messages
+        salvage = await client.post(f"/conversations/{A}/fork", json={"id": "kept", "messages": 1})
+        assert salvage.status_code == 201, salvage.text
+        kept = (await client.get("/conversations/kept/context")).json()
+        assert kept["messages"] == stored["messages"][:1]
         for _ in range(2):  # again and again: nothing is left holding the conversation
             run = await client.post(f"/conversations/{A}/runs", json={"prompts": ["hi"]})
             assert_damaged(run, etag)
