@@ -144,3 +144,19 @@ class StoredDataDamaged(StoreError):
         self.conversation_id = conv_id
         self.message_index = message_index
         self.etag = etag
+
+
+class StoredRecordDamaged(StoreError):
+    """A stored JSON value other than a context message (a transcript entry, a run record, a
+    conversation's bookkeeping) does not decode: the read that met it is refused with the same
+    problem as a damaged message, without an index (those rows carry no checksum yet)."""
+
+    slug = "stored-data-damaged"
+    status = 409
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(
+            f"a stored record this request reads is damaged ({reason}); nothing was served. "
+            "`carryover check` lists damaged messages; a damaged transcript entry or run "
+            "record goes with its conversation (DELETE it, or restore it from an export)"
+        )

@@ -37,6 +37,8 @@ from app.etag import parse_version_etag as parse_etag
 from app.etag import version_etag
 from app.etag import version_etag as make_etag
 
+from .errors import StoredRecordDamaged
+
 __all__ = ["make_etag", "parse_etag"]  # re-exported: the ETag lives in app.etag
 
 # --- column types -------------------------------------------------------------------------
@@ -63,7 +65,12 @@ class JSONText(TypeDecorator[Any]):
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
     def process_result_value(self, value: str | None, dialect: Dialect) -> Any:
-        return None if value is None else json.loads(value)
+        if value is None:
+            return None
+        try:
+            return json.loads(value)
+        except ValueError as exc:  # written around the service: refused, never a 500
+            raise StoredRecordDamaged(f"it is not JSON: {exc}") from None
 
 
 class UTCDateTime(TypeDecorator[datetime]):

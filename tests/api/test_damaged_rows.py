@@ -272,3 +272,30 @@ async def test_a_queued_background_run_is_refused_at_its_turn_and_frees_the_conv
             assert_damaged(await client.get(f"/conversations/{A}/context"), conv["etag"])
         finally:
             gate.open()
+
+
+async def test_a_damaged_transcript_entry_or_run_record_is_refused_not_a_500(
+    app_factory: Callable[..., Any], database_url: str
+) -> None:
+    async with app_factory() as client:
+        await put_context(client, A)
+        run = await client.post(f"/conversations/{A}/runs", json={"prompts": ["hi"]})
+        assert run.status_code == 201
+        run_id = run.json()["run_id"]
+    engine = make_engine(database_url)
+    try:
+        async with engine.begin() as conn:
+            for table in ("transcript", "run_new_messages"):
+                await conn.execute(text(f"UPDATE {table} SET body = substr(body, 2)"))
+    finally:
+        await engine.dispose()
+    async with app_factory() as client:
+        for path in ("transcript", f"runs/{run_id}"):
+            got = await client.get(f"/conversations/{A}/{path}")
+            body = assert_problem(got, 409, "stored-data-damaged")
+            assert "not JSON" in body["detail"]
+            assert got.headers.get("connection") != "close"  # a handled answer, not a 500
+        # the context itself is sound: it is served, and runs go on
+        assert (await client.get(f"/conversations/{A}/context")).status_code == 200
+        again = await client.post(f"/conversations/{A}/runs", json={"prompts": ["again"]})
+        assert again.status_code == 201, again.text
