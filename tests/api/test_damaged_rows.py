@@ -28,6 +28,7 @@ from .conftest import AppClient, SettingsFactory
 A, B = "damaged", "sound"
 PROBLEM = "https://carryover.dev/problems/"
 ASYNC = {"Prefer": "respond-async"}
+KEY = {"Idempotency-Key": "key-1"}
 
 #: how a row is damaged: (SQL expression of the new body, what the read says)
 DAMAGES = {
@@ -117,7 +118,9 @@ async def test_a_damaged_conversation_answers_a_problem_on_every_read_and_takes_
         kept = (await client.get("/conversations/kept/context")).json()
         assert kept["messages"] == stored["messages"][:1]
         for _ in range(2):  # again and again: nothing is left holding the conversation
-            run = await client.post(f"/conversations/{A}/runs", json={"prompts": ["hi"]})
+            run = await client.post(
+                f"/conversations/{A}/runs", json={"prompts": ["hi"]}, headers=KEY
+            )
             assert_damaged(run, etag)
         assert_damaged(await client.post(f"/conversations/{A}/compact"), etag)
 
@@ -140,8 +143,9 @@ async def test_a_damaged_conversation_answers_a_problem_on_every_read_and_takes_
         assert repaired.status_code == 200, repaired.text
         got = await client.get(f"/conversations/{A}/context")
         assert got.status_code == 200 and got.json() == stored
-        run = await client.post(f"/conversations/{A}/runs", json={"prompts": ["again"]})
+        run = await client.post(f"/conversations/{A}/runs", json={"prompts": ["hi"]}, headers=KEY)
         assert run.status_code == 201 and run.json()["status"] == "completed", run.text
+        assert run.headers.get("idempotent-replayed") is None  # the key was never taken
         exported = await client.get(f"/conversations/{A}/export")
         assert exported.status_code == 200
         assert len(json.loads(exported.content)["context"]["messages"]) == 6
