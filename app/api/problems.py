@@ -69,6 +69,9 @@ NOT_ACCEPTABLE = _register("not-acceptable", "Not acceptable", 406)
 CONVERSATION_EXISTS = _register("conversation-exists", "Conversation already exists", 409)
 RUN_IN_PROGRESS = _register("run-in-progress", "Another run is in progress", 409)
 RUN_NOT_ACTIVE = _register("run-not-active", "The run is not in progress", 409)
+STORED_DATA_DAMAGED = _register(
+    "stored-data-damaged", "A stored message of the conversation is damaged", 409
+)
 TOOL_RESULTS_REQUIRED = _register(
     "tool-results-required", "Pending tool calls must be answered first", 409
 )
@@ -137,6 +140,11 @@ _RUN_PROBLEMS = {
         422,
     ),
     "validation_error": ("run-invalid-request", "The queued run's request was not valid", 422),
+    "stored_data_damaged": (
+        "run-stored-data-damaged",
+        "A stored message of the conversation was damaged at the queued run's turn",
+        409,
+    ),
 }
 #: run error codes with a problem type of their own (the others take their kind's)
 CODED_RUN_PROBLEMS = frozenset(
@@ -149,6 +157,7 @@ CODED_RUN_PROBLEMS = frozenset(
         "tool_results_required",
         "unexpected_tool_answer",
         "validation_error",
+        "stored_data_damaged",
     }
 )
 #: run error kinds (and the statuses conflicted / interrupted) → their problem type
@@ -339,7 +348,15 @@ class ProblemDetails(BaseModel):
         default=None, description="validation-error: each invalid value and why"
     )
     message_index: int | None = Field(
-        default=None, description="invalid-context: index of the offending message"
+        default=None,
+        description="invalid-context, stored-data-damaged: index of the offending message",
+    )
+    current_etag: str | None = Field(
+        default=None,
+        description="precondition-failed, stored-data-damaged: the stored context's ETag now",
+    )
+    conversation_id: str | None = Field(
+        default=None, description="stored-data-damaged: the conversation whose message it is"
     )
     active_run_id: str | None = Field(
         default=None, description="run-in-progress: the run holding the conversation"

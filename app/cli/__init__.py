@@ -21,7 +21,8 @@
 - ``carryover openapi [--output PATH] [--check]`` writes the app's OpenAPI document as stable
   JSON (sorted keys, two-space indent, trailing newline), or checks the committed one.
 - ``carryover conversations …`` (``app/cli/conversations.py``), ``carryover config`` and
-  ``carryover quotas …`` (``app/cli/ops.py``).
+  ``carryover quotas …`` (``app/cli/ops.py``), ``carryover check`` (damaged stored messages,
+  ``app/cli/check.py``).
 
 What the subcommands share (:class:`CliError`, the settings, the migration) is in
 ``app/cli/common.py``; this module holds the parser, ``migrate``, ``openapi`` and the dispatch.
@@ -45,7 +46,7 @@ from app import chat
 from app.config import Settings, default_settings
 from app.observability import banner_line, configure_logging
 
-from . import conversations, ops
+from . import check, conversations, ops
 from .common import APP_FACTORY, CliError, load_settings, migrate_database, version
 from .keys import add_keys_parser, keys_command
 from .serve import add_serve_parser, serve_command
@@ -96,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_parser(commands)
     conversations.add_parser(commands)
     ops.add_parsers(commands)
+    check.add_parser(commands)
     return parser
 
 
@@ -163,6 +165,7 @@ COMMANDS = {
     "chat": chat.command,
     "conversations": conversations.command,
     **ops.COMMANDS,
+    **check.COMMANDS,
 }
 
 

@@ -224,8 +224,8 @@ class ConversationService:
         rows = await self.stores.conversations.load_context_rows(
             tenant, conv_id, cached=bodies.lookup
         )
-        if isinstance(rows.joined, str):  # read from the database: kept for the next read
-            joined = rows.joined.encode()
+        if rows.joined is not None and not rows.cached:  # read (and checked): kept
+            joined = rows.joined if isinstance(rows.joined, bytes) else rows.joined.encode()
             conv = rows.conversation
             bodies.keep(tenant, conv_id, conv.incarnation, conv.version, joined)
             rows = dataclasses.replace(rows, joined=joined)

@@ -18,7 +18,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.agent.codec import (
     CodecError,
-    dump_message,
     dumps_message,
     format_path,
     loads_message_texts,
@@ -31,6 +30,7 @@ from app.clock import SYSTEM_CLOCK, Clock
 
 from .changes import TranscriptItem, stored_pending
 from .errors import LimitExceeded, PreconditionFailed, StoreError, conversation_not_found
+from .integrity import body_sha256, spans_column, verify_joined, verify_rows
 from .tables import Conversation, Dumped, context_messages, conversations, transcript
 
 
@@ -80,10 +80,12 @@ class StoredRows:
     conversation: Conversation
     texts: tuple[str, ...]
     first_position: int
-    #: the texts already joined with commas (what :func:`read_joined` reads: the database
-    #: joins them, one value instead of one row per message; or GET context's body cache,
-    #: already encoded); ``texts`` is then empty
+    #: the texts already joined with commas and encoded (what :func:`read_joined` reads: the
+    #: database joins them, one value instead of one row per message; or GET context's body
+    #: cache); ``texts`` is then empty
     joined: str | bytes | None = None
+    #: ``joined`` came from GET context's body cache (checked when it was first read)
+    cached: bool = False
 
     def context_json(self) -> bytes:
         """The stored context as the JSON of ``Context`` (the wire format), built from the
@@ -236,45 +238,70 @@ async def missing_or_stale(
 
 
 async def read_rows(conn: AsyncConnection, conv: Conversation) -> StoredRows:
-    """The stored messages of ``conv`` (its row already read in this transaction), as text."""
+    """The stored messages of ``conv`` (its row already read in this transaction), as text,
+    each checked against its checksum (:class:`~app.store.errors.StoredDataDamaged`)."""
+    m = context_messages.c
     rows = (
         await conn.execute(
-            select(context_messages.c.position, type_coerce(context_messages.c.body, Text))
+            select(m.position, type_coerce(m.body, Text), m.body_sha256)
             .where(*child_key(context_messages, conv.tenant, conv.id))
-            .order_by(context_messages.c.position)
+            .order_by(m.position)
         )
     ).all()
+    texts = tuple(row[1] for row in rows)
+    await offload(len(texts), verify_rows, conv.id, conv.etag, texts, [row[2] for row in rows])
     return StoredRows(
         conversation=conv,
-        texts=tuple(row[1] for row in rows),
+        texts=texts,
         first_position=rows[0][0] if rows else conv.next_position,
     )
 
 
-async def read_joined(conn: AsyncConnection, conv: Conversation) -> StoredRows:
-    """The stored messages of ``conv`` (its row already read in this transaction) joined into
-    one text by the database, in position order: one value to fetch instead of one row per
-    message (GET context sends it as it is). PostgreSQL orders the aggregate itself; SQLite
-    (before 3.44, no ORDER BY in an aggregate) concatenates its ordered subquery, which walks
-    the primary key ``(tenant, conversation_id, position)`` in order."""
+async def read_joined(
+    conn: AsyncConnection, conv: Conversation, *, below: int | None = None
+) -> StoredRows:
+    """The stored messages of ``conv`` (its row already read in this transaction; those at
+    positions below ``below``, all by default) joined into one text by the database, in
+    position order: one value to fetch instead of one row per message (GET context sends it
+    as it is), and beside it each row's length and checksum, so that every text is checked
+    (:func:`~app.store.integrity.verify_joined`) without parsing it. PostgreSQL orders the
+    aggregate itself; SQLite (before 3.44, no ORDER BY in an aggregate) concatenates its
+    ordered subquery, which walks the primary key ``(tenant, conversation_id, position)`` in
+    order. The joined text is given back encoded (UTF-8)."""
     m = context_messages.c
     body = type_coerce(m.body, Text)
+    spans = spans_column(conn.dialect)
     key = child_key(context_messages, conv.tenant, conv.id)
+    if below is not None:
+        key.append(m.position < below)
     if conn.dialect.name == "postgresql":
+        comma: Any = literal_column("','")
         stmt = select(
-            func.string_agg(body, aggregate_order_by(literal_column("','"), m.position)),
+            func.string_agg(body, aggregate_order_by(comma, m.position)),
             func.min(m.position),
+            func.string_agg(spans, aggregate_order_by(comma, m.position)),
         ).where(*key)
     else:
-        ordered = select(body.label("body"), m.position).where(*key).order_by(m.position)
+        ordered = (
+            select(body.label("body"), m.position, spans.label("spans"))
+            .where(*key)
+            .order_by(m.position)
+        )
         sub = ordered.subquery()
-        stmt = select(func.group_concat(sub.c.body, ","), func.min(sub.c.position))
-    joined, first = (await conn.execute(stmt)).one()
+        stmt = select(
+            func.group_concat(sub.c.body, ","),
+            func.min(sub.c.position),
+            func.group_concat(sub.c.spans, ","),
+        )
+    joined, first, joined_spans = (await conn.execute(stmt)).one()
+    encoded = (joined or "").encode()
+    count = conv.message_count if below is None else below - conv.next_position + conv.message_count
+    await offload(count, verify_joined, conv.id, conv.etag, encoded, joined_spans or "")
     return StoredRows(
         conversation=conv,
         texts=(),
         first_position=first if first is not None else conv.next_position,
-        joined=joined or "",
+        joined=encoded,
     )
 
 
@@ -298,6 +325,8 @@ class DumpedContext:
     size: ContextSize
     system_prompt: str = ""
     summary: str = ""
+    #: the checksum of each text (:func:`~app.store.integrity.body_sha256`), stored with it
+    digests: tuple[str, ...] = ()
 
     @classmethod
     def of(
@@ -309,7 +338,13 @@ class DumpedContext:
             messages=sum(text_bytes(t) for t in dumped),
             count=len(dumped),
         )
-        return cls(dumped, size, system_prompt, summary)
+        return cls(dumped, size, system_prompt, summary, tuple(body_sha256(t) for t in dumped))
+
+    def rows(self, first: int = 0) -> list[tuple[int, Dumped, str]]:
+        """The message rows to insert, from position ``first``: position, text, checksum."""
+        return [
+            (first + i, t, d) for i, (t, d) in enumerate(zip(self.texts, self.digests, strict=True))
+        ]
 
     @classmethod
     async def dump(
@@ -357,22 +392,26 @@ async def insert_messages(
     conn: AsyncConnection,
     tenant: str,
     conv_id: str,
-    rows: Sequence[tuple[int, AnyMessage | Dumped]],
+    rows: Sequence[tuple[int, AnyMessage | Dumped] | tuple[int, Dumped, str]],
 ) -> None:
-    """Insert message rows, each a message or its :class:`Dumped` text."""
+    """Insert message rows, each a message or its :class:`Dumped` text (with its checksum,
+    when the caller computed it: :meth:`DumpedContext.rows`), with their checksums."""
     for start in range(0, len(rows), INSERT_CHUNK):
-        await conn.execute(
-            _INSERT_MESSAGES,
-            [
+        values = []
+        for row in rows[start : start + INSERT_CHUNK]:
+            m = row[1]
+            text = m if isinstance(m, Dumped) else Dumped(dumps_message(m))
+            digest = row[2] if len(row) == 3 else body_sha256(text)
+            values.append(
                 {
                     "tenant": tenant,
                     "conversation_id": conv_id,
-                    "position": p,
-                    "body": m if isinstance(m, Dumped) else dump_message(m),
+                    "position": row[0],
+                    "body": text,
+                    "body_sha256": digest,
                 }
-                for p, m in rows[start : start + INSERT_CHUNK]
-            ],
-        )
+            )
+        await conn.execute(_INSERT_MESSAGES, values)
 
 
 async def insert_transcript(

@@ -18,6 +18,7 @@ from app.errors import CarryoverError
 
 from ._sql import child_key, conversation_key, read_context
 from ._turns import answer_async, drop_queued, fail_queued, queued, take_free
+from .errors import StoredDataDamaged
 from .quotas import QuotaExceeded, count_start, refusal
 from .runs import Refusal, StartedRun
 from .tables import Conversation, Run, conversations, runs
@@ -101,9 +102,13 @@ async def claim_head(
             and not (reject and is_mine)
         ):
             return nothing(deferred=error)  # waited out: one of the tenant's runs ends soon
-        if error is None and check is not None:
-            if loaded is None:
+        if error is None and loaded is None:
+            try:
                 loaded = await read_context(conn, conv)
+            except StoredDataDamaged as exc:  # nothing runs on a damaged context
+                error = exc
+        if error is None and check is not None:
+            assert loaded is not None
             try:
                 check(Run.model_construct(**head), loaded.context)
             except CarryoverError as exc:

@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable, Mapping
 from datetime import datetime
 
-from sqlalchemy import LargeBinary, String, cast, delete, func, insert, literal, select, update
+from sqlalchemy import String, Text, delete, func, insert, literal, select, type_coerce, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -53,6 +53,7 @@ from .errors import (
     UnsafeCut,
     conversation_not_found,
 )
+from .integrity import body_octets, damage, damaged
 from .listing import ListingStore, Search
 from .metadata import write_metadata
 from .tables import (
@@ -84,24 +85,32 @@ async def read_last_batch(
     """The last batch of the stored messages at positions below ``below`` (all of them by
     default): the last message that is not a ``tool_result`` and the results after it, read
     ``chunk`` rows at a time, newest first — O(the last batch) rows, never the history."""
+    m = context_messages.c
     key = child_key(context_messages, tenant, conv_id)
     tail: list[AnyMessage] = []
+    conv: Conversation | None = None
     while True:
-        stmt = select(context_messages.c.position, context_messages.c.body).where(*key)
+        stmt = select(m.position, type_coerce(m.body, Text), m.body_sha256).where(*key)
         if below is not None:
-            stmt = stmt.where(context_messages.c.position < below)
-        stmt = stmt.order_by(context_messages.c.position.desc()).limit(chunk)
+            stmt = stmt.where(m.position < below)
+        stmt = stmt.order_by(m.position.desc()).limit(chunk)
         rows = (await conn.execute(stmt)).all()
         done = len(rows) < chunk
-        for row in rows:
-            message = load_message(row.body)
+        for position, text, digest in rows:
+            why = damage(text, digest)
+            if why is not None:
+                conv = conv or await read_conversation(conn, tenant, conv_id)
+                assert conv is not None
+                first = conv.next_position - conv.message_count
+                raise damaged(conv_id, position - first, conv.etag, why)
+            message = load_message(json.loads(text))
             tail.append(message)
             if not isinstance(message, ToolResultMessage):
                 done = True
                 break
         if done or not rows:
             break
-        below = rows[-1].position
+        below = rows[-1][0]
     return tuple(reversed(tail))
 
 
@@ -154,8 +163,10 @@ class ConversationStore(ListingStore):
         """A new conversation with the source's context (or its first ``messages``), its
         metadata (or ``metadata``), and a transcript that starts with a ``forked`` entry.
 
-        The messages and metadata are copied in SQL (``INSERT … SELECT``), never through
-        Python; so is the size of the copied messages summed. :class:`UnsafeCut` when the cut
+        The messages and metadata are copied in SQL (``INSERT … SELECT``), never decoded;
+        so is the size of the copied messages summed. Their texts are read once, joined, to
+        check them against their checksums first: :class:`StoredDataDamaged` when one is
+        damaged (then nothing is written). :class:`UnsafeCut` when the cut
         would separate a tool call from its result; 404, then 412 for a stale ``if_match``;
         :class:`AlreadyExists` when ``new_id`` is taken; :class:`LimitExceeded` when the copy
         would pass ``bounds`` (a source stored before its deployment lowered them).
@@ -180,6 +191,8 @@ class ConversationStore(ListingStore):
             n = total if messages is None else messages
             if n > total:
                 raise CutPastTheEnd(n, total)
+            if n:  # what is copied (and the message after the cut) must be what was stored
+                await read_joined(conn, source, below=first + min(n + 1, total))
             if 0 < n < total:
                 body = (
                     await conn.execute(
@@ -239,9 +252,13 @@ class ConversationStore(ListingStore):
             cm = context_messages.c
             await conn.execute(
                 insert(context_messages).from_select(
-                    ["tenant", "conversation_id", "position", "body"],
+                    ["tenant", "conversation_id", "position", "body", "body_sha256"],
                     select(
-                        cm.tenant, literal(new_id, String(128)), cm.position - first, cm.body
+                        cm.tenant,
+                        literal(new_id, String(128)),
+                        cm.position - first,
+                        cm.body,
+                        cm.body_sha256,
                     ).where(
                         *child_key(context_messages, tenant, source_id),
                         cm.position < first + n,
@@ -361,6 +378,7 @@ class ConversationStore(ListingStore):
                         texts=(),
                         first_position=conv.next_position - conv.message_count,
                         joined=hit,
+                        cached=True,
                     )
             return await (read_joined if joined else read_rows)(conn, conv)
 
@@ -452,9 +470,7 @@ class ConversationStore(ListingStore):
                     )
                 )
             etag = version_etag(incarnation, version)
-            await insert_messages(
-                conn, tenant, conv_id, [(first + i, t) for i, t in enumerate(dumped.texts)]
-            )
+            await insert_messages(conn, tenant, conv_id, dumped.rows(first))
             # {"etag": …, "context": dump_context(context)}, from the texts just dumped
             replaced = Dumped(f'{{"etag":{json.dumps(etag)},"context":{body}}}')
             entry = TranscriptItem("context_replaced", False, replaced)
@@ -464,12 +480,7 @@ class ConversationStore(ListingStore):
 
 async def _stored_bytes(conn: AsyncConnection, tenant: str, conv_id: str, below: int) -> int:
     """The bytes of the stored message texts at positions below ``below``, summed in SQL."""
-    body = context_messages.c.body
-    length = (
-        func.octet_length(body)
-        if conn.dialect.name == "postgresql"
-        else func.length(cast(body, LargeBinary))
-    )
+    length = body_octets(conn.dialect)
     total = (
         await conn.execute(
             select(func.coalesce(func.sum(length), 0)).where(

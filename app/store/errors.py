@@ -120,3 +120,43 @@ class UnsafeCut(StoreError):
 
     def __init__(self, message: str, *, messages: int) -> None:
         super().__init__(message, messages=messages)
+
+
+class StoredDataDamaged(StoreError):
+    """A stored message is not what was written (its checksum does not match, or it does not
+    decode): nothing of the conversation is served, copied or run (app/store/integrity.py).
+    409: the stored state stands in the way of the request, and the client can replace it
+    (PUT …/context with ``current_etag`` as If-Match); a retry as it is would fail the same way."""
+
+    slug = "stored-data-damaged"
+    status = 409
+
+    def __init__(self, conv_id: str, message_index: int, etag: str, reason: str) -> None:
+        super().__init__(
+            f"message {message_index} of conversation {conv_id!r} is damaged as stored "
+            f"({reason}); nothing was served or run. Replace the context with PUT "
+            f"/conversations/{conv_id}/context and If-Match: {etag}, or delete the "
+            "conversation",
+            conversation_id=conv_id,
+            message_index=message_index,
+            current_etag=etag,
+        )
+        self.conversation_id = conv_id
+        self.message_index = message_index
+        self.etag = etag
+
+
+class StoredRecordDamaged(StoreError):
+    """A stored JSON value other than a context message (a transcript entry, a run record, a
+    conversation's bookkeeping) does not decode: the read that met it is refused with the same
+    problem as a damaged message, without an index (those rows carry no checksum yet)."""
+
+    slug = "stored-data-damaged"
+    status = 409
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(
+            f"a stored record this request reads is damaged ({reason}); nothing was served. "
+            "`carryover check` lists damaged messages; a damaged transcript entry or run "
+            "record goes with its conversation (DELETE it, or restore it from an export)"
+        )

@@ -28,7 +28,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.etag import version_etag
 
-from ._sql import ContextStats, DumpedContext, StoreBase, child_key, read_conversation
+from ._sql import (
+    ContextStats,
+    DumpedContext,
+    StoreBase,
+    child_key,
+    read_conversation,
+    read_joined,
+)
 from .changes import last_batch_of_bodies, stored_pending
 from .db import read_transaction, write_transaction
 from .errors import AlreadyExists, StoreError, conversation_not_found
@@ -116,8 +123,9 @@ class PortabilityStore(StoreBase):
         ``("context", {system_prompt, summary})``, then ``("message", body)`` each,
         ``("transcript", entry)`` each, ``("run", record)`` each.
 
-        Raises before the first part when the conversation does not exist (404) or has a run
-        in flight (409), so an HTTP answer can still be a problem.
+        Raises before the first part when the conversation does not exist (404), has a run
+        in flight (409) or a damaged message (409 ``stored-data-damaged``), so an HTTP answer
+        can still be a problem.
         """
         conn_cm = read_transaction(self.engine)
         conn = await conn_cm.__aenter__()
@@ -127,6 +135,9 @@ class PortabilityStore(StoreBase):
                 raise conversation_not_found(conv_id)
             if conv.active_run_id is not None:
                 raise RunInFlight(conv.active_run_id)
+            # its messages checked before anything is sent (app/store/integrity.py): the
+            # context is bounded (GET context sends it whole), its texts read joined, once
+            await read_joined(conn, conv)
             metadata = (await read_metadata(conn, tenant, [conv_id]))[conv_id]
         except BaseException:
             await conn_cm.__aexit__(None, None, None)
@@ -220,7 +231,10 @@ class PortabilityStore(StoreBase):
             if messages:
                 await conn.execute(
                     insert(context_messages),
-                    [{**key, "position": i, "body": t} for i, t in enumerate(dumped.texts)],
+                    [
+                        {**key, "position": p, "body": t, "body_sha256": d}
+                        for p, t, d in dumped.rows()
+                    ],
                 )
             for run in document["runs"]:
                 await conn.execute(

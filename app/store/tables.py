@@ -37,6 +37,8 @@ from app.etag import parse_version_etag as parse_etag
 from app.etag import version_etag
 from app.etag import version_etag as make_etag
 
+from .errors import StoredRecordDamaged
+
 __all__ = ["make_etag", "parse_etag"]  # re-exported: the ETag lives in app.etag
 
 # --- column types -------------------------------------------------------------------------
@@ -63,7 +65,12 @@ class JSONText(TypeDecorator[Any]):
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
     def process_result_value(self, value: str | None, dialect: Dialect) -> Any:
-        return None if value is None else json.loads(value)
+        if value is None:
+            return None
+        try:
+            return json.loads(value)
+        except ValueError as exc:  # written around the service: refused, never a 500
+            raise StoredRecordDamaged(f"it is not JSON: {exc}") from None
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -180,7 +187,9 @@ class Conversation(SQLModel, table=True):
 
 
 class ContextMessage(SQLModel, table=True):
-    """One message of a conversation's context, as ``app.agent.codec.dump_message`` gives it."""
+    """One message of a conversation's context, as ``app.agent.codec.dump_message`` gives it,
+    and the checksum of its stored text (:mod:`app.store.integrity`; null in rows written
+    before migration 0013 whose text did not parse then: such a row is verified by decoding)."""
 
     __tablename__ = "context_messages"
     __table_args__ = (_conversation_fk("fk_context_messages_conversation"),)
@@ -189,6 +198,8 @@ class ContextMessage(SQLModel, table=True):
     conversation_id: str = Field(primary_key=True, max_length=CONVERSATION_ID_LEN)
     position: int = Field(primary_key=True, sa_type=BigInteger)
     body: dict[str, Any] = Field(sa_type=JSONText)
+    #: SHA-256 of ``body`` as stored (UTF-8), in hex (app/store/integrity.py)
+    body_sha256: str | None = Field(default=None, max_length=64)
 
 
 class ConversationMetadata(SQLModel, table=True):

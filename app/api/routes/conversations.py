@@ -38,6 +38,7 @@ from ..problems import (
     PRECONDITION_FAILED,
     PRECONDITION_REQUIRED,
     RUN_IN_PROGRESS,
+    STORED_DATA_DAMAGED,
     UNSUPPORTED_MEDIA_TYPE,
     Problem,
     problem_responses,
@@ -239,7 +240,7 @@ async def delete_conversation(
             "description": "Not modified: the ETag in If-None-Match is current",
             "headers": {"ETag": ETAG_HEADER},
         },
-        **problem_responses(400, 404, 422),
+        **problem_responses(400, 404, STORED_DATA_DAMAGED, 422),
     },
     operation_id="get_context",
 )

@@ -22,6 +22,7 @@ from ..problems import (
     CONVERSATION_EXISTS,
     PRECONDITION_FAILED,
     RUN_IN_PROGRESS,
+    STORED_DATA_DAMAGED,
     UNSAFE_CUT,
     problem_responses,
     unreplayable_context,
@@ -45,7 +46,9 @@ router = APIRouter(tags=["conversations"])
     response_model=Conversation,
     responses={
         201: {"headers": {"Location": LOCATION_HEADER, "ETag": ETAG_HEADER}},
-        **problem_responses(400, 404, CONVERSATION_EXISTS, PRECONDITION_FAILED, UNSAFE_CUT, 422),
+        **problem_responses(
+            400, 404, CONVERSATION_EXISTS, PRECONDITION_FAILED, STORED_DATA_DAMAGED, UNSAFE_CUT, 422
+        ),
     },
     operation_id="fork_conversation",
 )
@@ -118,7 +121,7 @@ async def _export_stream(parts: AsyncIterator[tuple[str, Any]]) -> AsyncIterator
 @router.get(
     "/conversations/{conversation_id}/export",
     response_model=ConversationExport,
-    responses=problem_responses(404, RUN_IN_PROGRESS, 422),
+    responses=problem_responses(404, RUN_IN_PROGRESS, STORED_DATA_DAMAGED, 422),
     operation_id="export_conversation",
 )
 async def export_conversation(

@@ -91,7 +91,8 @@ router = APIRouter(tags=["runs"])
             "description": "Another run is in progress (`run-in-progress`), the first "
             "request with this Idempotency-Key still runs, or the conversation awaits "
             "results or approvals for its pending tool calls (`tool-results-required`, "
-            "listing them in `pending_tool_calls`)",
+            "listing them in `pending_tool_calls`), or a stored message of it is damaged "
+            "(`stored-data-damaged`, no Retry-After: repair it with PUT …/context)",
             "headers": {"Retry-After": RETRY_AFTER_HEADER},
             "content": {
                 "application/problem+json": {
@@ -280,7 +281,8 @@ class CompactRequest(BaseModel):
             "headers": {"Location": LOCATION_HEADER, "ETag": ETAG_HEADER},
         },
         409: {
-            "description": "Another run is in progress",
+            "description": "Another run is in progress (`run-in-progress`), or a stored "
+            "message of the conversation is damaged (`stored-data-damaged`, no Retry-After)",
             "headers": {"Retry-After": RETRY_AFTER_HEADER},
             "content": {
                 "application/problem+json": {
