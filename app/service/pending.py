@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from app.agent.codec import dump_messages, load_messages
-from app.agent.messages import Context, ToolResultMessage, UserMessage
+from app.agent.messages import AnyMessage, Context, ToolResultMessage, UserMessage
 from app.agent.pending import (
     Approval,
     ClientTool,
@@ -35,14 +35,17 @@ from app.agent.pending import (
 )
 from app.agent.pending import split_prompts as _split
 from app.agent.records import Input, Result
+from app.agent.replay import ReplayError, validate_messages
 from app.agent.run import Agent
-from app.agent.sizes import SizeBounds
+from app.agent.sizes import ContextSize, SizeBounds
+from app.agent.tokens import TokenTally
 from app.errors import CarryoverError
 from app.store.changes import Answered, pending_blocks
 from app.store.stores import Loaded
 from app.store.tables import Conversation, Run
 
 from .agents import AgentPool, UnknownAgent
+from .errors import UnreplayableContext
 from .types import RunRequest
 
 
@@ -111,11 +114,25 @@ def split_prompts(
 
 
 def agent_input(loaded: Loaded, request: RunRequest, bounds: SizeBounds | None = None) -> Input:
+    return run_input(loaded.context, request, bounds, tokens=loaded.tokens, size=loaded.size)
+
+
+def run_input(
+    context: Context,
+    request: RunRequest,
+    bounds: SizeBounds | None = None,
+    *,
+    tokens: TokenTally | None = None,
+    size: ContextSize | None = None,
+) -> Input:
+    """The agent's Input for a request on ``context`` (stored, or sent whole by a client)."""
+    if request.instructions is not None:  # this run only: the stored one is not changed
+        context = context.model_copy(update={"system_prompt": request.instructions})
     return Input(
-        context=loaded.context,
-        tokens=loaded.tokens,
+        context=context,
+        tokens=tokens,
         bounds=bounds,
-        size=loaded.size,
+        size=size,
         prompts=request.prompts,
         client_tools=request.client_tools,
         require_approval=request.require_approval,
@@ -129,6 +146,9 @@ def checker(agent: Agent, request: RunRequest) -> Callable[[Context], None]:
     last batch alone; pure, O(last batch))."""
 
     def check(context: Context) -> None:
+        if request.append:
+            check_append(context, request.append)
+            return
         try:
             plan = agent.check(
                 Input(
@@ -150,6 +170,25 @@ def checker(agent: Agent, request: RunRequest) -> Callable[[Context], None]:
             )
 
     return check
+
+
+def check_append(context: Context, append: Sequence[AnyMessage]) -> None:
+    """Messages added without a run keep the context replayable, though it may end with calls
+    still pending (``context`` ends like the stored one: its last batch is enough)."""
+    tail = context.messages
+    try:
+        validate_messages((*tail, *append), allow_open_batch=True)
+    except ReplayError as exc:
+        index = max(exc.index - len(tail), 0)
+        raise UnreplayableContext(index, f"items[{index}]: {exc.reason}") from None
+
+
+def appended_result(loaded: Loaded, append: Sequence[AnyMessage]) -> Result:
+    """The outcome of a run that only adds messages: the context with them, no model call."""
+    context = loaded.context.model_copy(
+        update={"messages": (*loaded.context.messages, *append)}
+    )
+    return Result(status="completed", context=context, new_messages=tuple(append), admitted=True)
 
 
 def check_on_arrival(agent: Agent, request: RunRequest) -> None:

@@ -123,6 +123,65 @@ class RecordStore(StoreBase):
         return [TranscriptEntry(**row) for row in rows]
 
 
+    # --- the transcript's messages, as the /v1 surface lists them (its items) ---------------
+
+    async def find_run(self, tenant: str, run_id: str) -> Run | None:
+        """The tenant's run of this id, whatever its conversation (``ix_runs_run_id``)."""
+        stmt = select(runs).where(runs.c.tenant == tenant, runs.c.run_id == run_id)
+        async with read_transaction(self.engine) as conn:
+            row = (await conn.execute(stmt)).mappings().first()
+        return None if row is None else Run.model_construct(**row)
+
+    async def run_message_entries(
+        self, tenant: str, conv_id: str, run_ids: Sequence[str]
+    ) -> list[TranscriptEntry]:
+        """The transcript entries holding the messages of these runs, by ``seq``: one per
+        message of each run's ``new_messages``, in their order."""
+        if not run_ids:
+            return []
+        stmt = (
+            select(transcript)
+            .where(
+                *child_key(transcript, tenant, conv_id),
+                transcript.c.run_id.in_(list(run_ids)),
+                transcript.c.kind.in_(MESSAGE_KINDS),
+            )
+            .order_by(transcript.c.seq)
+        )
+        async with read_transaction(self.engine) as conn:
+            await require_conversation(conn, tenant, conv_id)
+            rows = (await conn.execute(stmt)).mappings().all()
+        return [TranscriptEntry(**row) for row in rows]
+
+    async def message_entries(
+        self,
+        tenant: str,
+        conv_id: str,
+        *,
+        from_seq: int | None = None,
+        descending: bool = False,
+        limit: int = 100,
+    ) -> list[TranscriptEntry]:
+        """A page of the transcript's message entries, by ``seq`` (descending: newest first),
+        from ``from_seq`` on (inclusive; None: from the start, or the end)."""
+        stmt = select(transcript).where(
+            *child_key(transcript, tenant, conv_id), transcript.c.kind.in_(MESSAGE_KINDS)
+        )
+        if from_seq is not None:
+            bound = transcript.c.seq <= from_seq if descending else transcript.c.seq >= from_seq
+            stmt = stmt.where(bound)
+        order = transcript.c.seq.desc() if descending else transcript.c.seq
+        stmt = stmt.order_by(order).limit(limit)
+        async with read_transaction(self.engine) as conn:
+            await require_conversation(conn, tenant, conv_id)
+            rows = (await conn.execute(stmt)).mappings().all()
+        return [TranscriptEntry(**row) for row in rows]
+
+
+#: the transcript entries that hold one message of a run's ``new_messages`` each
+MESSAGE_KINDS = ("prompt", "attempt", "tool_result", "client_result")
+
+
 async def _records(
     conn: AsyncConnection, tenant: str, conv_id: str, page: Sequence[Run]
 ) -> list[RunRecord]:
