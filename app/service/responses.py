@@ -18,7 +18,7 @@ from app import telemetry
 from app.agent.codec import load_message
 from app.agent.events import EventSink
 from app.agent.messages import AnyMessage, Context
-from app.agent.records import Input, Result
+from app.agent.records import Result
 from app.errors import CarryoverError
 from app.store.stores import RunRecord, Stores
 from app.store.tables import Run, TranscriptEntry

@@ -122,7 +122,6 @@ class RecordStore(StoreBase):
             rows = (await conn.execute(stmt)).mappings().all()
         return [TranscriptEntry(**row) for row in rows]
 
-
     # --- the transcript's messages, as the /v1 surface lists them (its items) ---------------
 
     async def find_run(self, tenant: str, run_id: str) -> Run | None:

@@ -69,6 +69,7 @@ _TYPES = {
 #: codes for native problems, where OpenAI has one
 _CODES = {
     "run-in-progress": "conversation_locked",
+    "precondition-failed": "conversation_locked",
     "unauthorized": "invalid_api_key",
     "quota-exceeded": "rate_limit_exceeded",
     "payload-too-large": "payload_too_large",
@@ -79,7 +80,9 @@ def body_of(status: int, message: str, param: str | None, code: str | None) -> d
     return {
         "error": {
             "message": message,
-            "type": _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error"),
+            "type": _TYPES.get(
+                status, "server_error" if status >= 500 else "invalid_request_error"
+            ),
             "param": param,
             "code": code,
         }
@@ -100,7 +103,7 @@ def openai_error(exc: CarryoverError) -> tuple[int, dict[str, Any], dict[str, st
         param = "input"
     elif exc.slug in ("validation-error", "unreplayable-context", "unexpected-tool-answer"):
         param = "input"
-    code = _CODES.get(exc.slug, exc.slug.replace("-", "_"))
+    code: str | None = _CODES.get(exc.slug, exc.slug.replace("-", "_"))
     if exc.slug == "not-found":
         code = None
     headers = {k: v for k, v in exc.headers.items() if k.lower() != "content-type"}
@@ -211,7 +214,10 @@ async def _send_rewritten(send: Send, start: Message, body: bytes) -> None:
         for k, v in start.get("headers") or []
         if k not in (b"content-type", b"content-length")
     ]
-    headers += [(b"content-type", b"application/json"), (b"content-length", str(len(encoded)).encode())]
+    headers += [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(encoded)).encode()),
+    ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": encoded})
 

@@ -21,7 +21,7 @@ import binascii
 import json
 import re
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +44,7 @@ from .errors import bad_request
 _PREFIXES = {"message": "msg", "reasoning": "rs", "function_call": "fc"}
 _OUTPUT_PREFIX = "fco"
 _ID = re.compile(r"^(msg|rs|fc|fco)_([0-9a-f]{32}|[A-Za-z0-9.:-]+)_([0-9]+)_([0-9]+)$")
-_DATA_URL = re.compile(r"^data:([^;,]+);base64,(.*)$", re.DOTALL)
+_DATA_URL = re.compile(r"^data:(.+?);base64,(.*)$", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -120,13 +120,13 @@ def items_of(message: AnyMessage, run_id: str, index: int) -> list[dict[str, Any
         ]
     if isinstance(message, ToolResultMessage):
         parts = _user_content(message)
-        only_text = all(p["type"] == "input_text" for p in parts)
+        one_text = len(parts) == 1 and parts[0]["type"] == "input_text"
         return [
             {
                 "type": "function_call_output",
                 "id": item_id(_OUTPUT_PREFIX, run_id, index, 0),
                 "call_id": message.tool_call_id,
-                "output": "".join(p["text"] for p in parts) if only_text else parts,
+                "output": parts[0]["text"] if one_text else parts,
                 "status": "completed",
             }
         ]
@@ -196,14 +196,14 @@ class Parsed:
     system: list[str] = field(default_factory=list)
 
 
-def _text_of(content: Any, where: str, kinds: Iterable[str]) -> list[str]:
+def _text_of(content: Any, where: str, kinds: tuple[str, ...]) -> list[str]:
     if isinstance(content, str):
         return [content]
     if not isinstance(content, list):
         raise bad_request(f"Invalid type for '{where}': expected a string or an array.", where)
     texts = []
     for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
+        kind = str(part.get("type")) if isinstance(part, dict) else ""
         if kind not in kinds or not isinstance(part.get("text"), str):
             raise bad_request(
                 f"Invalid value for '{where}[{j}].type': expected one of {', '.join(kinds)}.",
@@ -271,12 +271,14 @@ def messages_of(
     not in ``items`` (a pending call of the conversation)."""
     parsed = Parsed()
     blocks: list[Any] = []  # the assistant message being collected
+    open_: list[bool] = []  # one assistant-side item was seen (an empty answer is a message)
     calls: dict[str, str] = {}
 
     def flush() -> None:
-        if blocks:
+        if open_:
             parsed.messages.append(AssistantMessage(content=tuple(blocks)))
             blocks.clear()
+            open_.clear()
 
     for i, item in enumerate(items):
         at = f"{where}[{i}]"
@@ -289,12 +291,13 @@ def messages_of(
                 flush()
                 parsed.messages.append(UserMessage(content=_user_blocks(item.get("content"), at)))
             elif role == "assistant":
-                kinds = ("output_text", "input_text", "refusal")
-                for text in _text_of(item.get("content"), f"{at}.content", kinds):
+                open_.append(True)
+                said = ("output_text", "input_text", "refusal")
+                for text in _text_of(item.get("content"), f"{at}.content", said):
                     blocks.append(TextBlock(text=text))
             elif role in ("system", "developer"):
-                kinds = ("input_text",)
-                parsed.system.extend(_text_of(item.get("content"), f"{at}.content", kinds))
+                told = ("input_text",)
+                parsed.system.extend(_text_of(item.get("content"), f"{at}.content", told))
             else:
                 raise bad_request(
                     f"Invalid value for '{at}.role': expected user, assistant, system or "
@@ -303,13 +306,12 @@ def messages_of(
                 )
         elif kind == "function_call":
             call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments")
-            if not all(isinstance(v, str) and v for v in (call_id, name)) or not isinstance(
-                arguments, str
-            ):
-                raise bad_request(
-                    f"'{at}' needs call_id, name and arguments (strings).", f"{at}.call_id"
-                )
+            if not (isinstance(call_id, str) and call_id and isinstance(name, str) and name):
+                raise bad_request(f"'{at}' needs call_id and name (strings).", f"{at}.call_id")
+            if not isinstance(arguments, str):
+                raise bad_request(f"'{at}.arguments' must be a string.", f"{at}.arguments")
             calls[call_id] = name
+            open_.append(True)
             blocks.append(ToolCallBlock(id=call_id, name=name, arguments=arguments))
         elif kind == "reasoning":
             summary = item.get("summary") or []
@@ -317,6 +319,7 @@ def messages_of(
                 s.get("text", "") for s in summary if isinstance(s, dict) and "text" in s
             )
             signature, redacted = _signature(item, at)
+            open_.append(True)
             if redacted is not None:
                 blocks.append(RedactedThinkingBlock(data=str(redacted)))
             else:
@@ -332,14 +335,9 @@ def messages_of(
                     f"No tool call found for function call output with call_id {call_id}.",
                     f"{at}.call_id",
                 )
-            output = item.get("output")
-            content = _user_blocks(output, f"{at}.output") if output != "" else ()
+            content = _user_blocks(item.get("output"), f"{at}.output")
             parsed.messages.append(
-                ToolResultMessage(
-                    tool_call_id=call_id,
-                    tool_name=name,
-                    content=content or (TextBlock(text=""),),
-                )
+                ToolResultMessage(tool_call_id=call_id, tool_name=name, content=content)
             )
         else:
             raise bad_request(

@@ -14,6 +14,7 @@ from app.service import pending
 from app.service.runs import RunRequest
 
 from ...deps import ServicesDep, TenantDep
+from ...metadata import check_metadata
 from ..deps import ResponsesDep, added_items, find_item, pending_names, run_to_end
 from ..errors import OpenAIError, bad_request
 from ..items import items_of, messages_of, parse_item_id
@@ -37,8 +38,9 @@ async def list_models(svc: ServicesDep, tenant: TenantDep) -> JSONResponse:
 @router.get("/models/{model}", operation_id="retrieve_model")
 async def retrieve_model(svc: ServicesDep, tenant: TenantDep, model: str) -> JSONResponse:
     if model not in svc.agents.names:
-        raise OpenAIError(f"The model '{model}' does not exist", status=404, param="model",
-                          code="model_not_found")
+        raise OpenAIError(
+            f"The model '{model}' does not exist", status=404, param="model", code="model_not_found"
+        )
     return JSONResponse(_model(model))
 
 
@@ -52,6 +54,8 @@ async def create_conversation(
 ) -> JSONResponse:
     """A new conversation, with up to 20 items (stored as a run that calls no model)."""
     body = body or ConversationCreate()
+    if body.metadata:
+        check_metadata(svc.settings, body.metadata, "metadata")
     parsed = messages_of(body.items or [], pending_names(None), "items")
     pending.check_append(Context(), parsed.messages)  # refused before anything is created
     info = await svc.conversations.create(
@@ -79,7 +83,10 @@ async def update_conversation(
     info = await svc.conversations.get(tenant, conversation_id)
     patch: dict[str, str | None] = {k: None for k in info.metadata if k not in body.metadata}
     patch.update(body.metadata)
-    await svc.conversations.patch(tenant, conversation_id, patch)
+    check_metadata(svc.settings, body.metadata, "metadata")
+    await svc.conversations.patch(
+        tenant, conversation_id, patch, max_keys=svc.settings.max_metadata_keys
+    )
     return JSONResponse(conversation_object(await svc.conversations.get(tenant, conversation_id)))
 
 
@@ -88,9 +95,7 @@ async def delete_conversation(
     svc: ServicesDep, tenant: TenantDep, conversation_id: str
 ) -> JSONResponse:
     await svc.conversations.delete(tenant, conversation_id)
-    return JSONResponse(
-        {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
-    )
+    return JSONResponse({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
 
 
 @router.get("/conversations/{conversation_id}/items", operation_id="list_items")

@@ -17,7 +17,9 @@ from app.agent.messages import AnyMessage, Context, ToolResultMessage, UserMessa
 from app.agent.pending import ClientTool
 from app.agent.records import Result
 from app.agent.replay import ReplayError, validate_messages
-from app.etag import parse_condition, version_etag
+from app.errors import CarryoverError
+from app.etag import parse_condition
+from app.service import pending
 from app.service.events import event_payload
 from app.service.live import ReaderBehind
 from app.service.responses import ResponseNotFound, ResponseService
@@ -52,6 +54,7 @@ async def _run_of(responses: ResponseService, tenant: str, value: str) -> Run:
 
 
 def _view(record: RunRecord | FinishedRun, body: ResponseCreate | None = None) -> dict[str, Any]:
+    status: str
     if isinstance(record, FinishedRun):
         run, messages = record.run, record.result.new_messages
         status, usage = record.outcome.status, record.result.usage.model_dump()
@@ -76,7 +79,9 @@ def _view(record: RunRecord | FinishedRun, body: ResponseCreate | None = None) -
     )
 
 
-def _split_stored(messages: list[AnyMessage]) -> tuple[tuple[ToolResultMessage, ...], tuple[UserMessage, ...]]:
+def _split_stored(
+    messages: list[AnyMessage],
+) -> tuple[tuple[ToolResultMessage, ...], tuple[UserMessage, ...]]:
     """A stored conversation's new input: results for its pending calls, then user messages."""
     results: list[ToolResultMessage] = []
     prompts: list[UserMessage] = []
@@ -120,9 +125,7 @@ async def create_response(
 ) -> Response:
     """A response: a run of the agent profile ``model`` on the input."""
     if body.model not in svc.agents.names:
-        raise bad_request(
-            f"The model '{body.model}' does not exist", "model", "model_not_found"
-        )
+        raise bad_request(f"The model '{body.model}' does not exist", "model", "model_not_found")
     if body.background:
         raise bad_request("background responses are not supported yet.", "background")
     conversation = body.conversation
@@ -156,9 +159,13 @@ async def create_response(
     )
     items = await resolve_references(responses, tenant, conversation_id, items)
     parsed = messages_of(items, pending_names(info))
-    instructions = "\n\n".join(
-        [*([body.instructions] if body.instructions is not None else []), *parsed.system]
-    ) if body.instructions is not None or parsed.system else None
+    instructions = (
+        "\n\n".join(
+            [*([body.instructions] if body.instructions is not None else []), *parsed.system]
+        )
+        if body.instructions is not None or parsed.system
+        else None
+    )
     tools = tuple(
         ClientTool(
             name=t.name,
@@ -169,8 +176,9 @@ async def create_response(
     )
 
     if not body.store:
-        return await _unstored(svc, responses, tenant, body, parsed.messages, history, tools,
-                               instructions)
+        return await _unstored(
+            svc, responses, tenant, body, parsed.messages, history, tools, instructions
+        )
 
     results, prompts = _split_stored(parsed.messages)
     run_request = RunRequest(
@@ -199,9 +207,7 @@ async def create_response(
     return JSONResponse(_view(finished, body))
 
 
-async def _previous(
-    svc: Services, responses: ResponseService, tenant: str, value: str
-) -> Run:
+async def _previous(svc: Services, responses: ResponseService, tenant: str, value: str) -> Run:
     """The run ``previous_response_id`` names, at the head of its conversation."""
     try:
         run = await _run_of(responses, tenant, value)
@@ -210,8 +216,7 @@ async def _previous(
             f"Previous response with id '{value}' not found.", "previous_response_id"
         ) from None
     info = await svc.conversations.get(tenant, run.conversation_id)
-    head = version_etag(info.conversation.incarnation, info.conversation.version)
-    if not run.stored or run.result_etag != head:
+    if not run.stored or run.result_etag != info.conversation.etag:
         raise bad_request(
             f"Previous response '{value}' is not the latest response of its conversation: "
             "continuing from an older response (a fork) is not supported yet.",
@@ -228,7 +233,9 @@ def _streaming(svc: Services, events: AsyncIterator[bytes]) -> StreamingResponse
     )
 
 
-def _skeleton(run_id: str, body: ResponseCreate, conversation_id: str | None, created: int) -> dict[str, Any]:
+def _skeleton(
+    run_id: str, body: ResponseCreate, conversation_id: str | None, created: int
+) -> dict[str, Any]:
     return response_object(
         run_id=run_id,
         status="running",
@@ -246,9 +253,9 @@ def _skeleton(run_id: str, body: ResponseCreate, conversation_id: str | None, cr
 
 
 def _error_event(exc: Exception, seq: int) -> bytes:
-    from app.errors import CarryoverError
-
-    refusal = exc if isinstance(exc, CarryoverError) else OpenAIError("The server had an error.", status=500)
+    refusal = exc if isinstance(exc, CarryoverError) else OpenAIError("The server had an error.")
+    if not isinstance(exc, CarryoverError):
+        refusal.status = 500
     _, payload, _ = openai_error(refusal)
     return sse({"type": "error", "sequence_number": seq, **payload["error"]})
 
@@ -269,8 +276,9 @@ async def _stored_events(
             try:
                 native = await active.events.get()
             except ReaderBehind:  # the run goes on; this stream cannot keep up
-                yield _error_event(OpenAIError("The stream fell behind the run.", status=500),
-                                   translator.seq)
+                yield _error_event(
+                    OpenAIError("The stream fell behind the run.", status=500), translator.seq
+                )
                 return
             if native is None:
                 break
@@ -308,7 +316,10 @@ async def _unstored(
         raise bad_request(f"Invalid input: {exc.reason}", "input") from None
     run_id = str(uuid.uuid4())
     run_request = RunRequest(
-        prompts=prompts, agent=body.model, client_tools=tools, tool_results=results,
+        prompts=prompts,
+        agent=body.model,
+        client_tools=tools,
+        tool_results=results,
         instructions=instructions,
     )
     created = int(svc.runs.clock.now().timestamp())
@@ -342,8 +353,6 @@ async def _unstored(
 
     # refusals (an unanswered call, bad tools) are answered before the stream starts
     result_task: asyncio.Task[Result] | None = None
-    from app.service import pending
-
     pending.checker(svc.agents.get(body.model), run_request)(context)
     result_task = asyncio.ensure_future(
         responses.run_unstored(tenant, run_id, run_request, context, on_event)

@@ -1,0 +1,277 @@
+"""The official ``openai`` package, unmodified, drives ``/v1`` of a live server (echo provider):
+conversations carried over responses, items in order with stable ids, the streaming helper to
+its final response, a function tool round trip, ``store: false``, errors in OpenAI's shape with
+the SDK's exception classes, tenancy — and every conversation written stays replayable."""
+
+from __future__ import annotations
+
+import threading
+
+import openai
+import pytest
+
+from app.agent.codec import load_context
+from app.agent.replay import validate_context
+
+from .conftest import Server
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+
+
+def test_models_are_the_agent_profiles(server: Server) -> None:
+    models = server.client().models.list()
+    assert [m.id for m in models.data] == ["default"]
+
+
+def test_a_conversation_is_carried_over_two_responses(server: Server) -> None:
+    client = server.client()
+    conversation = client.conversations.create(metadata={"topic": "editors"})
+    first = client.responses.create(
+        model="default", input="What is nvim?", conversation=conversation.id
+    )
+    assert first.status == "completed"
+    assert first.output_text == 'Echo: I saw 1 message. You said: "What is nvim?"'
+    second = client.responses.create(
+        model="default", input="And vim?", conversation={"id": conversation.id}
+    )
+    assert second.output_text == 'Echo: I saw 3 messages. You said: "And vim?"'
+    assert second.usage is not None and second.usage.total_tokens > 0
+
+    # one conversation, seen through both surfaces: the responses are its native runs
+    with server.native() as native:
+        runs = native.get(f"/conversations/{conversation.id}/runs").json()["items"]
+        assert ["resp_" + r["run_id"] for r in runs] == [first.id, second.id]
+        context = native.get(f"/conversations/{conversation.id}/context").json()
+        assert len(context["messages"]) == 4
+        assert native.get(f"/conversations/{conversation.id}").json()["metadata"] == {
+            "topic": "editors"
+        }
+    assert client.responses.retrieve(first.id).output_text == first.output_text
+
+
+def test_previous_response_id_continues_the_conversation_at_its_head(server: Server) -> None:
+    client = server.client()
+    first = client.responses.create(model="default", input="one", instructions="Be brief.")
+    second = client.responses.create(model="default", input="two", previous_response_id=first.id)
+    assert second.output_text == 'Echo: I saw 3 messages. You said: "two"'
+    # an older response would fork the conversation: refused until versions can be forked
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="default", input="three", previous_response_id=first.id)
+    assert refused.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    # instructions were for that response only: the stored system prompt is unchanged
+    with server.native() as native:
+        conversation_id = native.get(f"/conversations/{_conversation_of(server, first.id)}")
+        assert conversation_id.json()["system_prompt"] == ""
+
+
+def _conversation_of(server: Server, response_id: str) -> str:
+    found = server.client().responses.retrieve(response_id)
+    assert found.conversation is not None
+    return found.conversation.id
+
+
+def test_items_are_listed_in_order_with_ids_stable_across_reads(server: Server) -> None:
+    client = server.client()
+    conversation = client.conversations.create(
+        items=[{"type": "message", "role": "user", "content": "Hello"}]
+    )
+    client.responses.create(model="default", input="What is nvim?", conversation=conversation.id)
+    added = client.conversations.items.create(
+        conversation.id,
+        items=[
+            {"type": "message", "role": "user", "content": "noted"},
+            {"type": "message", "role": "assistant", "content": "ok"},
+        ],
+    )
+    assert [i.type for i in added.data] == ["message", "message"]
+
+    ascending = client.conversations.items.list(conversation.id, order="asc")
+    texts = [(i.role, i.content[0].text) for i in ascending.data]  # type: ignore[union-attr]
+    assert texts == [
+        ("user", "Hello"),
+        ("user", "What is nvim?"),
+        ("assistant", 'Echo: I saw 2 messages. You said: "What is nvim?"'),
+        ("user", "noted"),
+        ("assistant", "ok"),
+    ]
+    ids = [i.id for i in ascending.data]
+    assert [i.id for i in client.conversations.items.list(conversation.id).data] == ids[::-1]
+    assert ascending.data[-1].id == added.data[-1].id
+
+    # paging one at a time walks the same ids (the SDK follows `after` and `has_more`)
+    paged = [i.id for i in client.conversations.items.list(conversation.id, limit=1, order="asc")]
+    assert paged == ids
+    one = client.conversations.items.retrieve(ids[2], conversation_id=conversation.id)
+    assert one.id == ids[2]
+
+    # compaction folds messages into the summary; it never removes an item
+    with server.native() as native:
+        native.post(f"/conversations/{conversation.id}/compact").raise_for_status()
+        assert native.get(f"/conversations/{conversation.id}/context").json()["summary"]
+    again = client.conversations.items.list(conversation.id, order="asc")
+    assert [i.id for i in again.data] == ids
+
+    # an item that would break the pairing of a call and its output is refused
+    with pytest.raises(openai.BadRequestError):
+        client.conversations.items.create(
+            conversation.id,
+            items=[{"type": "function_call_output", "call_id": "nope", "output": "x"}],
+        )
+
+
+def test_the_streaming_helper_reaches_the_final_response(server: Server) -> None:
+    client = server.client()
+    conversation = client.conversations.create()
+    with client.responses.stream(
+        model="default", input="stream me", conversation=conversation.id
+    ) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].type == "response.created"
+    assert events[-1].type == "response.completed"
+    assert final.output_text == 'Echo: I saw 1 message. You said: "stream me"'
+    stored = client.responses.retrieve(final.id)
+    assert [i.id for i in stored.output] == [i.id for i in final.output]
+    items = client.conversations.items.list(conversation.id)
+    assert items.data[0].id == final.output[0].id
+
+
+def test_a_function_tool_round_trip(server: Server) -> None:
+    client = server.client()
+    conversation = client.conversations.create()
+    asked = client.responses.create(
+        model="default",
+        input='/tool get_weather {"city": "Paris"}',
+        conversation=conversation.id,
+        tools=[WEATHER],  # type: ignore[list-item]
+    )
+    [call] = asked.output
+    assert call.type == "function_call"
+    assert call.name == "get_weather"
+    assert call.arguments == '{"city": "Paris"}'  # the raw string, as the model wrote it
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="default", input="hello?", conversation=conversation.id)
+    assert call.call_id in refused.value.body["message"]  # type: ignore[index]
+
+    answered = client.responses.create(
+        model="default",
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
+        conversation=conversation.id,
+        tools=[WEATHER],  # type: ignore[list-item]
+    )
+    assert "sunny" in answered.output_text
+    inputs = client.responses.input_items.list(answered.id)
+    assert [i.type for i in inputs.data] == ["function_call_output"]
+
+
+def test_store_false_stores_nothing(server: Server) -> None:
+    client = server.client()
+    with server.native() as native:
+        before = native.get("/conversations").json()["items"]
+        history = [
+            {"type": "message", "role": "user", "content": "Hi"},
+            {"type": "message", "role": "assistant", "content": "Hello!"},
+            {"type": "message", "role": "user", "content": "Again"},
+        ]
+        answer = client.responses.create(model="default", input=history, store=False)
+        assert answer.output_text == 'Echo: I saw 3 messages. You said: "Again"'
+        with client.responses.stream(model="default", input="streamed", store=False) as stream:
+            streamed = stream.get_final_response()
+        assert streamed.output_text == 'Echo: I saw 1 message. You said: "streamed"'
+        for unstored in (answer, streamed):
+            with pytest.raises(openai.NotFoundError):
+                client.responses.retrieve(unstored.id)
+        assert native.get("/conversations").json()["items"] == before
+
+
+def test_errors_have_openai_shape_and_the_sdk_classes(server: Server) -> None:
+    client = server.client()
+    with pytest.raises(openai.BadRequestError) as unknown_model:
+        client.responses.create(model="gpt-nope", input="hi")
+    assert unknown_model.value.body == {  # the inner error object
+        "message": "The model 'gpt-nope' does not exist",
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": "model_not_found",
+    }
+    with pytest.raises(openai.BadRequestError) as unknown_field:
+        client.responses.create(model="default", input="hi", extra_body={"bogus": 1})
+    assert unknown_field.value.body["param"] == "bogus"  # type: ignore[index]
+    with pytest.raises(openai.NotFoundError):
+        client.conversations.retrieve("conv_missing")
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve("resp_missing")
+    with pytest.raises(openai.AuthenticationError) as unauthorized:
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0).models.list()
+    assert set(unauthorized.value.body) == {"message", "type", "param", "code"}  # type: ignore[arg-type]
+
+
+def test_a_busy_conversation_is_a_409_conversation_locked(server: Server) -> None:
+    client = server.client()
+    conversation = client.conversations.create()
+    stream = client.responses.create(
+        model="default", input="/sleep 30", conversation=conversation.id, stream=True
+    )
+    created = next(iter(stream))  # the run holds the conversation from here on
+    assert created.type == "response.created"
+    try:
+        with pytest.raises(openai.ConflictError) as locked:
+            client.responses.create(model="default", input="hi", conversation=conversation.id)
+        assert locked.value.body["code"] == "conversation_locked"  # type: ignore[index]
+        with pytest.raises(openai.ConflictError):
+            client.conversations.items.create(
+                conversation.id, items=[{"type": "message", "role": "user", "content": "x"}]
+            )
+    finally:
+        cancelled = client.responses.cancel(created.response.id)
+        assert cancelled.id == created.response.id
+        drain = threading.Thread(target=lambda: list(stream))
+        drain.start()
+        drain.join(timeout=60)
+        stream.close()
+
+
+def test_another_tenants_objects_are_404(server: Server) -> None:
+    alpha, beta = server.client("alpha"), server.client("beta")
+    response = alpha.responses.create(model="default", input="mine")
+    assert response.conversation is not None
+    with pytest.raises(openai.NotFoundError):
+        beta.responses.retrieve(response.id)
+    with pytest.raises(openai.NotFoundError):
+        beta.conversations.retrieve(response.conversation.id)
+    with pytest.raises(openai.NotFoundError):
+        beta.conversations.items.list(response.conversation.id)
+
+
+def test_metadata_is_replaced_and_a_conversation_deleted(server: Server) -> None:
+    client = server.client()
+    conversation = client.conversations.create(metadata={"a": "1", "b": "2"})
+    updated = client.conversations.update(conversation.id, metadata={"b": "3"})
+    assert updated.metadata == {"b": "3"}
+    deleted = client.conversations.delete(conversation.id)
+    assert deleted.deleted is True
+    with pytest.raises(openai.NotFoundError):
+        client.conversations.retrieve(conversation.id)
+
+
+def test_every_conversation_written_through_v1_stays_replayable(server: Server) -> None:
+    """Last in the module: every conversation the tests above wrote, read natively."""
+    with server.native() as native:
+        listed = native.get("/conversations", params={"limit": 200}).json()["items"]
+        assert len(listed) >= 7  # what the tests above left for this tenant
+        for conversation in listed:
+            body = native.get(f"/conversations/{conversation['id']}/context").json()
+            validate_context(load_context(body), allow_open_batch=True)
