@@ -5,16 +5,31 @@ items with the same content — text, images (bytes and URLs), thinking text and
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from app.agent.messages import AnyMessage, AssistantMessage, ToolResultMessage, UserMessage
+from app.agent.messages import (
+    AnyMessage,
+    AssistantMessage,
+    ImageBlock,
+    ToolResultMessage,
+    UrlSource,
+    UserMessage,
+)
 from app.api.v1.errors import OpenAIError
 from app.api.v1.items import ItemKey, item_id, items_of, messages_of, parse_item_id
 
 from ..agent.strategies import assistant_messages, tool_result_messages, user_messages
 
 RUN = "0f8fad5b-d9cb-469f-a165-70867728950e"
+
+
+def _data_url(block: object) -> bool:
+    return (
+        isinstance(block, ImageBlock)
+        and isinstance(block.source, UrlSource)
+        and block.source.url.startswith("data:")
+    )
 
 
 def _content_only(message: AnyMessage) -> AnyMessage:
@@ -33,6 +48,9 @@ def _content_only(message: AnyMessage) -> AnyMessage:
     st.integers(min_value=0, max_value=500),
 )
 def test_a_message_comes_back_from_its_items(message: AnyMessage, index: int) -> None:
+    # a URL image whose URL is itself a data: URL comes back as the bytes it holds (OpenAI's
+    # input_image has one field for both): the one case where the source's form changes
+    assume(not any(_data_url(b) for b in message.content))
     items = items_of(message, RUN, index)
     assert items, "every message is at least one item"
     names = (
