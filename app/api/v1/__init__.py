@@ -42,7 +42,61 @@ def create_v1_app() -> FastAPI:
     install_error_handlers(app)
     app.include_router(conversations.router)
     app.include_router(responses.router)
+    document_errors(app)
     return app
+
+
+#: OpenAI's error object, as every refusal of the surface carries it
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+            "required": ["message", "type", "param", "code"],
+        }
+    },
+    "required": ["error"],
+}
+_ERRORS = {
+    "400": "Invalid request (unknown or invalid parameter, unanswered function call)",
+    "401": "Missing or invalid API key",
+    "404": "Not found (or another tenant's)",
+    "409": "The conversation is busy (`conversation_locked`)",
+    "429": "The tenant's quota is spent",
+    "500": "Server error",
+    "503": "The database is not available",
+}
+
+
+def document_errors(app: FastAPI) -> None:
+    """Every operation answers OpenAI's error object (never FastAPI's 422)."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = generate()
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components.pop("HTTPValidationError", None)
+        components.pop("ValidationError", None)
+        components["Error"] = ERROR_SCHEMA
+        ref = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                answers = operation.setdefault("responses", {})
+                answers.pop("422", None)
+                for status, description in _ERRORS.items():
+                    answers.setdefault(status, {"description": description, "content": ref})
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def v1_document() -> dict[str, Any]:
