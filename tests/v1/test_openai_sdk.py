@@ -267,11 +267,46 @@ def test_metadata_is_replaced_and_a_conversation_deleted(server: Server) -> None
         client.conversations.retrieve(conversation.id)
 
 
+def test_a_background_response_and_its_resumed_stream(server: Server) -> None:
+    client = server.client()
+    conversation = client.conversations.create()
+    started = client.responses.create(
+        model="default", input="in the background", conversation=conversation.id, background=True
+    )
+    assert started.status in ("queued", "in_progress")
+    assert started.background is True
+    # its events, from storage, to the end (no polling): then it has completed
+    events = list(client.responses.retrieve(started.id, stream=True))
+    assert events[0].type == "response.created"
+    assert events[-1].type == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    done = client.responses.retrieve(started.id)
+    assert done.status == "completed"
+    assert done.output_text == 'Echo: I saw 1 message. You said: "in the background"'
+
+    # resumed after event 3: the same events, numbered as before
+    resumed = list(client.responses.retrieve(started.id, stream=True, starting_after=3))
+    assert [(e.type, e.sequence_number) for e in resumed] == [
+        (e.type, e.sequence_number) for e in events[4:]
+    ]
+    # the SDK's helper asks for the whole stream and drops what it saw itself
+    with client.responses.stream(response_id=started.id, starting_after=3) as stream:
+        assert stream.get_final_response().output_text == done.output_text
+
+
+def test_a_background_stream_is_read_to_its_final_response(server: Server) -> None:
+    client = server.client()
+    with client.responses.stream(model="default", input="both", background=True) as stream:
+        final = stream.get_final_response()
+    assert final.output_text == 'Echo: I saw 1 message. You said: "both"'
+    assert client.responses.retrieve(final.id).status == "completed"
+
+
 def test_every_conversation_written_through_v1_stays_replayable(server: Server) -> None:
     """Last in the module: every conversation the tests above wrote, read natively."""
     with server.native() as native:
         listed = native.get("/conversations", params={"limit": 200}).json()["items"]
-        assert len(listed) >= 7  # what the tests above left for this tenant
+        assert len(listed) >= 9  # what the tests above left for this tenant
         for conversation in listed:
             body = native.get(f"/conversations/{conversation['id']}/context").json()
             validate_context(load_context(body), allow_open_batch=True)
