@@ -20,12 +20,13 @@ from app.agent.events import EventSink
 from app.agent.messages import AnyMessage, Context
 from app.agent.records import Result
 from app.errors import CarryoverError
-from app.store.stores import RunRecord, Stores
+from app.store.stores import Loaded, RunRecord, Stores
 from app.store.tables import Run, TranscriptEntry
 
 from . import pending
 from .agents import AgentPool
 from .bounds import RunDeadline, size_bounds
+from .conversations import ConversationInfo, ConversationService
 from .runs import RunManager
 from .types import RunRequest
 
@@ -38,6 +39,19 @@ class ResponseNotFound(CarryoverError):
 
     def __init__(self, run_id: str) -> None:
         super().__init__(f"no response with id 'resp_{run_id}' found", run_id=run_id)
+
+
+class ForkUnavailable(CarryoverError):
+    """The context right after a response is no longer the start of the stored one."""
+
+    slug = "validation-error"
+    status = 422
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(
+            f"the conversation of response 'resp_{run_id}' was compacted or replaced since: "
+            "continuing from that response (a fork) needs context versions, not kept yet"
+        )
 
 
 @dataclass(frozen=True)
@@ -70,9 +84,12 @@ def _stored(entries: Sequence[TranscriptEntry], indexes: dict[int, int]) -> list
 class ResponseService:
     """Runs as responses, messages as items, and unstored runs."""
 
-    def __init__(self, stores: Stores, runs: RunManager) -> None:
+    def __init__(
+        self, stores: Stores, runs: RunManager, conversations: ConversationService
+    ) -> None:
         self.stores = stores
         self.runs = runs
+        self.conversations = conversations
 
     @property
     def agents(self) -> AgentPool:
@@ -120,6 +137,36 @@ class ResponseService:
             counted[key] = indexes[e.seq] + 1
         return _stored([e for e in entries if e.seq in indexes], indexes)
 
+    async def _kept(self, tenant: str, run: Run) -> tuple[int, ConversationInfo]:
+        """How many of the stored context's messages stood right after ``run`` (which is not
+        its conversation's latest), with the conversation; 400 when that state is no longer
+        the start of the stored context (a compaction or a replacement since)."""
+        after = await self.stores.records.stored_messages_after(
+            tenant, run.conversation_id, run.run_id
+        )
+        if after is None:
+            raise ForkUnavailable(run.run_id)
+        source = await self.conversations.get(tenant, run.conversation_id)
+        return source.conversation.message_count - after, source
+
+    async def fork_at(self, tenant: str, run: Run) -> ConversationInfo:
+        """A new conversation holding the context as it stood right after ``run``: the
+        conversation's summary and its first messages, up to that run's (transcript starting
+        with ``forked``); the conversation it forks from is not changed."""
+        keep, _ = await self._kept(tenant, run)
+        return await self.conversations.fork(tenant, run.conversation_id, messages=keep)
+
+    async def context_at(self, tenant: str, run: Run, *, latest: bool) -> Context:
+        """The context as it stood right after ``run`` (``latest``: it is its conversation's
+        latest response, so that is the stored context), read and not copied."""
+        keep = None if latest else (await self._kept(tenant, run))[0]
+        loaded = await self.conversations.get_context(tenant, run.conversation_id)
+        assert isinstance(loaded, Loaded)  # asked without If-None-Match
+        context = loaded.context
+        if keep is None:
+            return context
+        return context.model_copy(update={"messages": context.messages[:keep]})
+
     async def run_unstored(
         self,
         tenant: str,
@@ -144,4 +191,4 @@ class ResponseService:
         return result
 
 
-__all__ = ["ResponseNotFound", "ResponseService", "StoredMessage"]
+__all__ = ["ForkUnavailable", "ResponseNotFound", "ResponseService", "StoredMessage"]

@@ -60,19 +60,46 @@ def test_a_conversation_is_carried_over_two_responses(server: Server) -> None:
     assert client.responses.retrieve(first.id).output_text == first.output_text
 
 
-def test_previous_response_id_continues_the_conversation_at_its_head(server: Server) -> None:
+def test_previous_response_id_chains_form_a_tree(server: Server) -> None:
     client = server.client()
     first = client.responses.create(model="default", input="one", instructions="Be brief.")
     second = client.responses.create(model="default", input="two", previous_response_id=first.id)
     assert second.output_text == 'Echo: I saw 3 messages. You said: "two"'
-    # an older response would fork the conversation: refused until versions can be forked
-    with pytest.raises(openai.BadRequestError) as refused:
-        client.responses.create(model="default", input="three", previous_response_id=first.id)
-    assert refused.value.body["param"] == "previous_response_id"  # type: ignore[index]
-    # instructions were for that response only: the stored system prompt is unchanged
+    trunk = _conversation_of(server, first.id)
+    assert _conversation_of(server, second.id) == trunk  # at the head: continued
+
+    # an older response forks: a new conversation from the context right after it
+    branch = client.responses.create(model="default", input="2b", previous_response_id=first.id)
+    assert branch.output_text == 'Echo: I saw 3 messages. You said: "2b"'
+    forked = _conversation_of(server, branch.id)
+    assert forked != trunk
+    # each branch goes on without touching the other
+    on_trunk = client.responses.create(
+        model="default", input="three", previous_response_id=second.id
+    )
+    on_branch = client.responses.create(model="default", input="3b", previous_response_id=branch.id)
+    assert on_trunk.output_text == 'Echo: I saw 5 messages. You said: "three"'
+    assert on_branch.output_text == 'Echo: I saw 5 messages. You said: "3b"'
+    # store: false continues from any response and stores nothing
+    unstored = client.responses.create(
+        model="default", input="aside", previous_response_id=first.id, store=False
+    )
+    assert unstored.output_text == 'Echo: I saw 3 messages. You said: "aside"'
     with server.native() as native:
-        conversation_id = native.get(f"/conversations/{_conversation_of(server, first.id)}")
-        assert conversation_id.json()["system_prompt"] == ""
+        texts = {
+            conversation: [
+                m["content"][0]["text"]
+                for m in native.get(f"/conversations/{conversation}/context").json()["messages"]
+                if m["type"] == "user"
+            ]
+            for conversation in (trunk, forked)
+        }
+        assert texts == {trunk: ["one", "two", "three"], forked: ["one", "2b", "3b"]}
+        # instructions were for their response only: the stored system prompt is unchanged
+        assert native.get(f"/conversations/{trunk}").json()["system_prompt"] == ""
+    with pytest.raises(openai.BadRequestError) as unknown:
+        client.responses.create(model="default", input="x", previous_response_id="resp_nope")
+    assert unknown.value.body["param"] == "previous_response_id"  # type: ignore[index]
 
 
 def _conversation_of(server: Server, response_id: str) -> str:
@@ -306,7 +333,7 @@ def test_every_conversation_written_through_v1_stays_replayable(server: Server) 
     """Last in the module: every conversation the tests above wrote, read natively."""
     with server.native() as native:
         listed = native.get("/conversations", params={"limit": 200}).json()["items"]
-        assert len(listed) >= 9  # what the tests above left for this tenant
+        assert len(listed) >= 10  # what the tests above left for this tenant
         for conversation in listed:
             body = native.get(f"/conversations/{conversation['id']}/context").json()
             validate_context(load_context(body), allow_open_batch=True)

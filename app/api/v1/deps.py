@@ -19,7 +19,7 @@ from .items import items_of, parse_item_id
 
 
 async def response_service(svc: ServicesDep) -> ResponseService:
-    return ResponseService(svc.stores, svc.runs)
+    return ResponseService(svc.stores, svc.runs, svc.conversations)
 
 
 ResponsesDep = Annotated[ResponseService, Depends(response_service)]

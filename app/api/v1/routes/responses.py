@@ -93,12 +93,15 @@ async def create_response(
         else body.input
     )
     history: Context | None = None  # previous_response_id: the conversation it continues
+    previous: Run | None = None  # at the head of its conversation: continued
     if body.previous_response_id is not None:
-        previous = await _previous(svc, responses, tenant, body.previous_response_id)
-        conversation_id = previous.conversation_id
-        if not body.store:
-            loaded = await svc.conversations.get_context(tenant, conversation_id)
-            history = getattr(loaded, "context", None)
+        run, at_head = await _previous(svc, responses, tenant, body.previous_response_id)
+        if not body.store:  # continued from, nothing stored
+            history = await responses.context_at(tenant, run, latest=at_head)
+        elif at_head:
+            previous, conversation_id = run, run.conversation_id
+        else:  # an older response: a new conversation forked right after it
+            conversation_id = (await responses.fork_at(tenant, run)).conversation.id
     info = (
         await svc.conversations.get(tenant, conversation_id)
         if conversation_id is not None
@@ -139,7 +142,7 @@ async def create_response(
         info = await svc.conversations.create(tenant, metadata=body.metadata)
         conversation_id = info.conversation.id
     if_match = None
-    if body.previous_response_id is not None:
+    if previous is not None:  # still at the head when the run starts, or 409
         if_match = parse_condition(previous.result_etag, "If-Match")
     if body.background:  # a native background run: queued behind a busy conversation
         return await answers.background(svc, tenant, conversation_id, run_request, if_match, body)
@@ -156,22 +159,18 @@ async def create_response(
     return JSONResponse(answers.response_view(finished, body))
 
 
-async def _previous(svc: Services, responses: ResponseService, tenant: str, value: str) -> Run:
-    """The run ``previous_response_id`` names, at the head of its conversation."""
+async def _previous(
+    svc: Services, responses: ResponseService, tenant: str, value: str
+) -> tuple[Run, bool]:
+    """The run ``previous_response_id`` names, and whether it is its conversation's latest."""
     try:
         run = await _run_of(responses, tenant, value)
     except OpenAIError:
-        raise bad_request(
-            f"Previous response with id '{value}' not found.", "previous_response_id"
-        ) from None
+        run = None
+    if run is None or not run.stored or run.result_etag is None:
+        raise bad_request(f"Previous response with id '{value}' not found.", "previous_response_id")
     info = await svc.conversations.get(tenant, run.conversation_id)
-    if not run.stored or run.result_etag != info.conversation.etag:
-        raise bad_request(
-            f"Previous response '{value}' is not the latest response of its conversation: "
-            "continuing from an older response (a fork) is not supported yet.",
-            "previous_response_id",
-        )
-    return run
+    return run, run.result_etag == info.conversation.etag
 
 
 @router.get("/responses/{response_id}", operation_id="retrieve_response")
