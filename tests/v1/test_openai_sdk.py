@@ -329,11 +329,59 @@ def test_a_background_stream_is_read_to_its_final_response(server: Server) -> No
     assert client.responses.retrieve(final.id).status == "completed"
 
 
+def test_a_session_keeps_its_history_as_items_and_runs_statelessly(server: Server) -> None:
+    """What OpenAI's Agents SDK session (``OpenAIConversationsSession``) sends: an empty
+    conversation, the history read in order, the user's input added as an item, a stateless
+    response on the history (user items with their ``id`` and ``status``, assistant items
+    without an id), its output added as items — a tool turn included."""
+    client = server.client()
+    session = client.conversations.create(items=[])
+
+    def turn(user_input: list[dict[str, object]]) -> openai.types.responses.Response:
+        client.conversations.items.create(session.id, items=user_input)  # type: ignore[arg-type]
+        history = [
+            item.model_dump(exclude_none=True)
+            for item in client.conversations.items.list(session.id, order="asc")
+        ]
+        for item in history:
+            if item.get("role") == "assistant":
+                del item["id"]
+        answer = client.responses.create(
+            model="default",
+            input=history,  # type: ignore[arg-type]
+            tools=[WEATHER],  # type: ignore[list-item]
+            include=[],
+            store=False,
+        )
+        output = [item.model_dump(exclude_none=True) for item in answer.output]
+        client.conversations.items.create(session.id, items=output)  # type: ignore[arg-type]
+        return answer
+
+    first = turn([{"type": "message", "role": "user", "content": "Hi"}])
+    assert first.output_text == 'Echo: I saw 1 message. You said: "Hi"'
+    asked = turn(
+        [{"type": "message", "role": "user", "content": '/tool get_weather {"city": "Oslo"}'}]
+    )
+    [call] = asked.output
+    assert call.type == "function_call"
+    answered = turn([{"type": "function_call_output", "call_id": call.call_id, "output": "cold"}])
+    assert "cold" in answered.output_text
+    kinds = [i.type for i in client.conversations.items.list(session.id, order="asc")]
+    assert kinds == [
+        "message",
+        "message",
+        "message",
+        "function_call",
+        "function_call_output",
+        "message",
+    ]
+
+
 def test_every_conversation_written_through_v1_stays_replayable(server: Server) -> None:
     """Last in the module: every conversation the tests above wrote, read natively."""
     with server.native() as native:
         listed = native.get("/conversations", params={"limit": 200}).json()["items"]
-        assert len(listed) >= 10  # what the tests above left for this tenant
+        assert len(listed) >= 11  # what the tests above left for this tenant
         for conversation in listed:
             body = native.get(f"/conversations/{conversation['id']}/context").json()
             validate_context(load_context(body), allow_open_batch=True)
