@@ -13,13 +13,14 @@ from fastapi.responses import JSONResponse, Response
 from app.agent.messages import AnyMessage, Context, ToolResultMessage, UserMessage
 from app.agent.pending import ClientTool
 from app.etag import parse_condition
+from app.service import pending
 from app.service.responses import ResponseNotFound, ResponseService
 from app.service.runs import ActiveRun, RunRequest
 from app.store.tables import Run
 
 from ...deps import Services, ServicesDep, TenantDep
 from .. import answers
-from ..deps import ResponsesDep, pending_names, resolve_references
+from ..deps import ResponsesDep, pending_names, resolve_references, run_to_end
 from ..errors import OpenAIError, bad_request
 from ..items import messages_of
 from ..schemas import ResponseCreate
@@ -130,7 +131,12 @@ async def create_response(
             svc, responses, tenant, body, parsed.messages, history, tools, instructions
         )
 
-    results, prompts = _split_stored(parsed.messages)
+    history_items: tuple[AnyMessage, ...] = ()
+    if conversation_id is None:  # a new conversation: the input is its whole history
+        history_items, results, prompts = answers.split_stateless(parsed.messages)
+        pending.check_append(Context(), history_items)  # refused before anything is created
+    else:
+        results, prompts = _split_stored(parsed.messages)
     run_request = RunRequest(
         prompts=prompts,
         agent=body.model,
@@ -141,6 +147,9 @@ async def create_response(
     if conversation_id is None:  # a new conversation, listed natively
         info = await svc.conversations.create(tenant, metadata=body.metadata)
         conversation_id = info.conversation.id
+        if history_items:  # stored first, as items added without a response
+            append = RunRequest(prompts=(), append=history_items)
+            await run_to_end(svc, tenant, conversation_id, append)
     if_match = None
     if previous is not None:  # still at the head when the run starts, or 409
         if_match = parse_condition(previous.result_etag, "If-Match")
