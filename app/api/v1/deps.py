@@ -9,9 +9,9 @@ from typing import Annotated, Any
 from fastapi import Depends
 
 from app.agent.messages import AnyMessage
-from app.service.conversations import ConversationInfo
 from app.service.responses import ResponseService, StoredMessage
 from app.service.runs import ActiveRun, FinishedRun, RunRequest
+from app.store.errors import conversation_not_found
 
 from ..deps import Services, ServicesDep
 from .errors import OpenAIError, bad_request
@@ -35,9 +35,22 @@ async def run_to_end(
     return await svc.runs.wait(started, on_disconnect="continue", disconnected=None)
 
 
-def pending_names(info: ConversationInfo | None) -> Callable[[str], str | None]:
-    """The tool a ``function_call_output`` answers, among the conversation's pending calls."""
-    names = {c.id: c.name for c in info.pending_tool_calls} if info is not None else {}
+def no_pending_calls(call_id: str) -> str | None:
+    """No call is pending (a new conversation)."""
+    return None
+
+
+async def pending_names(
+    svc: Services, tenant: str, conversation_id: str | None
+) -> Callable[[str], str | None]:
+    """The tool a ``function_call_output`` answers, among the conversation's pending calls
+    (one read of the conversation's row; none without a conversation)."""
+    if conversation_id is None:
+        return no_pending_calls
+    conv = await svc.stores.conversations.get_conversation(tenant, conversation_id)
+    if conv is None:
+        raise conversation_not_found(conversation_id)
+    names = {c["id"]: c["name"] for c in conv.pending_calls or ()}
     return names.get
 
 
@@ -89,6 +102,7 @@ __all__ = [
     "ResponsesDep",
     "added_items",
     "find_item",
+    "no_pending_calls",
     "pending_names",
     "resolve_references",
     "response_service",

@@ -15,7 +15,14 @@ from app.service.runs import RunRequest
 
 from ...deps import ServicesDep, TenantDep
 from ...metadata import check_metadata
-from ..deps import ResponsesDep, added_items, find_item, pending_names, run_to_end
+from ..deps import (
+    ResponsesDep,
+    added_items,
+    find_item,
+    no_pending_calls,
+    pending_names,
+    run_to_end,
+)
 from ..errors import OpenAIError, bad_request
 from ..items import items_of, messages_of, parse_item_id
 from ..schemas import ConversationCreate, ConversationUpdate, ItemsCreate
@@ -56,7 +63,7 @@ async def create_conversation(
     body = body or ConversationCreate()
     if body.metadata:
         check_metadata(svc.settings, body.metadata, "metadata")
-    parsed = messages_of(body.items or [], pending_names(None), "items")
+    parsed = messages_of(body.items or [], no_pending_calls, "items")
     pending.check_append(Context(), parsed.messages)  # refused before anything is created
     info = await svc.conversations.create(
         tenant, system_prompt="\n\n".join(parsed.system), metadata=body.metadata
@@ -144,8 +151,8 @@ async def create_items(
 ) -> JSONResponse:
     """Add up to 20 items without a response, under the one-run-at-a-time rule; an item that
     would break the pairing of calls and outputs is refused (400)."""
-    info = await svc.conversations.get(tenant, conversation_id)
-    parsed = messages_of(body.items, pending_names(info), "items")
+    names = await pending_names(svc, tenant, conversation_id)  # 404 for no conversation
+    parsed = messages_of(body.items, names, "items")
     if parsed.system:
         raise bad_request(
             "system and developer items are not stored: give them as `instructions` of a "

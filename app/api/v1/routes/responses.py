@@ -103,13 +103,12 @@ async def create_response(
             previous, conversation_id = run, run.conversation_id
         else:  # an older response: a new conversation forked right after it
             conversation_id = (await responses.fork_at(tenant, run)).conversation.id
-    info = (
-        await svc.conversations.get(tenant, conversation_id)
-        if conversation_id is not None
-        else None
-    )
     items = await resolve_references(responses, tenant, conversation_id, items)
-    parsed = messages_of(items, pending_names(info))
+    answers_calls = any(
+        isinstance(i, dict) and i.get("type") == "function_call_output" for i in items
+    )
+    names = await pending_names(svc, tenant, conversation_id if answers_calls else None)
+    parsed = messages_of(items, names)
     instructions = (
         "\n\n".join(
             [*([body.instructions] if body.instructions is not None else []), *parsed.system]
