@@ -107,3 +107,12 @@ async def test_a_bad_request_is_a_400_naming_the_parameter(
     answer = await client.post("/v1/responses", json={"model": "default", **body})
     error = assert_error(answer, 400, param)
     assert error["type"] == "invalid_request_error"
+
+
+async def test_v1_requests_are_counted_under_their_own_route_templates(client: AppClient) -> None:
+    await client.get("/v1/conversations/nothing-here")
+    await client.get("/conversations/nothing-here")
+    text = (await client.get("/metrics")).text
+    assert 'route="/v1/conversations/{conversation_id}"' in text
+    assert 'route="/conversations/{conversation_id}"' in text
+    assert 'route="/v1/conversations/nothing-here"' not in text

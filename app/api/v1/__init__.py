@@ -17,8 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app import __version__
+from app.observability import ROUTE_PREFIX_KEY
 
 from .errors import PREFIX, OpenAIErrorsMiddleware, install_error_handlers
 from .routes import conversations, responses
@@ -40,10 +42,22 @@ def create_v1_app() -> FastAPI:
         generate_unique_id_function=lambda route: route.name,
     )
     install_error_handlers(app)
+    app.add_middleware(_RoutePrefix)
     app.include_router(conversations.router)
     app.include_router(responses.router)
     document_errors(app)
     return app
+
+
+class _RoutePrefix:
+    """Its routes are counted in the metrics under ``/v1`` (app/observability.py)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[ROUTE_PREFIX_KEY] = PREFIX
+        await self.app(scope, receive, send)
 
 
 #: OpenAI's error object, as every refusal of the surface carries it
