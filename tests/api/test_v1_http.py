@@ -60,9 +60,26 @@ async def test_items_of_a_tree_of_responses(client: AppClient) -> None:
     one = await client.get(f"/v1/conversations/{conversation}/items/{items[3]['id']}")
     assert one.json() == items[3]
 
+    # input may name a stored item by reference
+    referenced = await _respond(
+        client,
+        input=[{"type": "item_reference", "id": items[0]["id"]}],
+        conversation=conversation,
+    )
+    assert referenced["output"][0]["content"][0]["text"].endswith('You said: "one"')
+    missing = await client.post(
+        "/v1/responses",
+        json={
+            "model": "default",
+            "input": [{"type": "item_reference", "id": "msg_nope"}],
+            "conversation": conversation,
+        },
+    )
+    assert_error(missing, 400, "input[0].id")
+
     # every run is a response, and every response a run
     runs = (await client.get(f"/conversations/{conversation}/runs")).json()["items"]
-    assert ["resp_" + r["run_id"] for r in runs] == [first["id"], second["id"]]
+    assert ["resp_" + r["run_id"] for r in runs] == [first["id"], second["id"], referenced["id"]]
     native = await client.post(f"/conversations/{conversation}/runs", json={"prompts": ["n"]})
     as_response = await client.get(f"/v1/responses/resp_{native.json()['run_id']}")
     assert as_response.json()["output"][0]["content"][0]["text"].endswith('You said: "n"')

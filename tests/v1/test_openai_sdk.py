@@ -203,6 +203,19 @@ def test_a_function_tool_round_trip(server: Server) -> None:
     inputs = client.responses.input_items.list(answered.id)
     assert [i.type for i in inputs.data] == ["function_call_output"]
 
+    # streamed, the call comes as function_call events the SDK's helper accepts
+    with client.responses.stream(
+        model="default",
+        input='/tool get_weather {"city": "Lyon"}',
+        conversation=conversation.id,
+        tools=[WEATHER],  # type: ignore[list-item]
+    ) as stream:
+        kinds = [e.type for e in stream]
+        [streamed] = stream.get_final_response().output
+    assert "response.function_call_arguments.done" in kinds
+    assert streamed.type == "function_call"
+    assert streamed.arguments == '{"city": "Lyon"}'
+
 
 def test_store_false_stores_nothing(server: Server) -> None:
     client = server.client()
