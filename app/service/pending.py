@@ -204,16 +204,30 @@ def check_on_arrival(agent: Agent, request: RunRequest) -> None:
         raise BadClientTools(exc.field, exc.reason) from None
 
 
+def kept_inputs(request: RunRequest) -> dict[str, Any] | None:
+    """What every run keeps of its request in its row (``runs.tool_inputs``): its
+    ``instructions`` and what the ``/v1`` surface keeps of a response (None: nothing)."""
+    kept: dict[str, Any] = {}
+    if request.instructions is not None:
+        kept["instructions"] = request.instructions
+    if request.response is not None:
+        kept["response"] = request.response
+    return kept or None
+
+
 def tool_inputs(request: RunRequest) -> dict[str, Any] | None:
-    """What a queued run keeps of its request besides its prompts (None: nothing)."""
+    """What a queued run keeps of its request besides its prompts (None: nothing): the
+    :func:`kept_inputs` of every run, and its client tools, approvals and answers."""
+    kept = kept_inputs(request) or {}
     if not (
         request.client_tools
         or request.require_approval
         or request.tool_results
         or request.approvals
     ):
-        return None
+        return kept or None
     return {
+        **kept,
         "client_tools": [t.model_dump(mode="json") for t in request.client_tools],
         "require_approval": list(request.require_approval),
         "tool_results": dump_messages(request.tool_results),
@@ -235,6 +249,8 @@ def queued_request(run: Run) -> RunRequest:
             load_messages(inputs.get("tool_results", []), "tool_results"),
         ),
         approvals=tuple(Approval.model_validate(a) for a in inputs.get("approvals", ())),
+        instructions=inputs.get("instructions"),
+        response=inputs.get("response"),
     )
 
 
@@ -283,6 +299,7 @@ __all__ = [
     "check_on_arrival",
     "checker",
     "dump_call",
+    "kept_inputs",
     "queued_request",
     "refusal",
     "required_action",

@@ -212,6 +212,7 @@ class RunManager:
                 cached=self.state.contexts.lookup,
                 check=pending.checker(agent, request),
                 trace_id=telemetry.current_trace_id(),
+                tool_inputs=pending.kept_inputs(request),
             )
             if started.replay is not None:
                 return Replayed(started.replay.status_code, started.replay.response)

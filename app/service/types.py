@@ -26,7 +26,9 @@ class RunRequest:
 
     ``instructions``: a system prompt for this run only (the stored one is unchanged).
     ``append``: messages to add to the context as they are, without calling the model (the
-    ``/v1`` surface's items added without a response); the run then has no prompts."""
+    ``/v1`` surface's items added without a response); the run then has no prompts.
+    ``response``: what the ``/v1`` surface keeps of a response's request (its metadata,
+    instructions, tools), kept with the run row and given back with its record."""
 
     prompts: tuple[UserMessage, ...]
     agent: str = "default"
@@ -38,6 +40,7 @@ class RunRequest:
     approvals: tuple[Approval, ...] = ()
     instructions: str | None = None
     append: tuple[AnyMessage, ...] = ()
+    response: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,11 @@ def test_a_conversation_is_carried_over_two_responses(server: Server) -> None:
     assert first.status == "completed"
     assert first.output_text == 'Echo: I saw 1 message. You said: "What is nvim?"'
     second = client.responses.create(
-        model="default", input="And vim?", conversation={"id": conversation.id}
+        model="default",
+        input="And vim?",
+        conversation={"id": conversation.id},
+        metadata={"turn": "2"},
+        instructions="Be brief.",
     )
     assert second.output_text == 'Echo: I saw 3 messages. You said: "And vim?"'
     assert second.usage is not None and second.usage.total_tokens > 0
@@ -58,6 +62,9 @@ def test_a_conversation_is_carried_over_two_responses(server: Server) -> None:
             "topic": "editors"
         }
     assert client.responses.retrieve(first.id).output_text == first.output_text
+    # what the request said is kept with its run
+    again = client.responses.retrieve(second.id)
+    assert (again.metadata, again.instructions) == ({"turn": "2"}, "Be brief.")
 
 
 def test_previous_response_id_chains_form_a_tree(server: Server) -> None:
@@ -321,7 +328,7 @@ def test_a_background_response_and_its_resumed_stream(server: Server) -> None:
     assert events[-1].type == "response.completed"
     assert [e.sequence_number for e in events] == list(range(len(events)))
     done = client.responses.retrieve(started.id)
-    assert done.status == "completed"
+    assert (done.status, done.background) == ("completed", True)
     assert done.output_text == 'Echo: I saw 1 message. You said: "in the background"'
 
     # resumed after event 3: the same events, numbered as before

@@ -34,9 +34,22 @@ from .stream import EventTranslator, sse
 from .views import response_object, split, timestamp
 
 
+def kept_fields(body: ResponseCreate) -> dict[str, Any]:
+    """What a stored response keeps of its request, with its run (``RunRequest.response``)."""
+    return {
+        "instructions": body.instructions,
+        "tools": [t.model_dump(exclude_none=True) for t in body.tools],
+        "metadata": body.metadata or {},
+        "previous_response_id": body.previous_response_id,
+        "background": body.background,
+    }
+
+
 def response_view(
     record: RunRecord | FinishedRun, body: ResponseCreate | None = None
 ) -> dict[str, Any]:
+    """A run as a response: its output items, status and usage, and what its request said
+    (``body``, or what its run kept of it; nothing for a native run)."""
     status: str
     if isinstance(record, FinishedRun):
         run, messages = record.run, record.result.new_messages
@@ -46,6 +59,9 @@ def response_view(
     else:
         run, messages = record.run, record.new_messages
         status, usage, error = run.status, run.usage, run.error
+    kept: dict[str, Any] = (
+        kept_fields(body) if body is not None else (run.tool_inputs or {}).get("response") or {}
+    )
     return response_object(
         run_id=run.run_id,
         status=status,
@@ -55,10 +71,11 @@ def response_view(
         usage=usage,
         error=error,
         conversation_id=run.conversation_id,
-        instructions=body.instructions if body else None,
-        tools=[t.model_dump(exclude_none=True) for t in body.tools] if body else (),
-        metadata=body.metadata if body else None,
-        previous_response_id=body.previous_response_id if body else None,
+        instructions=kept.get("instructions"),
+        tools=kept.get("tools") or (),
+        metadata=kept.get("metadata"),
+        previous_response_id=kept.get("previous_response_id"),
+        background=bool(kept.get("background", False)),
     )
 
 
