@@ -247,6 +247,11 @@ def render_metrics() -> tuple[bytes, str]:
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
 
 
+#: the scope key a mounted app sets to the path it is mounted at (``/v1``): its routes'
+#: templates are counted under it (``/v1/conversations/{conversation_id}``)
+ROUTE_PREFIX_KEY = "carryover.route_prefix"
+
+
 class MetricsMiddleware:
     """ASGI middleware counting requests by route *template* (``/conversations/{id}``).
 
@@ -273,7 +278,8 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_and_watch)
         finally:
-            route = getattr(scope.get("route"), "path", None) or UNMATCHED_ROUTE
+            route = getattr(scope.get("route"), "path", None)
+            route = scope.get(ROUTE_PREFIX_KEY, "") + route if route else UNMATCHED_ROUTE
             observe_http(scope["method"], route, status, time.perf_counter() - started)
 
 

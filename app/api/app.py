@@ -33,6 +33,8 @@ from .limits import BodyLimitMiddleware
 from .links import install_links
 from .problems import METHOD_NOT_ALLOWED, document_problem_types, problem_response
 from .routes import conversations, events, health, runs, transcript, usage
+from .v1 import PREFIX as V1_PREFIX
+from .v1 import OpenAIErrorsMiddleware, create_v1_app
 from .views import record_view, run_problem_slug
 
 DESCRIPTION = """\
@@ -159,6 +161,7 @@ def create_app(
             runs=manager,
             auth=auth,
         )
+        v1.state.services = app.state.services  # the /v1 surface uses the same services
         await announce_access(auth)
         await manager.start_keeper()
         heap.tune(settings.gc_gen0_threshold)
@@ -187,12 +190,15 @@ def create_app(
 
     for module in (conversations, runs, events, transcript, health, usage):
         app.include_router(module.router)
+    v1 = create_v1_app()  # OpenAI's Responses and Conversations API (its own document)
+    app.mount(V1_PREFIX, v1)
 
     # Outermost last: metrics → CORS → authentication → body limit → routes. CORS answers
     # preflights (which carry no key) and adds its headers to 401s; nothing reads a body
     # before its sender is authenticated.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(AuthMiddleware, public_metrics=settings.public_metrics)
+    app.add_middleware(OpenAIErrorsMiddleware)  # /v1: their problems in OpenAI's shape
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

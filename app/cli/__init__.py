@@ -18,7 +18,8 @@
   create a database (``app/cli/common.py``).
 - ``carryover webhooks add|list|remove|deliveries``: webhook endpoints per tenant
   (``app/cli/webhooks.py``).
-- ``carryover openapi [--output PATH] [--check]`` writes the app's OpenAPI document as stable
+- ``carryover openapi [--output PATH] [--check]`` writes the app's OpenAPI document (and, beside
+  it, ``v1.json``: the document of the ``/v1`` surface) as stable
   JSON (sorted keys, two-space indent, trailing newline), or checks the committed one.
 - ``carryover conversations …`` (``app/cli/conversations.py``), ``carryover config`` and
   ``carryover quotas …`` (``app/cli/ops.py``), ``carryover check`` (damaged stored messages,
@@ -136,23 +137,42 @@ def load_app() -> FastAPI:
     return create_app(default_settings())
 
 
+def mounted_documents(app: FastAPI) -> dict[str, dict[str, Any]]:
+    """The documents of the apps mounted in ``app`` (the ``/v1`` surface: ``v1.json``), which
+    the app's own document leaves out, by the file name they are committed under."""
+    from fastapi import FastAPI
+    from starlette.routing import Mount
+
+    return {
+        f"{route.path.strip('/')}.json": route.app.openapi()
+        for route in app.routes
+        if isinstance(route, Mount) and isinstance(route.app, FastAPI)
+    }
+
+
 def openapi_command(args: argparse.Namespace) -> int:
-    text = openapi_json(load_app().openapi())
+    app = load_app()
     output: Path = args.output
     if str(output) == "-":
-        sys.stdout.write(text)
+        sys.stdout.write(openapi_json(app.openapi()))
         return 0
+    # the app's document at OUTPUT, each mounted app's beside it (openapi/v1.json)
+    files = {output: openapi_json(app.openapi())}
+    for name, document in mounted_documents(app).items():
+        files[output.parent / name] = openapi_json(document)
     if args.check:
-        current = output.read_text(encoding="utf-8") if output.exists() else None
-        if current != text:
-            raise CliError(
-                f"{output} is not what the app serves; run 'carryover openapi -o {output}'"
-            )
-        print(f"{output} is up to date")
+        for path, text in files.items():
+            current = path.read_text(encoding="utf-8") if path.exists() else None
+            if current != text:
+                raise CliError(
+                    f"{path} is not what the app serves; run 'carryover openapi -o {output}'"
+                )
+            print(f"{path} is up to date")
         return 0
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(text, encoding="utf-8")
-    print(f"wrote {output}", file=sys.stderr)  # stdout stays clean for a redirect
+    for path, text in files.items():
+        path.write_text(text, encoding="utf-8")
+        print(f"wrote {path}", file=sys.stderr)  # stdout stays clean for a redirect
     return 0
 
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from app.agent.codec import dump_messages, load_messages
-from app.agent.messages import Context, ToolResultMessage, UserMessage
+from app.agent.messages import AnyMessage, Context, ToolResultMessage, UserMessage
 from app.agent.pending import (
     Approval,
     ClientTool,
@@ -35,14 +35,17 @@ from app.agent.pending import (
 )
 from app.agent.pending import split_prompts as _split
 from app.agent.records import Input, Result
+from app.agent.replay import ReplayError, validate_messages
 from app.agent.run import Agent
-from app.agent.sizes import SizeBounds
+from app.agent.sizes import ContextSize, SizeBounds
+from app.agent.tokens import TokenTally
 from app.errors import CarryoverError
 from app.store.changes import Answered, pending_blocks
 from app.store.stores import Loaded
 from app.store.tables import Conversation, Run
 
 from .agents import AgentPool, UnknownAgent
+from .errors import UnreplayableContext
 from .types import RunRequest
 
 
@@ -111,11 +114,25 @@ def split_prompts(
 
 
 def agent_input(loaded: Loaded, request: RunRequest, bounds: SizeBounds | None = None) -> Input:
+    return run_input(loaded.context, request, bounds, tokens=loaded.tokens, size=loaded.size)
+
+
+def run_input(
+    context: Context,
+    request: RunRequest,
+    bounds: SizeBounds | None = None,
+    *,
+    tokens: TokenTally | None = None,
+    size: ContextSize | None = None,
+) -> Input:
+    """The agent's Input for a request on ``context`` (stored, or sent whole by a client)."""
+    if request.instructions is not None:  # this run only: the stored one is not changed
+        context = context.model_copy(update={"system_prompt": request.instructions})
     return Input(
-        context=loaded.context,
-        tokens=loaded.tokens,
+        context=context,
+        tokens=tokens,
         bounds=bounds,
-        size=loaded.size,
+        size=size,
         prompts=request.prompts,
         client_tools=request.client_tools,
         require_approval=request.require_approval,
@@ -129,6 +146,9 @@ def checker(agent: Agent, request: RunRequest) -> Callable[[Context], None]:
     last batch alone; pure, O(last batch))."""
 
     def check(context: Context) -> None:
+        if request.append:
+            check_append(context, request.append)
+            return
         try:
             plan = agent.check(
                 Input(
@@ -152,6 +172,23 @@ def checker(agent: Agent, request: RunRequest) -> Callable[[Context], None]:
     return check
 
 
+def check_append(context: Context, append: Sequence[AnyMessage]) -> None:
+    """Messages added without a run keep the context replayable, though it may end with calls
+    still pending (``context`` ends like the stored one: its last batch is enough)."""
+    tail = context.messages
+    try:
+        validate_messages((*tail, *append), allow_open_batch=True)
+    except ReplayError as exc:
+        index = max(exc.index - len(tail), 0)
+        raise UnreplayableContext(index, f"items[{index}]: {exc.reason}") from None
+
+
+def appended_result(loaded: Loaded, append: Sequence[AnyMessage]) -> Result:
+    """The outcome of a run that only adds messages: the context with them, no model call."""
+    context = loaded.context.model_copy(update={"messages": (*loaded.context.messages, *append)})
+    return Result(status="completed", context=context, new_messages=tuple(append), admitted=True)
+
+
 def check_on_arrival(agent: Agent, request: RunRequest) -> None:
     """What :func:`checker` refuses whatever the context: bad client tools or approval names
     (a queued run is refused so when it arrives; the rest is checked when its turn comes)."""
@@ -167,16 +204,30 @@ def check_on_arrival(agent: Agent, request: RunRequest) -> None:
         raise BadClientTools(exc.field, exc.reason) from None
 
 
+def kept_inputs(request: RunRequest) -> dict[str, Any] | None:
+    """What every run keeps of its request in its row (``runs.tool_inputs``): its
+    ``instructions`` and what the ``/v1`` surface keeps of a response (None: nothing)."""
+    kept: dict[str, Any] = {}
+    if request.instructions is not None:
+        kept["instructions"] = request.instructions
+    if request.response is not None:
+        kept["response"] = request.response
+    return kept or None
+
+
 def tool_inputs(request: RunRequest) -> dict[str, Any] | None:
-    """What a queued run keeps of its request besides its prompts (None: nothing)."""
+    """What a queued run keeps of its request besides its prompts (None: nothing): the
+    :func:`kept_inputs` of every run, and its client tools, approvals and answers."""
+    kept = kept_inputs(request) or {}
     if not (
         request.client_tools
         or request.require_approval
         or request.tool_results
         or request.approvals
     ):
-        return None
+        return kept or None
     return {
+        **kept,
         "client_tools": [t.model_dump(mode="json") for t in request.client_tools],
         "require_approval": list(request.require_approval),
         "tool_results": dump_messages(request.tool_results),
@@ -198,6 +249,8 @@ def queued_request(run: Run) -> RunRequest:
             load_messages(inputs.get("tool_results", []), "tool_results"),
         ),
         approvals=tuple(Approval.model_validate(a) for a in inputs.get("approvals", ())),
+        instructions=inputs.get("instructions"),
+        response=inputs.get("response"),
     )
 
 
@@ -246,6 +299,7 @@ __all__ = [
     "check_on_arrival",
     "checker",
     "dump_call",
+    "kept_inputs",
     "queued_request",
     "refusal",
     "required_action",

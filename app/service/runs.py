@@ -212,6 +212,7 @@ class RunManager:
                 cached=self.state.contexts.lookup,
                 check=pending.checker(agent, request),
                 trace_id=telemetry.current_trace_id(),
+                tool_inputs=pending.kept_inputs(request),
             )
             if started.replay is not None:
                 return Replayed(started.replay.status_code, started.replay.response)
@@ -283,7 +284,10 @@ class RunManager:
                     raise asyncio.CancelledError
                 if agent is None:
                     raise LookupError(f"no agent profile {request.agent!r} on this server")
-                result = await self._run_agent(active, agent, loaded, request)
+                if request.append:  # items added without a model call (the /v1 surface)
+                    result = pending.appended_result(loaded, request.append)
+                else:
+                    result = await self._run_agent(active, agent, loaded, request)
             except asyncio.CancelledError:  # cancelled before the agent took over
                 result = cancelled_result(loaded.context)
             except Exception as exc:  # a bug: the run still ends, recorded, lease released
@@ -339,7 +343,13 @@ class RunManager:
             self.state.settings.run_deadline_seconds, lambda: self.stop(active)
         ) as deadline:
             result = await agent.run(agent_input, on_event=on_event)
-        return deadline.settle(result)
+        result = deadline.settle(result)
+        if request.instructions is not None:  # they were for this run only
+            stored = loaded.context.system_prompt
+            result = result.model_copy(
+                update={"context": result.context.model_copy(update={"system_prompt": stored})}
+            )
+        return result
 
     async def wait(
         self, active: ActiveRun, *, on_disconnect: str, disconnected: Disconnected | None

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from app.agent.messages import ToolResultMessage, UserMessage
+from app.agent.messages import AnyMessage, ToolResultMessage, UserMessage
 from app.agent.pending import Approval, ClientTool
 from app.agent.records import Result
 from app.store.stores import OnFailure, RunOutcome, StartedRun
@@ -22,7 +22,13 @@ from .live import LiveStream
 class RunRequest:
     """What a run is asked to do: the prompts, the agent profile, and the policies; with
     client tools and approvals (docs/tools.md), the run's client tools, the server tools it
-    gates, and the answers to the conversation's pending calls."""
+    gates, and the answers to the conversation's pending calls.
+
+    ``instructions``: a system prompt for this run only (the stored one is unchanged).
+    ``append``: messages to add to the context as they are, without calling the model (the
+    ``/v1`` surface's items added without a response); the run then has no prompts.
+    ``response``: what the ``/v1`` surface keeps of a response's request (its metadata,
+    instructions, tools), kept with the run row and given back with its record."""
 
     prompts: tuple[UserMessage, ...]
     agent: str = "default"
@@ -32,6 +38,9 @@ class RunRequest:
     require_approval: tuple[str, ...] = ()
     tool_results: tuple[ToolResultMessage, ...] = ()
     approvals: tuple[Approval, ...] = ()
+    instructions: str | None = None
+    append: tuple[AnyMessage, ...] = ()
+    response: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, insert, or_, select
+from sqlalchemy import ColumnElement, and_, func, insert, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.agent.codec import dump_message, dump_messages, dumps_messages_json, load_message
@@ -121,6 +121,102 @@ class RecordStore(StoreBase):
             await require_conversation(conn, tenant, conv_id)
             rows = (await conn.execute(stmt)).mappings().all()
         return [TranscriptEntry(**row) for row in rows]
+
+    # --- the transcript's messages, as the /v1 surface lists them (its items) ---------------
+
+    async def find_run(self, tenant: str, run_id: str) -> Run | None:
+        """The tenant's run of this id, whatever its conversation (``ix_runs_run_id``)."""
+        stmt = select(runs).where(runs.c.tenant == tenant, runs.c.run_id == run_id)
+        async with read_transaction(self.engine) as conn:
+            row = (await conn.execute(stmt)).mappings().first()
+        return None if row is None else Run.model_construct(**row)
+
+    async def run_message_entries(
+        self, tenant: str, conv_id: str, run_ids: Sequence[str]
+    ) -> list[TranscriptEntry]:
+        """The transcript entries holding the messages of these runs, by ``seq``: one per
+        message of each run's ``new_messages``, in their order."""
+        if not run_ids:
+            return []
+        stmt = (
+            select(transcript)
+            .where(
+                *child_key(transcript, tenant, conv_id),
+                transcript.c.run_id.in_(list(run_ids)),
+                transcript.c.kind.in_(MESSAGE_KINDS),
+            )
+            .order_by(transcript.c.seq)
+        )
+        async with read_transaction(self.engine) as conn:
+            await require_conversation(conn, tenant, conv_id)
+            rows = (await conn.execute(stmt)).mappings().all()
+        return [TranscriptEntry(**row) for row in rows]
+
+    async def message_entries(
+        self,
+        tenant: str,
+        conv_id: str,
+        *,
+        from_seq: int | None = None,
+        descending: bool = False,
+        limit: int = 100,
+    ) -> list[TranscriptEntry]:
+        """A page of the transcript's message entries, by ``seq`` (descending: newest first),
+        from ``from_seq`` on (inclusive; None: from the start, or the end)."""
+        stmt = select(transcript).where(
+            *child_key(transcript, tenant, conv_id), transcript.c.kind.in_(MESSAGE_KINDS)
+        )
+        if from_seq is not None:
+            bound = transcript.c.seq <= from_seq if descending else transcript.c.seq >= from_seq
+            stmt = stmt.where(bound)
+        order = transcript.c.seq.desc() if descending else transcript.c.seq
+        stmt = stmt.order_by(order).limit(limit)
+        async with read_transaction(self.engine) as conn:
+            await require_conversation(conn, tenant, conv_id)
+            rows = (await conn.execute(stmt)).mappings().all()
+        return [TranscriptEntry(**row) for row in rows]
+
+    async def stored_messages_after(self, tenant: str, conv_id: str, run_id: str) -> int | None:
+        """How many messages of the stored context came after run ``run_id``'s (the messages
+        of stored runs since, failed attempts left out) — None when the context since was
+        compacted, replaced or forked, or the run left no entry: then its messages are no
+        longer the first ones of the context. One pass over the transcript after the run."""
+        entries = transcript.c
+        last = (
+            select(func.max(entries.seq))
+            .where(*child_key(transcript, tenant, conv_id), entries.run_id == run_id)
+            .scalar_subquery()
+        )
+        stmt = (
+            select(entries.kind, entries.failed, runs.c.stored)
+            .select_from(
+                transcript.outerjoin(
+                    runs,
+                    and_(
+                        runs.c.tenant == entries.tenant,
+                        runs.c.conversation_id == entries.conversation_id,
+                        runs.c.run_id == entries.run_id,
+                    ),
+                )
+            )
+            .where(*child_key(transcript, tenant, conv_id), entries.seq > last)
+        )
+        async with read_transaction(self.engine) as conn:
+            await require_conversation(conn, tenant, conv_id)
+            if (await conn.execute(select(last))).scalar() is None:
+                return None
+            rows = (await conn.execute(stmt)).all()
+        count = 0
+        for kind, failed, stored in rows:
+            if kind in ("compaction", "context_replaced", "forked"):
+                return None
+            if kind in MESSAGE_KINDS and not failed and stored:
+                count += 1
+        return count
+
+
+#: the transcript entries that hold one message of a run's ``new_messages`` each
+MESSAGE_KINDS = ("prompt", "attempt", "tool_result", "client_result")
 
 
 async def _records(

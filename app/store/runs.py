@@ -162,8 +162,10 @@ class RunStore(FinishingStore):
         cached: CachedContext | None = None,
         check: Callable[[Context], None] | None = None,
         trace_id: str | None = None,
+        tool_inputs: dict[str, Any] | None = None,
     ) -> StartedRun:
         """Take the conversation's run lease and load its context, in one write transaction.
+        ``tool_inputs``: what the run keeps of its request in its row.
 
         ``check`` is called before the transaction commits on a context that ends like the
         stored one — the cached context, or the stored context's last batch alone (decoded
@@ -239,6 +241,7 @@ class RunStore(FinishingStore):
                 lease_expires_at=now + timedelta(seconds=lease_seconds),
                 trace_id=trace_id,
                 started_at=now,
+                tool_inputs=tool_inputs,
             )
             await conn.execute(_INSERT_RUN, values)  # as parameters: no per-call coercion
             if idempotency is not None:

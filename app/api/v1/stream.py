@@ -1,0 +1,267 @@
+"""A run's events as OpenAI's Responses streaming events (docs/openai.md, "Streaming").
+
+:class:`EventTranslator` reads the native events of a run (the ``delta`` and ``message`` events
+of :func:`app.service.events.event_payload`) and writes the sequence the official clients
+check: ``response.created``, ``response.in_progress``; per output item
+``response.output_item.added`` before any of its content, ``response.content_part.added``
+before its ``response.output_text.delta`` events, then the ``….done`` events; last
+``response.completed`` (or ``response.failed``). Every event has ``type`` and
+``sequence_number``, consecutive from 0. Items carry the ids they have when read back
+(:mod:`app.api.v1.items`): a message's place in its run is counted as its events arrive.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.agent.codec import load_message
+from app.agent.messages import AssistantMessage, ToolResultMessage
+
+from .items import item_id, items_of
+
+
+@dataclass
+class _Open:
+    """An output item streamed so far: its index, the item as added, its parts' texts."""
+
+    output_index: int
+    item: dict[str, Any]
+    texts: list[str] = field(default_factory=list)
+
+
+def sse(event: dict[str, Any]) -> bytes:
+    return f"event: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n".encode()
+
+
+class EventTranslator:
+    """Native run events in, OpenAI stream events out (as dicts, numbered)."""
+
+    def __init__(self, run_id: str, skeleton: dict[str, Any]) -> None:
+        self.run_id = run_id
+        self.skeleton = skeleton  # the response as created: status in_progress, no output
+        self.seq = 0
+        self.outputs = 0  # output items added so far
+        self.index = 0  # the run's new messages seen so far
+        self.made: set[str] = set()  # calls the model made in this run
+        self._blocks: dict[int, tuple[_Open, int]] = {}  # block index → (item, content index)
+        self._opened: list[_Open] = []  # this attempt's items, in block order
+        self._last_text: _Open | None = None
+
+    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        event = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return event
+
+    def start(self) -> list[dict[str, Any]]:
+        return [
+            self._event("response.created", response=self.skeleton),
+            self._event("response.in_progress", response=self.skeleton),
+        ]
+
+    def _add(self, item: dict[str, Any]) -> tuple[_Open, dict[str, Any]]:
+        opened = _Open(self.outputs, item)
+        self.outputs += 1
+        self._opened.append(opened)
+        return opened, self._event(
+            "response.output_item.added", output_index=opened.output_index, item=item
+        )
+
+    def on(self, name: str, data: Any) -> list[dict[str, Any]]:
+        """The OpenAI events for one native event (often none)."""
+        if name == "delta" and isinstance(data, dict):
+            return self._delta(data)
+        if name == "message" and isinstance(data, dict):
+            return self._message(data)
+        return []
+
+    def _delta(self, data: dict[str, Any]) -> list[dict[str, Any]]:
+        kind, block = data.get("kind"), int(data.get("index", 0))
+        out: list[dict[str, Any]] = []
+        k = len(self._opened)
+        if kind == "text":
+            if block not in self._blocks:
+                text = self._last_text
+                if text is None:
+                    item = {
+                        "type": "message",
+                        "id": item_id("msg", self.run_id, self.index, k),
+                        "role": "assistant",
+                        "status": "in_progress",
+                        "content": [],
+                    }
+                    text, added = self._add(item)
+                    out.append(added)
+                    self._last_text = text
+                part = len(text.texts)
+                text.texts.append("")
+                self._blocks[block] = (text, part)
+                out.append(
+                    self._event(
+                        "response.content_part.added",
+                        item_id=text.item["id"],
+                        output_index=text.output_index,
+                        content_index=part,
+                        part={"type": "output_text", "text": "", "annotations": []},
+                    )
+                )
+            text, part = self._blocks[block]
+            text.texts[part] += str(data.get("text", ""))
+            out.append(
+                self._event(
+                    "response.output_text.delta",
+                    item_id=text.item["id"],
+                    output_index=text.output_index,
+                    content_index=part,
+                    delta=str(data.get("text", "")),
+                    logprobs=[],
+                )
+            )
+            return out
+        self._last_text = None
+        if kind == "tool_call":
+            item = {
+                "type": "function_call",
+                "id": item_id("fc", self.run_id, self.index, k),
+                "call_id": str(data.get("id", "")),
+                "name": str(data.get("name", "")),
+                "arguments": "",
+                "status": "in_progress",
+            }
+            opened, added = self._add(item)
+            self._blocks[block] = (opened, 0)
+            opened.texts.append("")
+            return [added]
+        if kind == "tool_call_arguments" and block in self._blocks:
+            opened, _ = self._blocks[block]
+            opened.texts[0] += str(data.get("text", ""))
+            return [
+                self._event(
+                    "response.function_call_arguments.delta",
+                    item_id=opened.item["id"],
+                    output_index=opened.output_index,
+                    delta=str(data.get("text", "")),
+                )
+            ]
+        if kind == "thinking" and block not in self._blocks:
+            item = {
+                "type": "reasoning",
+                "id": item_id("rs", self.run_id, self.index, k),
+                "summary": [],
+                "status": "in_progress",
+            }
+            opened, added = self._add(item)
+            self._blocks[block] = (opened, 0)
+            return [added]
+        return []
+
+    def _message(self, data: dict[str, Any]) -> list[dict[str, Any]]:
+        message = load_message(data)
+        index = self.index
+        self.index += 1
+        out: list[dict[str, Any]] = []
+        if isinstance(message, AssistantMessage):
+            opened = {o.item["id"]: o for o in self._opened}
+            self._blocks, self._opened, self._last_text = {}, [], None
+            if not message.replayable:  # a failed attempt: close what it streamed
+                for o in opened.values():
+                    out.extend(self._done(o, {**o.item, "status": "incomplete"}))
+                return out
+            self.made.update(c.id for c in message.tool_calls)
+            for item in items_of(message, self.run_id, index):
+                found = opened.pop(item["id"], None)
+                if found is None:
+                    found, added = self._add({**_empty(item), "status": "in_progress"})
+                    self._opened.clear()
+                    out.append(added)
+                out.extend(self._done(found, item))
+            for o in opened.values():  # streamed, then not in the message (should not happen)
+                out.extend(self._done(o, {**o.item, "status": "incomplete"}))
+            return out
+        if isinstance(message, ToolResultMessage) and message.tool_call_id in self.made:
+            for item in items_of(message, self.run_id, index):
+                found, added = self._add({**item, "status": "in_progress"})
+                self._opened.clear()
+                out.append(added)
+                out.extend(self._done(found, item))
+        return out
+
+    def _done(self, opened: _Open, item: dict[str, Any]) -> list[dict[str, Any]]:
+        """The ``….done`` events of an item (its content first, when it was not streamed)."""
+        out: list[dict[str, Any]] = []
+        where = {"item_id": item["id"], "output_index": opened.output_index}
+        if item["type"] == "message":
+            parts = item.get("content") or [
+                {"type": "output_text", "text": t, "annotations": []} for t in opened.texts
+            ]
+            for j, part in enumerate(parts):
+                if j >= len(opened.texts):  # not streamed: its part and text now
+                    out.append(
+                        self._event(
+                            "response.content_part.added",
+                            **where,
+                            content_index=j,
+                            part={**part, "text": ""},
+                        )
+                    )
+                    out.append(
+                        self._event(
+                            "response.output_text.delta",
+                            **where,
+                            content_index=j,
+                            delta=part["text"],
+                            logprobs=[],
+                        )
+                    )
+                out.append(
+                    self._event(
+                        "response.output_text.done",
+                        **where,
+                        content_index=j,
+                        text=part["text"],
+                        logprobs=[],
+                    )
+                )
+                out.append(
+                    self._event("response.content_part.done", **where, content_index=j, part=part)
+                )
+            item = {**item, "content": parts}
+        elif item["type"] == "function_call":
+            if not opened.texts:
+                out.append(
+                    self._event(
+                        "response.function_call_arguments.delta", **where, delta=item["arguments"]
+                    )
+                )
+            out.append(
+                self._event(
+                    "response.function_call_arguments.done",
+                    **where,
+                    name=item.get("name"),
+                    arguments=item.get("arguments", "".join(opened.texts)),
+                )
+            )
+        out.append(
+            self._event("response.output_item.done", output_index=opened.output_index, item=item)
+        )
+        return out
+
+    def finish(self, response: dict[str, Any]) -> list[dict[str, Any]]:
+        kind = {
+            "completed": "response.completed",
+            "incomplete": "response.incomplete",
+        }.get(response["status"], "response.failed")
+        return [self._event(kind, response=response)]
+
+
+def _empty(item: dict[str, Any]) -> dict[str, Any]:
+    """An item as added before its content streams."""
+    if item["type"] == "message":
+        return {**item, "content": []}
+    if item["type"] == "function_call":
+        return {**item, "arguments": ""}
+    return item
+
+
+__all__ = ["EventTranslator", "sse"]

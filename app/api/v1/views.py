@@ -1,0 +1,177 @@
+"""OpenAI objects rendered from Carryover's records: a run as a ``response``, a conversation
+as a ``conversation``, usage, the list envelope."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from app.agent.messages import AnyMessage, AssistantMessage, ToolResultMessage, UserMessage
+from app.service.conversations import ConversationInfo
+
+from .items import items_of
+
+RESPONSE_PREFIX = "resp_"
+
+#: a run's status → the response's
+_STATUS = {
+    "completed": "completed",
+    "requires_action": "completed",  # it completed with function_call items for the client
+    "failed": "failed",
+    "conflicted": "failed",
+    "interrupted": "failed",
+    "cancelled": "cancelled",
+    "running": "in_progress",
+    "queued": "queued",
+}
+
+
+def response_id(run_id: str) -> str:
+    return RESPONSE_PREFIX + run_id
+
+
+def run_id_of(value: str) -> str | None:
+    """The run id a response id names (None: not a response id)."""
+    if not value.startswith(RESPONSE_PREFIX) or len(value) == len(RESPONSE_PREFIX):
+        return None
+    return value[len(RESPONSE_PREFIX) :]
+
+
+def timestamp(value: datetime | None) -> int:
+    return int(value.timestamp()) if value is not None else 0
+
+
+def usage_of(usage: Mapping[str, Any] | None) -> dict[str, Any]:
+    usage = usage or {}
+    read = int(usage.get("input_tokens", 0))
+    cached = int(usage.get("cache_read_tokens", 0))
+    written = int(usage.get("output_tokens", 0))
+    return {
+        "input_tokens": read,
+        "input_tokens_details": {"cached_tokens": cached},
+        "output_tokens": written,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": read + written,
+    }
+
+
+@dataclass
+class Split:
+    """A run's new messages as a response's input items and output items."""
+
+    input: list[dict[str, Any]] = field(default_factory=list)
+    output: list[dict[str, Any]] = field(default_factory=list)
+
+
+def split(messages: Sequence[AnyMessage], run_id: str) -> Split:
+    """Input: the prompts and the results the client sent; output: the model's replayable
+    attempts and the results of the calls it made in this run (server tools). Failed attempts
+    are run records, not items."""
+    found = Split()
+    made: set[str] = set()
+    for index, message in enumerate(messages):
+        if isinstance(message, UserMessage):
+            found.input.extend(items_of(message, run_id, index))
+        elif isinstance(message, AssistantMessage):
+            if message.replayable:
+                made.update(c.id for c in message.tool_calls)
+                found.output.extend(items_of(message, run_id, index))
+        elif isinstance(message, ToolResultMessage):
+            target = found.output if message.tool_call_id in made else found.input
+            target.extend(items_of(message, run_id, index))
+    return found
+
+
+def output_text(output: Sequence[Mapping[str, Any]]) -> str:
+    return "".join(
+        part.get("text", "")
+        for item in output
+        if item.get("type") == "message"
+        for part in item.get("content", ())
+        if part.get("type") == "output_text"
+    )
+
+
+def response_object(
+    *,
+    run_id: str,
+    status: str,
+    created_at: int,
+    model: str,
+    output: list[dict[str, Any]],
+    usage: Mapping[str, Any] | None,
+    error: Mapping[str, Any] | None = None,
+    conversation_id: str | None = None,
+    store: bool = True,
+    background: bool = False,
+    instructions: str | None = None,
+    tools: Sequence[Mapping[str, Any]] = (),
+    metadata: Mapping[str, str] | None = None,
+    previous_response_id: str | None = None,
+) -> dict[str, Any]:
+    state = _STATUS.get(status, status)
+    failure = None
+    if state == "failed":
+        detail = (error or {}).get("detail") or (error or {}).get("title") or "the run failed"
+        failure = {"code": "server_error", "message": str(detail)}
+    return {
+        "id": response_id(run_id),
+        "object": "response",
+        "created_at": created_at,
+        "status": state,
+        "background": background,
+        "error": failure,
+        "incomplete_details": None,
+        "instructions": instructions,
+        "max_output_tokens": None,
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": True,
+        "previous_response_id": previous_response_id,
+        "reasoning": {"effort": None, "summary": None},
+        "store": store,
+        "temperature": None,
+        "text": {"format": {"type": "text"}},
+        "tool_choice": "auto",
+        "tools": list(tools),
+        "top_p": None,
+        "truncation": "disabled",
+        "usage": usage_of(usage) if state not in ("queued", "in_progress") else None,
+        "metadata": dict(metadata or {}),
+        "conversation": {"id": conversation_id} if conversation_id else None,
+    }
+
+
+def conversation_object(info: ConversationInfo) -> dict[str, Any]:
+    return {
+        "id": info.conversation.id,
+        "object": "conversation",
+        "created_at": timestamp(info.conversation.created_at),
+        "metadata": dict(info.metadata),
+    }
+
+
+def list_object(
+    data: list[dict[str, Any]], *, has_more: bool, first_last: bool = True
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"object": "list", "data": data}
+    if first_last:
+        body["first_id"] = data[0]["id"] if data else None
+        body["last_id"] = data[-1]["id"] if data else None
+    body["has_more"] = has_more
+    return body
+
+
+__all__ = [
+    "Split",
+    "conversation_object",
+    "list_object",
+    "output_text",
+    "response_id",
+    "response_object",
+    "run_id_of",
+    "split",
+    "usage_of",
+]

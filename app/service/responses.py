@@ -1,0 +1,194 @@
+"""What the OpenAI-compatible surface (``/v1``, docs/openai.md) needs of the service beyond the
+native use cases: runs found by id alone (a response id is ``resp_`` + a run id), the
+transcript's messages with their place in their run (the stable identity of an item), and runs
+that store nothing (``store: false``).
+
+Everything else — creating conversations, starting and cancelling runs, leases, quotas, events,
+webhooks — is the native :class:`~app.service.conversations.ConversationService` and
+:class:`~app.service.runs.RunManager`, called as they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from app import telemetry
+from app.agent.codec import load_message
+from app.agent.events import EventSink
+from app.agent.messages import AnyMessage, Context
+from app.agent.records import Result
+from app.errors import CarryoverError
+from app.store.stores import Loaded, RunRecord, Stores
+from app.store.tables import Run, TranscriptEntry
+
+from . import pending
+from .agents import AgentPool
+from .bounds import RunDeadline, size_bounds
+from .conversations import ConversationInfo, ConversationService
+from .runs import RunManager
+from .types import RunRequest
+
+
+class ResponseNotFound(CarryoverError):
+    """No run of this id for the caller's tenant (or it stored nothing)."""
+
+    slug = "not-found"
+    status = 404
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no response with id 'resp_{run_id}' found", run_id=run_id)
+
+
+class ForkUnavailable(CarryoverError):
+    """The context right after a response is no longer the start of the stored one."""
+
+    slug = "validation-error"
+    status = 422
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(
+            f"the conversation of response 'resp_{run_id}' was compacted or replaced since: "
+            "continuing from that response (a fork) needs context versions, not kept yet"
+        )
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    """One message of a conversation's transcript: the run that added it, its index in that
+    run's ``new_messages`` (together its identity, stable across reads), and the message."""
+
+    run_id: str
+    index: int
+    seq: int
+    failed: bool  # an attempt that ended in error or abort: a run record, not context
+    kind: str  # the transcript entry's kind (prompt, attempt, tool_result, client_result)
+    message: AnyMessage
+
+
+def _stored(entries: Sequence[TranscriptEntry], indexes: dict[int, int]) -> list[StoredMessage]:
+    return [
+        StoredMessage(
+            run_id=e.run_id or "",
+            index=indexes[e.seq],
+            seq=e.seq,
+            failed=e.failed,
+            kind=e.kind,
+            message=load_message(e.body),
+        )
+        for e in entries
+    ]
+
+
+class ResponseService:
+    """Runs as responses, messages as items, and unstored runs."""
+
+    def __init__(
+        self, stores: Stores, runs: RunManager, conversations: ConversationService
+    ) -> None:
+        self.stores = stores
+        self.runs = runs
+        self.conversations = conversations
+
+    @property
+    def agents(self) -> AgentPool:
+        return self.runs.agents
+
+    async def find(self, tenant: str, run_id: str) -> Run:
+        """The tenant's run of this id (any conversation); 404 when there is none."""
+        found = await self.stores.records.find_run(tenant, run_id)
+        if found is None:
+            raise ResponseNotFound(run_id)
+        return found
+
+    async def record(self, tenant: str, run_id: str) -> RunRecord:
+        """The run's full record (new messages, final), by its id alone."""
+        run = await self.find(tenant, run_id)
+        return await self.runs.record(tenant, run.conversation_id, run_id)
+
+    async def run_messages(
+        self, tenant: str, conversation_id: str, run_id: str
+    ) -> list[StoredMessage]:
+        """The messages one run added to the transcript, in order."""
+        entries = await self.stores.records.run_message_entries(tenant, conversation_id, [run_id])
+        return _stored(entries, {e.seq: i for i, e in enumerate(entries)})
+
+    async def messages(
+        self,
+        tenant: str,
+        conversation_id: str,
+        *,
+        from_seq: int | None,
+        descending: bool,
+        limit: int,
+    ) -> list[StoredMessage]:
+        """A page of the conversation's transcript messages (from ``from_seq``, inclusive),
+        each with its place in its run: one more read for the runs on the page."""
+        entries = await self.stores.records.message_entries(
+            tenant, conversation_id, from_seq=from_seq, descending=descending, limit=limit
+        )
+        run_ids = sorted({e.run_id for e in entries if e.run_id})
+        indexes: dict[int, int] = {}
+        counted: dict[str, int] = {}
+        for e in await self.stores.records.run_message_entries(tenant, conversation_id, run_ids):
+            key = e.run_id or ""
+            indexes[e.seq] = counted.get(key, 0)
+            counted[key] = indexes[e.seq] + 1
+        return _stored([e for e in entries if e.seq in indexes], indexes)
+
+    async def _kept(self, tenant: str, run: Run) -> tuple[int, ConversationInfo]:
+        """How many of the stored context's messages stood right after ``run`` (which is not
+        its conversation's latest), with the conversation; 400 when that state is no longer
+        the start of the stored context (a compaction or a replacement since)."""
+        after = await self.stores.records.stored_messages_after(
+            tenant, run.conversation_id, run.run_id
+        )
+        if after is None:
+            raise ForkUnavailable(run.run_id)
+        source = await self.conversations.get(tenant, run.conversation_id)
+        return source.conversation.message_count - after, source
+
+    async def fork_at(self, tenant: str, run: Run) -> ConversationInfo:
+        """A new conversation holding the context as it stood right after ``run``: the
+        conversation's summary and its first messages, up to that run's (transcript starting
+        with ``forked``); the conversation it forks from is not changed."""
+        keep, _ = await self._kept(tenant, run)
+        return await self.conversations.fork(tenant, run.conversation_id, messages=keep)
+
+    async def context_at(self, tenant: str, run: Run, *, latest: bool) -> Context:
+        """The context as it stood right after ``run`` (``latest``: it is its conversation's
+        latest response, so that is the stored context), read and not copied."""
+        keep = None if latest else (await self._kept(tenant, run))[0]
+        loaded = await self.conversations.get_context(tenant, run.conversation_id)
+        assert isinstance(loaded, Loaded)  # asked without If-None-Match
+        context = loaded.context
+        if keep is None:
+            return context
+        return context.model_copy(update={"messages": context.messages[:keep]})
+
+    async def run_unstored(
+        self,
+        tenant: str,
+        run_id: str,
+        request: RunRequest,
+        context: Context,
+        on_event: EventSink | None = None,
+    ) -> Result:
+        """Run the agent on ``context`` and store nothing (``store: false``): no conversation,
+        so no lease to take; the same agent, checks, bounds, deadline and span as a stored run.
+        """
+        agent = self.agents.get(request.agent)
+        agent_input = pending.run_input(context, request, size_bounds(self.runs.settings))
+        pending.checker(agent, request)(context)
+        with telemetry.agent_span(request.agent, "", run_id) as span:
+            task = asyncio.ensure_future(agent.run(agent_input, on_event=on_event))
+            with RunDeadline(self.runs.settings.run_deadline_seconds, task.cancel) as deadline:
+                result = await task
+            result = deadline.settle(result)
+            telemetry.record_run(span, result.status, result.usage)
+        del tenant  # quotas and usage of unstored runs are not counted yet (docs/openai.md)
+        return result
+
+
+__all__ = ["ForkUnavailable", "ResponseNotFound", "ResponseService", "StoredMessage"]

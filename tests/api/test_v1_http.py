@@ -1,0 +1,135 @@
+"""``/v1`` over HTTP on both database engines (the official SDK drives it in tests/v1): items
+paged through a fork, what the native middleware refuses answered in OpenAI's shape, a
+conversation's responses read as runs and its runs as responses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from .conftest import AppClient, SettingsFactory, apps
+
+
+def assert_error(response: httpx.Response, status: int, param: str | None = None) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json", response.text
+    body = response.json()
+    assert set(body) == {"error"}, body
+    assert set(body["error"]) == {"message", "type", "param", "code"}, body
+    assert body["error"]["message"], body
+    if param is not None:
+        assert body["error"]["param"] == param, body
+    error: dict[str, Any] = body["error"]
+    return error
+
+
+async def _respond(client: AppClient, **body: Any) -> dict[str, Any]:
+    answer = await client.post("/v1/responses", json={"model": "default", **body})
+    assert answer.status_code == 200, answer.text
+    found: dict[str, Any] = answer.json()
+    return found
+
+
+async def test_items_of_a_tree_of_responses(client: AppClient) -> None:
+    first = await _respond(client, input="one")
+    conversation = first["conversation"]["id"]
+    second = await _respond(client, input="two", previous_response_id=first["id"])
+    branch = await _respond(client, input="2b", previous_response_id=first["id"])
+    assert second["conversation"]["id"] == conversation
+    assert branch["conversation"]["id"] != conversation
+
+    ascending = await client.get(f"/v1/conversations/{conversation}/items?order=asc")
+    items = ascending.json()["data"]
+    assert [i["role"] for i in items] == ["user", "assistant", "user", "assistant"]
+    assert items[2]["content"] == [{"type": "input_text", "text": "two"}]
+    assert ascending.json()["first_id"] == items[0]["id"]
+    assert ascending.json()["has_more"] is False
+    # a page of two after the first item, newest first from the end
+    page = await client.get(
+        f"/v1/conversations/{conversation}/items",
+        params={"order": "asc", "limit": 2, "after": items[0]["id"]},
+    )
+    assert [i["id"] for i in page.json()["data"]] == [items[1]["id"], items[2]["id"]]
+    assert page.json()["has_more"] is True
+    newest = await client.get(f"/v1/conversations/{conversation}/items", params={"limit": 1})
+    assert [i["id"] for i in newest.json()["data"]] == [items[-1]["id"]]
+    # the response's output is the conversation's item, by the same id
+    assert second["output"][0]["id"] == items[3]["id"]
+    one = await client.get(f"/v1/conversations/{conversation}/items/{items[3]['id']}")
+    assert one.json() == items[3]
+
+    # input may name a stored item by reference
+    referenced = await _respond(
+        client,
+        input=[{"type": "item_reference", "id": items[0]["id"]}],
+        conversation=conversation,
+    )
+    assert referenced["output"][0]["content"][0]["text"].endswith('You said: "one"')
+    missing = await client.post(
+        "/v1/responses",
+        json={
+            "model": "default",
+            "input": [{"type": "item_reference", "id": "msg_nope"}],
+            "conversation": conversation,
+        },
+    )
+    assert_error(missing, 400, "input[0].id")
+
+    # every run is a response, and every response a run
+    runs = (await client.get(f"/conversations/{conversation}/runs")).json()["items"]
+    assert ["resp_" + r["run_id"] for r in runs] == [first["id"], second["id"], referenced["id"]]
+    native = await client.post(f"/conversations/{conversation}/runs", json={"prompts": ["n"]})
+    as_response = await client.get(f"/v1/responses/resp_{native.json()['run_id']}")
+    assert as_response.json()["output"][0]["content"][0]["text"].endswith('You said: "n"')
+
+
+async def test_refusals_of_the_native_middleware_have_openai_shape(
+    make_settings: SettingsFactory,
+) -> None:
+    async with apps(make_settings)(
+        max_body_bytes=2048, max_image_bytes=1024, api_keys="t:secret-key"
+    ) as client:
+        missing = await client.get("/v1/models")
+        assert assert_error(missing, 401)["code"] == "invalid_api_key"
+        client.headers["Authorization"] = "Bearer secret-key"
+        too_large = await client.post(
+            "/v1/responses", json={"model": "default", "input": "x" * 4096}
+        )
+        assert_error(too_large, 400)
+        malformed = await client.post(
+            "/v1/responses", content=b"{", headers={"content-type": "application/json"}
+        )
+        assert_error(malformed, 400)
+        assert_error(await client.get("/v1/nothing"), 404)
+        assert_error(await client.get("/v1/responses/resp_none/input_items"), 404)
+        # the native API keeps its problems
+        native = await client.get("/conversations/none")
+        assert native.headers["content-type"] == "application/problem+json"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"input": "x", "temperature": "hot"}, "temperature"),
+        ({"input": [{"type": "nonsense"}]}, "input[0].type"),
+        ({"input": "x", "conversation": "c", "previous_response_id": "resp_x"}, None),
+        ({"input": "x", "conversation": "c", "store": False}, "store"),
+    ],
+)
+async def test_a_bad_request_is_a_400_naming_the_parameter(
+    client: AppClient, body: dict[str, Any], param: str | None
+) -> None:
+    answer = await client.post("/v1/responses", json={"model": "default", **body})
+    error = assert_error(answer, 400, param)
+    assert error["type"] == "invalid_request_error"
+
+
+async def test_v1_requests_are_counted_under_their_own_route_templates(client: AppClient) -> None:
+    await client.get("/v1/conversations/nothing-here")
+    await client.get("/conversations/nothing-here")
+    text = (await client.get("/metrics")).text
+    assert 'route="/v1/conversations/{conversation_id}"' in text
+    assert 'route="/conversations/{conversation_id}"' in text
+    assert 'route="/v1/conversations/nothing-here"' not in text

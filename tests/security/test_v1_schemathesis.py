@@ -1,0 +1,104 @@
+"""The ``/v1`` surface fuzzed from its own document (``openapi/v1.json``, schemathesis), on
+SQLite: with data that fits the document and data that does not, no answer is a 5xx, every
+status is one the document lists, data that does not fit is refused, authentication is
+enforced (each request sent again without the key and with a wrong one), and every refusal is
+OpenAI's error object (never a problem+json). Bounded: 20 examples per operation, no
+deadline (the database is real).
+
+The document's item schemas are loose (an item is any object; its rules are the mapping's,
+app/api/v1/items.py), so "valid data is accepted" is not one of the checks here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.config import SchemathesisConfig
+from schemathesis.python import asgi
+from schemathesis.specs.openapi.checks import (
+    ignored_auth,
+    negative_data_rejection,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from app.api.app import create_app
+from app.api.v1 import v1_document
+from app.config import Settings
+from tests.conftest import _copy_sqlite
+
+from .conftest import ACME_KEY, API_KEYS
+
+SETTINGS = settings(
+    max_examples=20, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+)
+
+
+class DeferredApp:
+    """The app the schema sends to, created by a fixture after the schema is loaded."""
+
+    app: Any = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        assert self.app is not None, "the session fixture did not run"
+        await self.app(scope, receive, send)
+
+
+APP = DeferredApp()
+CONFIG = SchemathesisConfig.from_dict({"auth": {"openapi": {"HTTPBearer": {"bearer": ACME_KEY}}}})
+schema = schemathesis.openapi.from_dict(v1_document(), config=CONFIG)
+schema.app = APP
+
+
+@schemathesis.check
+def openai_error_shape(ctx: Any, response: Any, case: Any) -> bool | None:
+    """A refusal is ``{"error": {"message", "type", "param", "code"}}``, as JSON."""
+    if response.status_code < 400:
+        return None
+    media = response.headers.get("content-type", [""])
+    media = media[0] if isinstance(media, list) else media
+    assert media.startswith("application/json"), f"{response.status_code} answered as {media}"
+    body = response.json()
+    assert isinstance(body, dict) and set(body) == {"error"}, body
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert isinstance(error["message"], str) and error["message"], error
+    return None
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory: pytest.TempPathFactory, _sqlite_template: Path) -> Any:
+    path = tmp_path_factory.mktemp("v1-schemathesis") / "carryover.db"
+    _copy_sqlite(_sqlite_template, path)
+    APP.app = create_app(
+        Settings(
+            database_url=f"sqlite:///{path}",
+            api_keys=API_KEYS,
+            lease_seconds=2.0,
+            auth_failure_limit=0,
+        )
+    )
+    try:
+        with asgi.get_client(APP) as client:
+            yield client
+    finally:
+        asgi.shutdown_lifespans()
+
+
+@schema.parametrize()
+@SETTINGS
+def test_v1(case: Any, session: Any) -> None:
+    case.call_and_validate(
+        checks=[
+            not_a_server_error,
+            status_code_conformance,
+            response_schema_conformance,
+            negative_data_rejection,
+            ignored_auth,
+            openai_error_shape,
+        ]
+    )
