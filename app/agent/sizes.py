@@ -20,16 +20,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
 
 from pydantic import Field
 
 from .codec import dumps_message
 from .messages import AnyMessage, AttemptError, _Value
-from .tokens import changed_messages
-
-if TYPE_CHECKING:
-    from .records import Result
+from .tokens import RunChanges, changed_messages
 
 #: ``AttemptError.code`` of a run whose context would pass a bound
 CONTEXT_TOO_LARGE = "context_too_large"
@@ -111,7 +107,7 @@ def size_of(system_prompt: str, summary: str, messages: Sequence[AnyMessage]) ->
     return ContextSize(frame=frame_bytes(system_prompt, summary)).extend(messages)
 
 
-def advance_size(size: ContextSize, base_len: int, result: Result) -> ContextSize:
+def advance_size(size: ContextSize, base_len: int, result: RunChanges) -> ContextSize:
     """The size of ``result.context`` from the size of the run's base context (of
     ``base_len`` messages): O(appended + folded), as :func:`~app.agent.tokens.advance`."""
     folded, appended = changed_messages(base_len, result)
@@ -121,7 +117,7 @@ def advance_size(size: ContextSize, base_len: int, result: Result) -> ContextSiz
     return after
 
 
-def result_size(base_size: ContextSize | None, base_len: int, result: Result) -> ContextSize:
+def result_size(base_size: ContextSize | None, base_len: int, result: RunChanges) -> ContextSize:
     """The size of ``result.context``: advanced from the size of the run's base context (of
     ``base_len`` messages) in O(what the run changed), counted when that size is unknown
     (``None``)."""

@@ -15,11 +15,12 @@ caller that stores the tally never recounts the history.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .messages import (
     AnyMessage,
     AssistantMessage,
+    Context,
     ImageBlock,
     RedactedThinkingBlock,
     TextBlock,
@@ -29,8 +30,23 @@ from .messages import (
     _Value,
 )
 
-if TYPE_CHECKING:
-    from .records import Result
+
+class Folded(Protocol):
+    """What :func:`changed_messages` reads of a compaction (``records.Compaction`` is one)."""
+
+    @property
+    def folded(self) -> Sequence[AnyMessage]: ...
+
+
+class RunChanges(Protocol):
+    """What :func:`changed_messages` reads of a run's result (``records.Result`` is one)."""
+
+    @property
+    def context(self) -> Context: ...
+
+    @property
+    def compactions(self) -> Sequence[Folded]: ...
+
 
 CHARS_PER_TOKEN = 4.0
 MESSAGE_OVERHEAD = 4
@@ -191,7 +207,7 @@ def estimate_with(tally: TokenTally, system_prompt: str, summary: str) -> int:
     return int((fixed + tally.messages) * ratio)
 
 
-def advance(tally: TokenTally, base_len: int, result: Result) -> TokenTally:
+def advance(tally: TokenTally, base_len: int, result: RunChanges) -> TokenTally:
     """The tally of ``result.context.messages`` from the tally of the run's base context.
 
     Uses the agent's contract ``result.context.messages == (base + appended)[F:]`` where ``F``
@@ -202,7 +218,9 @@ def advance(tally: TokenTally, base_len: int, result: Result) -> TokenTally:
     return tally.extend(appended).drop_prefix(folded)
 
 
-def changed_messages(base_len: int, result: Result) -> tuple[list[AnyMessage], list[AnyMessage]]:
+def changed_messages(
+    base_len: int, result: RunChanges
+) -> tuple[list[AnyMessage], list[AnyMessage]]:
     """What a run changed of its base context of ``base_len`` messages: the messages its
     compactions folded (in order) and the messages it appended (in order; an appended message
     a later compaction folded is in both). O(appended + folded), by the agent's contract

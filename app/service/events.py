@@ -22,7 +22,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from app.agent.codec import dump_message, dumps_json, model_value
 from app.agent.events import (
@@ -41,8 +41,7 @@ from app.store.events import EventRow, EventStore
 from app.store.stores import RunRecord, Stores
 from app.store.tables import Dumped
 
-if TYPE_CHECKING:
-    from .live import LiveStream  # it imports this module's StreamedEvent
+from .live import LiveStream, StreamedEvent
 
 log = logging.getLogger(__name__)
 
@@ -54,16 +53,6 @@ FLUSH_SECONDS = 0.25
 READ_BATCH = 256
 #: deltas that are parts of one block, coalesced
 _COALESCED = ("text", "thinking", "tool_call_arguments")
-
-
-@dataclass(frozen=True)
-class StreamedEvent:
-    """One numbered event of a run: ``event`` is the SSE event name, ``data`` its payload
-    (``None`` for ``run.finished``, which is rendered from the run's record or outcome)."""
-
-    seq: int
-    event: str
-    data: Any
 
 
 class EventsExpired(CarryoverError):

@@ -20,14 +20,23 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
-
-from .events import StreamedEvent
 
 log = logging.getLogger(__name__)
 
 #: what one event costs beyond its payload (name, id, framing), in the estimate
 EVENT_OVERHEAD = 32
+
+
+@dataclass(frozen=True)
+class StreamedEvent:
+    """One numbered event of a run: ``event`` is the SSE event name, ``data`` its payload
+    (``None`` for ``run.finished``, which is rendered from the run's record or outcome)."""
+
+    seq: int
+    event: str
+    data: Any
 
 
 class ReaderBehind(Exception):

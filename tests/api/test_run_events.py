@@ -17,7 +17,8 @@ from app.agent.events import Delta, MessageCompleted
 from app.agent.providers.base import TextDelta, ThinkingDelta
 from app.api.app import create_app
 from app.clock import ManualClock
-from app.service.events import COALESCE_SECONDS, EventRecorder, StreamedEvent
+from app.service.events import COALESCE_SECONDS, EventRecorder
+from app.service.live import StreamedEvent
 from app.store import events as store_events
 from app.store.events import EventRow
 from app.store.tables import run_events

@@ -200,7 +200,7 @@ async def test_a_reader_that_keeps_up_gets_every_event(make_settings: SettingsFa
 
 
 def test_the_live_stream_holds_no_more_than_its_bound() -> None:
-    from app.service.events import StreamedEvent
+    from app.service.live import StreamedEvent
 
     stream = LiveStream(max_bytes=1024)
     stream.put_nowait(StreamedEvent(1, "delta", {"text": "x" * 4000}))  # one always fits

@@ -139,27 +139,30 @@ def _type_checking(test: ast.expr) -> bool:
     )
 
 
-def _running_imports(nodes: Iterable[ast.AST]) -> Iterator[ast.Import | ast.ImportFrom]:
+def _running_imports(
+    nodes: Iterable[ast.AST], *, type_only: bool = False
+) -> Iterator[ast.Import | ast.ImportFrom]:
     """The import statements among ``nodes`` and inside them, but those under
-    ``if TYPE_CHECKING:`` (its ``else`` runs)."""
+    ``if TYPE_CHECKING:`` (its ``else`` runs) unless ``type_only``."""
     for node in nodes:
         if isinstance(node, ast.Import | ast.ImportFrom):
             yield node
-        elif isinstance(node, ast.If) and _type_checking(node.test):
+        elif isinstance(node, ast.If) and _type_checking(node.test) and not type_only:
             yield from _running_imports(node.orelse)
         else:
-            yield from _running_imports(ast.iter_child_nodes(node))
+            yield from _running_imports(ast.iter_child_nodes(node), type_only=type_only)
 
 
-def import_graph(root: Path = APP) -> dict[str, dict[str, int]]:
-    """module → the modules of ``app`` it imports (see the module), each with its first line."""
+def import_graph(root: Path = APP, *, type_only: bool = False) -> dict[str, dict[str, int]]:
+    """module → the modules of ``app`` it imports (see the module), each with its first line;
+    with ``type_only``, the imports under ``if TYPE_CHECKING:`` count too."""
     paths = {module_name(path, root): path for path in sorted(root.rglob("*.py"))}
     graph: dict[str, dict[str, int]] = {}
     for module, path in paths.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
         edges: dict[str, int] = {}
-        for node in _running_imports(tree.body):
+        for node in _running_imports(tree.body, type_only=type_only):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -220,6 +223,14 @@ def test_the_import_graph_has_no_cycle() -> None:
     ]
 
 
+def test_not_even_the_type_annotations_import_in_a_circle() -> None:
+    """A circle only through ``if TYPE_CHECKING:`` imports never runs, but a reader still has
+    to hold both modules in mind at once: there is none (a function takes a ``Protocol`` of
+    what it reads instead, as ``app.agent.tokens.RunChanges``)."""
+    graph = import_graph(type_only=True)
+    assert cycles(graph) == [], [" → ".join(cycle) for cycle in cycles(graph)]
+
+
 def test_the_cycle_check_sees_a_lazy_circle_but_not_a_type_only_one(tmp_path: Path) -> None:
     package = tmp_path / "app"
     (package / "cli").mkdir(parents=True)
@@ -238,6 +249,9 @@ def test_the_cycle_check_sees_a_lazy_circle_but_not_a_type_only_one(tmp_path: Pa
     assert graph["app.cli.keys"] == {"app.cli": 5}
     assert graph["app.cli.serve"] == {"app.cli.keys": 1}
     assert cycles(graph) == [["app.cli", "app.cli.keys", "app.cli"]]
+    with_types = import_graph(package, type_only=True)
+    assert with_types["app.cli.keys"] == {"app.cli.serve": 3, "app.cli": 5}
+    assert ["app.cli.keys", "app.cli.serve", "app.cli.keys"] in cycles(with_types)
 
 
 def test_every_module_imports_only_its_layer_and_below() -> None:

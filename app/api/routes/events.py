@@ -15,7 +15,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import Response, StreamingResponse
 
-from app.service.events import EventFeed, StreamedEvent
+from app.service.events import EventFeed
+from app.service.live import StreamedEvent
 
 from ..deps import ConversationPath, RunIdPath, ServicesDep, TenantDep
 from ..problems import BAD_HEADER, EVENTS_EXPIRED, Problem, problem_responses
