@@ -22,7 +22,6 @@ import argparse
 import collections
 import re
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
