@@ -25,6 +25,7 @@ one. Carryover's own ETags are always strong.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -41,6 +42,11 @@ def _is_etagc(char: str) -> bool:
     return code == 0x21 or 0x23 <= code <= 0x7E or 0x80 <= code <= 0xFF
 
 
+#: a run of etagc characters, exactly those :func:`_is_etagc` accepts: one C-level match for
+#: the common case, an opaque value that is all etagc (the store's own ETags, every run)
+_ALL_ETAGC = re.compile("[\x21\x23-\x7e\x80-\xff]*")
+
+
 @dataclass(frozen=True)
 class EntityTag:
     """One entity-tag: its opaque value (without quotes) and whether it is weak."""
@@ -49,6 +55,8 @@ class EntityTag:
     weak: bool = False
 
     def __post_init__(self) -> None:
+        if _ALL_ETAGC.fullmatch(self.opaque):
+            return
         bad = next((c for c in self.opaque if not _is_etagc(c)), None)
         if bad is not None:
             raise ValueError(f"{bad!r} cannot appear in an entity-tag")

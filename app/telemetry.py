@@ -129,7 +129,11 @@ def span(
     name: str, attributes: Mapping[str, Any] | None = None, kind: SpanKind = SpanKind.INTERNAL
 ) -> Iterator[Span]:
     """A span, current for the body; an exception escaping it marks it failed
-    (``error.type``) and propagates."""
+    (``error.type``) and propagates. With tracing off, the span the no-op tracer would make
+    (non-recording, in the current trace), without its context switching."""
+    if _provider is None:
+        yield trace.NonRecordingSpan(trace.get_current_span().get_span_context())
+        return
     with _tracer().start_as_current_span(
         name, kind=kind, attributes=_clean(attributes), record_exception=False
     ) as current:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import threading
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -153,8 +155,28 @@ def loads_context(text: str | bytes) -> Context:
     return load_context(_parse(text))
 
 
+#: the JSON texts of the last messages dumped, by identity (a message is immutable): a run's new
+#: messages are written to the context, the audit tables and the transcript and their size is
+#: counted, each needing the same text; kept for at most ``RECENT_DUMPS`` messages of at most
+#: ``RECENT_DUMP_CHARS`` characters each (docs/performance.md)
+RECENT_DUMPS = 64
+RECENT_DUMP_CHARS = 64 * 1024
+_recent: dict[int, tuple[weakref.ref[Any], str]] = {}
+_recent_lock = threading.Lock()  # offloaded work dumps messages in worker threads too
+
+
 def dumps_message(message: AnyMessage) -> str:
-    return json.dumps(dump_message(message), ensure_ascii=False, separators=(",", ":"))
+    """The compact JSON text of ``message`` (non-ASCII as it is), as stored."""
+    found = _recent.get(id(message))
+    if found is not None and found[0]() is message:
+        return found[1]
+    text = json.dumps(dump_message(message), ensure_ascii=False, separators=(",", ":"))
+    if len(text) <= RECENT_DUMP_CHARS:
+        with _recent_lock:
+            _recent[id(message)] = (weakref.ref(message), text)
+            if len(_recent) > RECENT_DUMPS:
+                del _recent[next(iter(_recent))]
+    return text
 
 
 def loads_message(text: str | bytes) -> AnyMessage:

@@ -10,6 +10,7 @@ never a message's text, never a secret.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +22,9 @@ log = logging.getLogger("carryover.runs")
 #: statuses whose end line is a warning (the operator may want to look)
 WARN_STATUSES = frozenset({"failed", "conflicted", "interrupted"})
 
+#: any character ``str.isspace`` calls whitespace (``\s`` of a str pattern is the same set)
+_SPACE = re.compile(r"\s")
+
 
 def _text(value: Any) -> str:
     if value is None:
@@ -28,11 +32,14 @@ def _text(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3f}"
     text = str(value)
-    return repr(text) if any(c.isspace() for c in text) or not text else text
+    return repr(text) if not text or _SPACE.search(text) else text
 
 
 def emit(level: int, event: str, fields: Mapping[str, Any]) -> None:
-    """``event key=value …``, with the fields as ``extra`` (``event`` among them)."""
+    """``event key=value …``, with the fields as ``extra`` (``event`` among them); nothing is
+    formatted when the logger would drop the line (a level above it)."""
+    if not log.isEnabledFor(level):
+        return
     pairs = " ".join(f"{key}={_text(value)}" for key, value in fields.items())
     log.log(level, "%s %s", event, pairs, extra={"event": event, **fields})
 

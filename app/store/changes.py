@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from app.agent.codec import dump_message, load_message, loads_message
+from app.agent.codec import dump_message, dumps_message, load_message, loads_message
 from app.agent.messages import (
     AnyMessage,
     AssistantMessage,
@@ -180,11 +180,12 @@ class TranscriptItem:
 
 
 def _message_item(message: AnyMessage) -> TranscriptItem:
+    body = Dumped(dumps_message(message))  # the text its other records use (codec.py)
     if isinstance(message, UserMessage):
-        return TranscriptItem("prompt", False, dump_message(message))
+        return TranscriptItem("prompt", False, body)
     if isinstance(message, AssistantMessage):
-        return TranscriptItem("attempt", not message.replayable, dump_message(message))
-    return TranscriptItem("tool_result", False, dump_message(message))
+        return TranscriptItem("attempt", not message.replayable, body)
+    return TranscriptItem("tool_result", False, body)
 
 
 def _compaction_item(compaction: Compaction, fold_range: tuple[int, int]) -> TranscriptItem:

@@ -1,9 +1,10 @@
 """Engines and transactions for the two supported databases (contract §5).
 
 - SQLite (the embedded default, ``sqlite:///./carryover.db``) runs on aiosqlite in WAL mode with
-  foreign keys on and a busy timeout. pysqlite's own transaction handling is switched off so that
-  SQLAlchemy's ``begin`` event emits the ``BEGIN`` itself: a plain (deferred) ``BEGIN`` for reads
-  and ``BEGIN IMMEDIATE`` for writes. Taking the write lock up front is what makes concurrent
+  foreign keys on and a busy timeout. pysqlite's own transaction handling is switched off and
+  :func:`write_transaction` / :func:`read_transaction` emit the ``BEGIN`` themselves, as the
+  transaction's first statement: a plain (deferred) ``BEGIN`` for reads and ``BEGIN IMMEDIATE``
+  for writes. Taking the write lock up front is what makes concurrent
   writers wait on ``busy_timeout`` instead of failing with "database is locked" when a read lock
   would have to be upgraded mid-transaction.
 - PostgreSQL (``postgresql://…``) runs on asyncpg. Writes use the default READ COMMITTED (every
@@ -11,7 +12,9 @@
   REPEATABLE READ, read-only transaction so that the conversation row and its messages come
   from one snapshot.
 
-Every transaction is opened with :func:`write_transaction` or :func:`read_transaction`.
+Every transaction is opened with :func:`write_transaction` or :func:`read_transaction`. The
+engine has no event listener of its own (a ``begin`` listener used to emit the ``BEGIN``): with
+none, SQLAlchemy skips its event dispatch on every statement (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -23,15 +26,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from sqlalchemy import event
-from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from . import sqlite_driver
-
-# Execution option set on a connection whose next transaction writes.
-_WRITE_OPTION = "carryover_write"
 
 _DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
 _ALIASES = {"postgres": "postgresql"}
@@ -85,11 +85,6 @@ def _configure_sqlite(engine: AsyncEngine, busy_timeout_ms: int) -> None:
         finally:
             cursor.close()
 
-    @event.listens_for(engine.sync_engine, "begin")
-    def _on_begin(connection: Connection) -> None:
-        writes = connection.get_execution_options().get(_WRITE_OPTION, False)
-        connection.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")
-
 
 def is_sqlite(engine: AsyncEngine | AsyncConnection) -> bool:
     return engine.dialect.name == "sqlite"
@@ -106,13 +101,12 @@ async def write_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnectio
     """
     if engine.dialect.name != "sqlite":
         async with engine.connect() as conn:
-            await conn.execution_options(**{_WRITE_OPTION: True})
             async with conn.begin():
                 yield conn
         return
     async with _sqlite_writer(engine), engine.connect() as conn:
-        await conn.execution_options(**{_WRITE_OPTION: True})
         async with conn.begin():
+            await conn.exec_driver_sql("BEGIN IMMEDIATE")
             yield conn
 
 
@@ -140,4 +134,6 @@ async def read_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection
                 isolation_level="REPEATABLE READ", postgresql_readonly=True
             )
         async with conn.begin():
+            if conn.dialect.name == "sqlite":
+                await conn.exec_driver_sql("BEGIN")
             yield conn

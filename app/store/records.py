@@ -10,7 +10,12 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, func, insert, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.agent.codec import dump_message, dump_messages, dumps_messages_json, load_message
+from app.agent.codec import (
+    dump_messages,
+    dumps_message,
+    dumps_messages_json,
+    load_message,
+)
 from app.agent.messages import AnyMessage, AssistantMessage
 from app.agent.records import Compaction, Result
 
@@ -314,10 +319,13 @@ async def insert_audit(
     if result.new_messages:
         await conn.execute(
             _INSERT_NEW_MESSAGES,
-            [{**key, "seq": i, "body": dump_message(m)} for i, m in enumerate(result.new_messages)],
+            [
+                {**key, "seq": i, "body": Dumped(dumps_message(m))}
+                for i, m in enumerate(result.new_messages)
+            ],
         )
     if result.final is not None:
-        await conn.execute(_INSERT_FINAL, {**key, "body": dump_message(result.final)})
+        await conn.execute(_INSERT_FINAL, {**key, "body": Dumped(dumps_message(result.final))})
     if result.compactions:
         await conn.execute(
             _INSERT_COMPACTIONS,

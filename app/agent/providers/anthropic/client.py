@@ -22,7 +22,7 @@ from contextlib import aclosing
 from typing import Any
 
 import anthropic
-from anthropic.types import Message, RawMessageStreamEvent
+from anthropic.types import Message
 
 from app.tls import client_context
 
@@ -144,7 +144,9 @@ class AnthropicProvider:
                 cast_to=Message,
                 content=body,
                 stream=stream,
-                stream_cls=anthropic.AsyncStream[RawMessageStreamEvent],
+                # each event as the SDK decoded it (a dict), as the OpenAI provider does: no
+                # model built per event (docs/performance.md)
+                stream_cls=anthropic.AsyncStream[object],
             ),
         )
 

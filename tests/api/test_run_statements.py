@@ -1,0 +1,104 @@
+"""What a run costs the database, counted (docs/performance.md, "Where a run's time goes"): a
+run over HTTP on a conversation this process ran before issues the same few statements at 10
+and at 1,000 messages, and the engine carries no event listener of its own (with one,
+SQLAlchemy dispatches events around every statement). Counts, never timings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from .conftest import AppClient
+
+MINIMAL = {"Prefer": "return=minimal"}
+
+#: a run's statements, by their first words: the start (lease, quota, run row), then the outcome
+#: (the conditional save, its rows, the run's records, the transcript, events and the outbox)
+START = [
+    "SELECT conversations",  # the row and its queue head, under the write lock
+    "SELECT tenant_quotas",
+    "INSERT INTO tenant_usage",  # the run counts in the tenant's day
+    "UPDATE conversations",  # the lease
+    "INSERT INTO runs",
+]
+OUTCOME = [
+    "UPDATE conversations",  # the conditional save
+    "INSERT INTO context_messages",
+    "UPDATE runs",
+    "INSERT INTO run_new_messages",
+    "INSERT INTO run_finals",
+    "INSERT INTO tenant_usage",  # the run's tokens
+    "INSERT INTO transcript",
+    "INSERT INTO run_events",
+    "INSERT INTO webhook_deliveries",
+]
+
+
+def verb(statement: str) -> str:
+    words = statement.split()
+    if words[0] == "SELECT":  # by the table of its first column
+        return f"SELECT {words[1].split('.')[0]}"
+    return " ".join(words[:3]) if words[0] == "INSERT" else " ".join(words[:2])
+
+
+@contextmanager
+def statements(engine: AsyncEngine) -> Iterator[list[str]]:
+    seen: list[str] = []
+
+    def after(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(verb(statement))
+
+    event.listen(engine.sync_engine, "after_cursor_execute", after)
+    try:
+        yield seen
+    finally:
+        event.remove(engine.sync_engine, "after_cursor_execute", after)
+
+
+async def put(client: AppClient, conv: str, n: int) -> None:
+    messages = [
+        {
+            "type": "user" if i % 2 == 0 else "assistant",
+            "content": [{"type": "text", "text": f"message {i}"}],
+        }
+        for i in range(n)
+    ]
+    answer = await client.put(
+        f"/conversations/{conv}/context",
+        headers={"If-None-Match": "*"},
+        json={"system_prompt": "Be brief.", "summary": "", "messages": messages},
+    )
+    assert answer.status_code == 201, answer.text
+
+
+async def test_a_run_issues_the_same_few_statements_at_10_and_1000_messages(
+    client: AppClient,
+) -> None:
+    engine: AsyncEngine = client.app.state.services.engine
+    seen: dict[int, list[str]] = {}
+    for n in (10, 1_000):
+        conv = f"count-{n}"
+        await put(client, conv, n)
+        warm = await client.post(f"/conversations/{conv}/runs", json={"prompts": ["warm"]})
+        assert warm.status_code == 201
+        with statements(engine) as run:
+            answer = await client.post(
+                f"/conversations/{conv}/runs", json={"prompts": ["hi"]}, headers=MINIMAL
+            )
+        assert answer.status_code == 201 and answer.json()["status"] == "completed"
+        seen[n] = run
+    assert seen[10] == seen[1_000]
+    # each write transaction opens with its own BEGIN on SQLite (app/store/db.py)
+    begin = ["BEGIN IMMEDIATE"] if engine.dialect.name == "sqlite" else []
+    assert seen[10] == [*begin, *START, *begin, *OUTCOME]
+
+
+async def test_the_engine_has_no_event_listener_of_its_own(client: AppClient) -> None:
+    engine: AsyncEngine = client.app.state.services.engine
+    # SQLAlchemy checks this flag around every statement: with a listener on the engine it
+    # dispatches before/after events for each one, each run's ~16 statements
+    assert not engine.sync_engine._has_events
