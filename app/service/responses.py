@@ -176,8 +176,8 @@ class ResponseService:
         on_event: EventSink | None = None,
     ) -> Result:
         """Run the agent on ``context`` and store nothing (``store: false``): no conversation,
-        so no lease to take; the same agent, checks, bounds, deadline and span as a stored run.
-        """
+        so no lease to take; the same agent, checks, bounds, deadline and span as a stored run,
+        and its tokens count in the tenant's usage (:meth:`admit_unstored` first)."""
         agent = self.agents.get(request.agent)
         agent_input = pending.run_input(context, request, size_bounds(self.runs.settings))
         pending.checker(agent, request)(context)
@@ -187,8 +187,13 @@ class ResponseService:
                 result = await task
             result = deadline.settle(result)
             telemetry.record_run(span, result.status, result.usage)
-        del tenant  # quotas and usage of unstored runs are not counted yet (docs/openai.md)
+        await self.stores.quotas.settle_unstored(tenant, result.usage)
         return result
+
+    async def admit_unstored(self, tenant: str) -> None:
+        """Admit a response that will store nothing, under the tenant's quota (429 when it is
+        spent), before anything of it is answered."""
+        await self.stores.quotas.admit_unstored(tenant)
 
 
 __all__ = ["ForkUnavailable", "ResponseNotFound", "ResponseService", "StoredMessage"]

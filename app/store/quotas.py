@@ -306,6 +306,19 @@ class QuotaStore:
             ).all()
         return [_quota(r) for r in rows]
 
+    async def admit_unstored(self, tenant: str) -> None:
+        """Admit a response that stores nothing (``store: false`` on ``/v1``) or raise
+        QuotaExceeded, as a run's start: it counts in the tenant's day. It has no run row, so
+        ``runs_per_minute`` and ``concurrent_runs`` see the stored runs only."""
+        now = self.clock.now()
+        async with write_transaction(self.engine) as conn:
+            await admit(conn, tenant, now)
+
+    async def settle_unstored(self, tenant: str, usage: Usage) -> None:
+        """Add an unstored response's tokens to the tenant's day."""
+        async with write_transaction(self.engine) as conn:
+            await settle(conn, tenant, self.clock.now(), usage)
+
     async def clear(self, tenant: str) -> bool:
         async with write_transaction(self.engine) as conn:
             done = await conn.execute(delete(tenant_quotas).where(tenant_quotas.c.tenant == tenant))

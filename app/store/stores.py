@@ -33,6 +33,7 @@ from .leases import LeaseStore, Renewal
 from .metadata import MetadataStore
 from .portability import PortabilityStore
 from .queue import Queued, QueueState, QueueStore
+from .quotas import QuotaStore
 from .records import RecordStore, RunRecord
 from .runs import OnFailure, RunOutcome, RunStatus, RunStore, StartedRun
 from .webhooks import WebhookStore
@@ -50,6 +51,7 @@ class Stores:
         self.portability = PortabilityStore(engine, clock)
         self.runs = RunStore(engine, clock)
         self.queue = QueueStore(engine, clock)
+        self.quotas = QuotaStore(engine, clock)
         self.leases = LeaseStore(engine, clock)
         self.idempotency = IdempotencyStore(engine, clock)
         self.records = RecordStore(engine, clock)

@@ -133,3 +133,35 @@ async def test_v1_requests_are_counted_under_their_own_route_templates(client: A
     assert 'route="/v1/conversations/{conversation_id}"' in text
     assert 'route="/conversations/{conversation_id}"' in text
     assert 'route="/v1/conversations/nothing-here"' not in text
+
+
+async def test_unstored_responses_count_in_usage_and_are_refused_once_the_quota_is_spent(
+    client: AppClient,
+) -> None:
+    from app.store.quotas import QuotaStore
+
+    svc: Any = client.app.state.services
+    quotas = QuotaStore(svc.engine, svc.runs.clock)
+    for stream in (False, True):
+        answer = await client.post(
+            "/v1/responses",
+            json={"model": "default", "input": "hello", "store": False, "stream": stream},
+        )
+        assert answer.status_code == 200, answer.text
+    [today] = (await client.get("/usage")).json()["days"]
+    assert today["runs"] == 2
+    assert today["input_tokens"] > 0 and today["output_tokens"] > 0
+    spent = today["input_tokens"] + today["output_tokens"]
+    assert (await client.get("/conversations")).json()["items"] == []  # still nothing stored
+
+    await quotas.set("default", tokens_per_day=spent)
+    for stream in (False, True):
+        refused = await client.post(
+            "/v1/responses",
+            json={"model": "default", "input": "again", "store": False, "stream": stream},
+        )
+        error = assert_error(refused, 429)
+        assert error["code"] == "rate_limit_exceeded", error
+        assert int(refused.headers["retry-after"]) >= 1
+    [after] = (await client.get("/usage")).json()["days"]
+    assert after["runs"] == 2  # a refused response is not counted

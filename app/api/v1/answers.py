@@ -278,6 +278,9 @@ async def unstored(
             previous_response_id=body.previous_response_id,
         )
 
+    # refusals (an unanswered call, bad tools, a spent quota) are answered before anything runs
+    pending.checker(svc.agents.get(body.model), run_request)(context)
+    await responses.admit_unstored(tenant)
     if not body.stream:
         result = await responses.run_unstored(tenant, run_id, run_request, context)
         return JSONResponse(view(result))
@@ -289,9 +292,7 @@ async def unstored(
         if found is not None:
             queue.put_nowait(found)
 
-    # refusals (an unanswered call, bad tools) are answered before the stream starts
     result_task: asyncio.Task[Result] | None = None
-    pending.checker(svc.agents.get(body.model), run_request)(context)
     result_task = asyncio.ensure_future(
         responses.run_unstored(tenant, run_id, run_request, context, on_event)
     )
