@@ -320,9 +320,7 @@ class Agent(_ToolBatches, _Folding):
         overflow_retries = 0
         while True:
             try:
-                message = await self._stream(
-                    self._request(state.context, state.plan), emit, state
-                )
+                message = await self._stream(self._request(state.context, state.plan), emit, state)
             except ProviderError as exc:
                 if exc.kind == "overflow" and overflow_retries < self.config.max_overflow_retries:
                     overflow_retries += 1

@@ -11,7 +11,7 @@ from typing import Any
 from app.config import AgentProfile
 from app.service.agents import AgentPool
 
-from ..helpers import assert_problem
+from ..helpers import assert_problem, until
 from .conftest import AppClient, SettingsFactory, apps
 
 SCHEMA: dict[str, Any] = {
@@ -186,3 +186,33 @@ async def test_v1_text_format_json_schema(client: AppClient) -> None:
     )
     assert refused.status_code == 400, refused.text
     assert refused.json()["error"]["param"] == "text.format"
+
+
+async def test_a_background_run_keeps_its_schema_and_settings(
+    make_settings: SettingsFactory,
+) -> None:
+    pool = AgentPool(make_settings(agents={"open": AgentProfile(allowed_run_settings=("model",))}))
+    async with apps(make_settings)(pool) as client:
+        await _conversation(client, "typed-7")
+        accepted = await client.post(
+            "/conversations/typed-7/runs",
+            json={
+                "prompts": ["/invalid"],
+                "agent": "open",
+                "model": "echo-bg",
+                "output_schema": FORMAT,
+                "if_busy": "enqueue",
+            },
+            headers={"Prefer": "respond-async"},
+        )
+        assert accepted.status_code == 202, accepted.text
+        location = accepted.headers["location"]
+
+        async def ended() -> dict[str, Any] | None:
+            record: dict[str, Any] = (await client.get(location)).json()
+            return record if record["status"] not in ("queued", "running") else None
+
+        record = await until(ended, what="the background run's end")
+        assert record["status"] == "completed", record
+        assert record["output_parsed"]["kind"] == "trip"
+        assert record["final"]["model"] == "echo-bg"

@@ -52,8 +52,8 @@ def output_schema(body: ResponseCreate) -> OutputSchema | None:
         return None
     if not isinstance(found, dict) or found.get("type") not in ("text", "json_schema"):
         raise bad_request(
-            "Invalid value for 'text.format': give {\"type\": \"text\"} or "
-            "{\"type\": \"json_schema\", \"name\", \"schema\", \"strict\"}.",
+            'Invalid value for \'text.format\': give {"type": "text"} or '
+            '{"type": "json_schema", "name", "schema", "strict"}.',
             "text.format",
         )
     if found["type"] == "text":

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from app.agent.messages import AnyMessage, AssistantMessage, ToolResultMessage, UserMessage
-from app.agent.structured import parsed_output
+from app.agent.structured import parsed_output, violation
 from app.service.conversations import ConversationInfo
 
 from .items import items_of
@@ -117,15 +117,20 @@ def response_object(
 ) -> dict[str, Any]:
     """``settings``: what the request set (``text``, ``temperature``, ``max_output_tokens``);
     ``output_schema`` and ``final``: a structured response's schema and last answer, given as
-    ``output_parsed`` once it matched (a response that did not complete shows no message)."""
+    ``output_parsed`` once it matched (a message that does not match is left out: an attempt
+    corrected on retry, or the last answer of a response that failed)."""
     state = _STATUS.get(status, status)
     settings = settings or {}
     parsed = None
-    if output_schema is not None:
+    if output_schema is not None:  # nothing that did not match is ever presented
         if status == "completed":
             parsed = parsed_output(output_schema, final)
-        else:  # nothing that did not match is ever presented
-            output = [item for item in output if item.get("type") != "message"]
+        output = [
+            item
+            for item in output
+            if item.get("type") != "message"
+            or (status == "completed" and violation(output_schema, output_text([item])) is None)
+        ]
     failure = None
     if state == "failed":
         detail = (error or {}).get("detail") or (error or {}).get("title") or "the run failed"
