@@ -51,7 +51,17 @@ def schema_problem(schema: Any) -> str | None:
     except SchemaError as exc:
         where = "".join(f"/{p}" for p in exc.absolute_path) or "/"
         return f"not a valid JSON Schema at {where}: {exc.message}"
+    try:  # a schema that cannot be applied (a $ref to nowhere, or to another document)
+        _first_error(schema, instance_of(schema))
+    except Exception as exc:  # jsonschema's referencing errors share no public base
+        return f"the schema cannot be applied: {exc}"
     return None
+
+
+def _first_error(schema: dict[str, Any], value: Any) -> Any:
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    errors = sorted(validator.iter_errors(value), key=lambda e: (list(map(str, e.path)), e.message))
+    return errors[0] if errors else None
 
 
 def _where(path: Any) -> str:
@@ -64,11 +74,12 @@ def violation(schema: dict[str, Any], text: str) -> str | None:
         value = json.loads(text)
     except ValueError as exc:
         return f"the answer is not JSON: {exc}"
-    validator = jsonschema.validators.validator_for(schema)(schema)
-    errors = sorted(validator.iter_errors(value), key=lambda e: (list(map(str, e.path)), e.message))
-    if not errors:
+    try:
+        first = _first_error(schema, value)
+    except Exception as exc:  # checked at request time; a stored schema may still fail here
+        return f"the schema cannot be applied: {exc}"
+    if first is None:
         return None
-    first = errors[0]
     return f"at {_where(first.absolute_path)}: {first.message}"
 
 
