@@ -66,6 +66,7 @@ class Reply:
     text: str = ""
     tool_calls: Sequence[ToolCall] = ()
     reasoning: str = ""  # sent as ``reasoning_content`` (vLLM / DeepSeek style)
+    refusal: str = ""  # sent as ``refusal`` (structured outputs: the model declined)
     finish_reason: str | None = None  # default: "tool_calls" if tool calls else "stop"
     prompt_tokens: int = 11
     completion_tokens: int = 7
@@ -449,7 +450,7 @@ class OpenAIFake(FakeServer):
             message: dict[str, Any] = {
                 "role": "assistant",
                 "content": answer.text or None,
-                "refusal": None,
+                "refusal": answer.refusal or None,
             }
             if answer.reasoning:
                 message["reasoning_content"] = answer.reasoning
@@ -500,6 +501,8 @@ class OpenAIFake(FakeServer):
             events.append(chunk({"reasoning_content": piece}))
         for piece in _pieces(answer.text, answer.chunk_size):
             events.append(chunk({"content": piece}))
+        for piece in _pieces(answer.refusal, answer.chunk_size):
+            events.append(chunk({"refusal": piece}))
         for n, (call, call_id) in enumerate(calls):
             pieces = list(_pieces(call.arguments, answer.chunk_size)) or [""]
             for k, piece in enumerate(pieces):

@@ -116,6 +116,28 @@ async def test_openai_a_length_stop_is_not_retried(
     assert len(openai_fake.chat_requests) == 1
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+async def test_openai_a_refusal_is_not_retried(openai_fake: O.OpenAIFake, stream: bool) -> None:
+    provider = OpenAIProvider(
+        api_key=openai_fake.api_key,
+        base_url=openai_fake.base_url,
+        model="gpt-fake",
+        timeout=10,
+        stream=stream,
+    )
+    agent = Agent(AgentConfig(provider=provider, model="gpt-fake", retry=NO_WAIT))
+    openai_fake.add(O.Reply(refusal="I can't help with that."))
+    try:
+        result = await run(agent)
+    finally:
+        await provider.aclose()
+    assert result.status == "failed"
+    assert result.final is not None and result.final.stop_reason == "refusal"
+    assert text_of(result.final) == "I can't help with that."
+    assert result.error is not None and "the model refused" in result.error.message
+    assert len(openai_fake.chat_requests) == 1
+
+
 async def test_a_run_without_settings_sends_none_of_them(
     openai_fake: O.OpenAIFake, openai_agent: Agent
 ) -> None:
