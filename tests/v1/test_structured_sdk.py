@@ -58,3 +58,20 @@ def test_a_per_run_setting_the_profile_refuses_is_a_400(server: Server) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         server.client().responses.create(model="default", input="hi", temperature=0.3)
     assert caught.value.param == "temperature"
+
+
+@pytest.mark.parametrize("store", [True, False])
+def test_the_streaming_helper_parses_only_the_matching_answer(server: Server, store: bool) -> None:
+    client = server.client()
+    with client.responses.stream(
+        model="default", input="/invalid", text_format=Plan, store=store
+    ) as stream:
+        done = [e for e in stream if e.type == "response.output_text.done"]
+        final = stream.get_final_response()
+    assert len(done) == 1  # the answer corrected on retry was never streamed
+    assert isinstance(done[0].parsed, Plan)
+    assert final.output_parsed == done[0].parsed
+    if store:  # a resumed stream of the stored response: the same
+        events = list(client.responses.retrieve(final.id, stream=True))
+        texts = [e for e in events if e.type == "response.output_text.done"]
+        assert [Plan.model_validate_json(e.text) for e in texts] == [final.output_parsed]

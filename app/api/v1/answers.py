@@ -191,7 +191,7 @@ async def stored_stream(
         conversation_id=run.conversation_id,
         background=body.background if body is not None else False,
     )
-    translator = EventTranslator(run.run_id, skeleton)
+    translator = EventTranslator(run.run_id, skeleton, pending.output_schema_of(run))
 
     async def events() -> AsyncIterator[bytes]:
         produced = translator.start()
@@ -251,8 +251,11 @@ async def live_events(
     assert active.events is not None
     run = active.started.run
     created = timestamp(run.created_at) if run is not None else 0
+    schema = output_schema(body)
     translator = EventTranslator(
-        active.run_id, skeleton(active.run_id, body, active.conversation_id, created)
+        active.run_id,
+        skeleton(active.run_id, body, active.conversation_id, created),
+        schema.schema if schema is not None else None,
     )
     for event in translator.start():
         yield sse(event)
@@ -351,7 +354,11 @@ async def unstored(
 
     async def events() -> AsyncIterator[bytes]:
         assert result_task is not None
-        translator = EventTranslator(run_id, skeleton(run_id, body, None, created))
+        translator = EventTranslator(
+            run_id,
+            skeleton(run_id, body, None, created),
+            schema.schema if schema is not None else None,
+        )
         for event in translator.start():
             yield sse(event)
         try:
