@@ -1,7 +1,8 @@
 """OpenAI's Agents SDK (``openai-agents``), unmodified, runs agents on ``/v1`` of a live server:
 with ``conversation_id=``, with ``OpenAIConversationsSession`` (history kept as items, each
 model call stateless) and with ``previous_response_id=``, each through a function tool round
-trip; an agent with an ``output_type`` gets the typed answer. Tracing is switched off: it would export to OpenAI."""
+trip; an agent with an ``output_type`` gets the typed answer. Tracing is switched off: it
+would export to OpenAI."""
 
 from __future__ import annotations
 
