@@ -24,6 +24,7 @@ from .messages import (
 )
 from .pending import Approval, ClientTool, RequiredAction
 from .sizes import ContextSize, SizeBounds
+from .structured import OutputSchema
 from .tokens import TokenTally
 
 #: ``requires_action``: the run paused for the application (client calls or approvals pending)
@@ -56,6 +57,17 @@ class Compaction(_Value):
     )
 
 
+class RunSettings(_Value):
+    """What one run sets for itself, over its agent's config (None: the config's): the model,
+    the sampling temperature, the answer's token limit, and the JSON Schema its final answer
+    must match (:mod:`app.agent.structured`)."""
+
+    model: str | None = None
+    temperature: float | None = None
+    max_output_tokens: int | None = None
+    output_schema: OutputSchema | None = None
+
+
 class Input(_Value):
     """A run's input. ``tokens``, when given, is the running tally of ``context.messages``
     (:func:`app.agent.tokens.tally_of`, kept with :func:`app.agent.tokens.advance`); the agent
@@ -71,6 +83,8 @@ class Input(_Value):
       the agent's ``approval_required``);
     - ``tool_results``: results for pending client calls, in any order;
     - ``approvals``: decisions for pending approval calls, in any order.
+
+    ``settings``: this run's own model, temperature, token limit and output schema.
     """
 
     context: Context
@@ -79,6 +93,7 @@ class Input(_Value):
     require_approval: tuple[str, ...] = ()
     tool_results: tuple[ToolResultMessage, ...] = ()
     approvals: tuple[Approval, ...] = ()
+    settings: RunSettings = RunSettings()
     tokens: TokenTally | None = None
     bounds: SizeBounds | None = None
     size: ContextSize | None = None

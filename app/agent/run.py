@@ -48,6 +48,7 @@ from .messages import (
     Context,
     ToolCallBlock,
     UserMessage,
+    text_of,
 )
 from .offload import offload
 from .opaque import for_provider, prepare, view_of
@@ -60,12 +61,13 @@ from .pending import (
     validate_approval_names,
     validate_client_tools,
 )
-from .providers.base import Provider, ProviderError, ProviderRequest, ToolSpec, wire_of
+from .providers.base import Provider, ProviderError, ProviderRequest, wire_of
 from .providers.wire import WireFormat
 from .records import CompactionReason, Input, Result, RunStatus
 from .replay import open_batch
 from .sizes import ContextSize, SizeBounds, passed_reason, size_of, too_large
 from .state import CANCELLED, AgentConfig, RunPlan, _Emitter, _error, _RunFailed, _shielded, _State
+from .structured import NOT_RETRIED, OFFLOAD_ANSWER_CHARS, answer_violation, correction
 from .tokens import TokenTally, estimate_with, heuristic_text_tokens, tally_of
 
 __all__ = ["Agent", "AgentConfig", "RunPlan", "for_provider"]
@@ -121,6 +123,7 @@ class Agent(_ToolBatches, _Folding):
             tools=(*specs, *(t.spec for t in client)) if client else specs,
             holds=frozenset(t.name for t in client) | gated | self.config.approval_required,
             resume=resume,
+            settings=input.settings,
         )
 
     def pending_calls(self, context: Context) -> tuple[PendingCall, ...]:
@@ -242,6 +245,8 @@ class Agent(_ToolBatches, _Folding):
             message = await self._answer(state, emit)
             calls = message.tool_calls
             if not calls:
+                if await self._corrected(state, emit, message):
+                    continue  # the model is told what broke the schema, and answers again
                 return
             runnable = tuple(c for c in calls if c.name not in holds)
             if runnable:
@@ -256,9 +261,44 @@ class Agent(_ToolBatches, _Folding):
             )
         )
 
+    async def _corrected(self, state: _State, emit: _Emitter, message: AssistantMessage) -> bool:
+        """A final answer checked against the run's output schema: True when it broke it and
+        a correction was appended (retried); raises _RunFailed when it broke it for good."""
+        schema = state.plan.settings.output_schema
+        if schema is None:
+            return False
+        if len(text_of(message)) >= OFFLOAD_ANSWER_CHARS:  # parsing and validating: a thread
+            problem = await asyncio.to_thread(answer_violation, schema, message)
+        else:
+            problem = answer_violation(schema, message)
+        if problem is None:
+            return False
+        retried = state.corrections
+        if message.stop_reason in NOT_RETRIED or retried >= self.config.output_retries:
+            why = {"refusal": "the model refused", "content_filter": "the answer was filtered"}
+            reason = why.get(message.stop_reason)
+            if message.stop_reason == "max_tokens":
+                reason = "the answer was cut at its token limit"
+            tail = f" ({reason})" if reason else ""
+            if reason is None and retried:
+                tail = f" (after {retried} {'retry' if retried == 1 else 'retries'})"
+            raise _RunFailed(
+                AttemptError(
+                    kind="fatal",
+                    message=f"the answer does not match the output schema {schema.name!r}: "
+                    f"{problem}{tail}",
+                    code="output_invalid",
+                )
+            )
+        state.corrections += 1
+        sent = correction(problem)
+        state.append(sent)
+        await emit(MessageCompleted(sent))
+        return True
+
     # --- attempts ------------------------------------------------------------------------
 
-    def _request(self, context: Context, tools: tuple[ToolSpec, ...]) -> ProviderRequest:
+    def _request(self, context: Context, plan: RunPlan) -> ProviderRequest:
         if open_batch(context.messages) is not None:
             # the one exit to a provider: no call ever leaves without its result (docs/tools.md)
             raise _RunFailed(
@@ -266,12 +306,15 @@ class Agent(_ToolBatches, _Folding):
             )
         view = view_of(context, self.provider.name)  # O(appended) on a remembered context
         wire = self._wire
+        settings = plan.settings
         return ProviderRequest(
             system_prompt=context.system_prompt,
             messages=view.messages,
-            tools=tools,
-            model=self.config.model,
-            max_output_tokens=self.config.max_output_tokens,
+            tools=plan.tools,
+            model=settings.model or self.config.model,
+            max_output_tokens=settings.max_output_tokens or self.config.max_output_tokens,
+            temperature=settings.temperature,
+            output_schema=settings.output_schema,
             estimated_input_tokens=heuristic_text_tokens(context.system_prompt) + view.tokens,
             encoded=None if wire is None else view.encoded(wire),
         )
@@ -281,9 +324,7 @@ class Agent(_ToolBatches, _Folding):
         overflow_retries = 0
         while True:
             try:
-                message = await self._stream(
-                    self._request(state.context, state.plan.tools), emit, state
-                )
+                message = await self._stream(self._request(state.context, state.plan), emit, state)
             except ProviderError as exc:
                 if exc.kind == "overflow" and overflow_retries < self.config.max_overflow_retries:
                     overflow_retries += 1

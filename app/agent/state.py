@@ -13,7 +13,7 @@ from .messages import AnyMessage, AssistantMessage, AttemptError, Context, Usage
 from .opaque import carry_over
 from .pending import RequiredAction, Resume, validate_approval_names
 from .providers.base import Provider, ProviderError, ToolSpec
-from .records import Compaction, Result, RunStatus
+from .records import Compaction, Result, RunSettings, RunStatus
 from .retry import RetryPolicy
 from .sizes import ContextSize, SizeBounds
 from .tokens import TokenTally
@@ -37,6 +37,9 @@ class AgentConfig:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     #: server tools whose calls wait for the application's decision (docs/tools.md)
     approval_required: frozenset[str] = frozenset()
+    #: how many times an answer that does not match the run's output schema is sent back
+    #: to the model with the violation (docs/runs.md, "Structured outputs")
+    output_retries: int = 1
 
     def __post_init__(self) -> None:
         validate_approval_names(self.approval_required, self.tools.tools, field="approval_required")
@@ -46,11 +49,12 @@ class AgentConfig:
 class RunPlan:
     """What :meth:`Agent.check` makes of an Input: the tools offered to the model, the names
     whose calls pause the run (client tools and approval-gated server tools), and how the
-    context's pending calls are answered."""
+    context's pending calls are answered; and the run's own settings."""
 
     tools: tuple[ToolSpec, ...]
     holds: frozenset[str] = frozenset()
     resume: Resume | None = None
+    settings: RunSettings = field(default_factory=RunSettings)
 
 
 class _RunFailed(Exception):
@@ -76,6 +80,8 @@ class _State:
     plan: RunPlan = field(default_factory=lambda: RunPlan(tools=()))
     #: ids of the calls this run executes; on failure the unfinished ones are closed
     closable: set[str] = field(default_factory=set)
+    #: answers sent back for not matching the run's output schema (app.agent.structured)
+    corrections: int = 0
 
     def append(self, *messages: AnyMessage) -> None:
         """Messages that join both the continuation state and the run record."""

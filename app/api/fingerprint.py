@@ -52,9 +52,18 @@ def request_fingerprint(raw: bytes) -> str:
     return PREFIX + hashlib.sha256(canonical_json(raw)).hexdigest()
 
 
+#: request fields added after that form: left out when unset, so an old key still matches
+LATER_FIELDS = frozenset(
+    {"output_schema", "model", "temperature", "max_output_tokens", "instructions"}
+)
+
+
 def legacy_fingerprint(body: BaseModel) -> str:
-    """The form stored before :func:`request_fingerprint`: the parsed model, as JSON."""
-    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    """The form stored before :func:`request_fingerprint`: the parsed model, as JSON (without
+    the :data:`LATER_FIELDS` it leaves unset)."""
+    unset = {name for name in LATER_FIELDS if getattr(body, name, None) is None}
+    dumped = body.model_dump(mode="json", exclude=unset)
+    canonical = json.dumps(dumped, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 

@@ -139,6 +139,11 @@ _RUN_PROBLEMS = {
         "The queued run answered a tool call that was not pending at its turn",
         422,
     ),
+    "output_invalid": (
+        "run-output-invalid",
+        "The model's answer did not match the run's output schema",
+        422,
+    ),
     "validation_error": ("run-invalid-request", "The queued run's request was not valid", 422),
     "stored_data_damaged": (
         "run-stored-data-damaged",
@@ -150,6 +155,7 @@ _RUN_PROBLEMS = {
 CODED_RUN_PROBLEMS = frozenset(
     {
         "max_turns",
+        "output_invalid",
         "answer_too_large",
         "run_deadline",
         "context_too_large",

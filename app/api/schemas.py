@@ -34,7 +34,8 @@ from app.agent.messages import (
     whole_number,
 )
 from app.agent.pending import Approval, ClientTool, PendingCall, RequiredAction
-from app.agent.records import Compaction
+from app.agent.records import Compaction, RunSettings
+from app.agent.structured import OutputSchema, schema_problem
 
 CONVERSATION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
@@ -201,6 +202,33 @@ RunInput = Annotated[
 ]
 
 
+class OutputSchemaBody(_Body):
+    """The JSON Schema the run's final answer must match (docs/runs.md, "Structured
+    outputs")."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9_-]{1,64}$", description="How the provider is told of the schema"
+    )
+    schema_: dict[str, Any] = Field(
+        alias="schema",
+        description="A JSON Schema (a schema that is not valid JSON Schema → 422)",
+        examples=[{"type": "object", "properties": {"city": {"type": "string"}}}],
+    )
+    strict: StrictBool = True
+
+    @model_validator(mode="after")
+    def _valid_schema(self) -> OutputSchemaBody:
+        problem = schema_problem(self.schema_)
+        if problem is not None:
+            raise ValueError(f"schema: {problem}")
+        return self
+
+    def value(self) -> OutputSchema:
+        return OutputSchema(self.name, self.schema_, self.strict)
+
+
 class RunCreate(_Body):
     """Run the agent on new prompts (contract §4), answering any pending tool calls first
     (contract §7, docs/tools.md)."""
@@ -246,6 +274,45 @@ class RunCreate(_Body):
     )
     on_disconnect: Literal["continue", "cancel"] = "continue"
     stream: bool = False
+    output_schema: OutputSchemaBody | None = Field(
+        default=None,
+        description="The JSON Schema the final answer must match: sent to the provider, "
+        "validated by the server (a violation is sent back to the model, then fails the run: "
+        "run-output-invalid); the run's `output_parsed` holds the answer",
+    )
+    model: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="This run's provider model, over the profile's (if the profile allows "
+        "`model` in allowed_run_settings, else 422)",
+    )
+    temperature: float | None = Field(
+        default=None,
+        ge=0,
+        le=2,
+        description="Sampling temperature (if the profile allows `temperature`)",
+    )
+    max_output_tokens: Annotated[int, Strict(), BeforeValidator(whole_number)] | None = Field(
+        default=None,
+        ge=1,
+        description="The answer's token limit (if the profile allows `max_output_tokens`)",
+    )
+    instructions: str | None = Field(
+        default=None,
+        pattern="^[^\\u0000]*$",
+        description="A system prompt for this run only, the stored one unchanged (profiles "
+        "allow `instructions` unless their allowed_run_settings leave it out)",
+    )
+
+    def settings(self) -> RunSettings:
+        """This run's own settings (the profile decides which it may set)."""
+        return RunSettings(
+            model=self.model,
+            temperature=self.temperature,
+            max_output_tokens=self.max_output_tokens,
+            output_schema=self.output_schema.value() if self.output_schema else None,
+        )
 
     def messages(self) -> tuple[UserMessage | ToolResultMessage, ...]:
         return tuple(UserMessage.text(p) if isinstance(p, str) else p for p in self.prompts)
@@ -302,6 +369,11 @@ class Run(BaseModel):
     compactions: list[Compaction]
     usage: Usage
     error: RunProblem | None
+    output_parsed: Any = Field(
+        default=None,
+        description="With an `output_schema`: the final answer as JSON, once it matched the "
+        "schema (null otherwise: nothing that does not match is ever given here)",
+    )
     required_action: RequiredAction | None = Field(
         default=None,
         description="A run that ended requires_action: the client calls and approval calls "

@@ -8,11 +8,13 @@ from datetime import datetime
 from typing import Any
 
 from app.agent.codec import MessageList, dumps_json, in_field_order, model_value
-from app.agent.messages import AttemptError, Usage, UserMessage
+from app.agent.messages import AssistantMessage, AttemptError, Usage, UserMessage
+from app.agent.structured import parsed_output
 from app.service.conversations import ConversationInfo
-from app.service.pending import split_prompts
+from app.service.pending import output_schema_of, split_prompts
 from app.service.runs import FinishedRun, RunRequest
 from app.store.stores import RunRecord
+from app.store.tables import Run
 
 from .problems import CODED_RUN_PROBLEMS, PROBLEM_TYPES, run_problem_type
 from .schemas import Conversation, RunCreate, RunProblem
@@ -104,6 +106,13 @@ def _duration(start: datetime | None, end: datetime | None) -> int | None:
     return max(0, int((end - start).total_seconds() * 1000))
 
 
+def _parsed(run: Run, status: str, final: AssistantMessage | None) -> Any:
+    """A completed run's answer as JSON when it asked for an output schema (and matched it)."""
+    if status != "completed":
+        return None
+    return parsed_output(output_schema_of(run), final)
+
+
 def run_view(finished: FinishedRun) -> RunView:
     """The answer to ``POST …/runs``, from the run row, the Result and what was stored."""
     run, result, outcome = finished.run, finished.result, finished.outcome
@@ -124,6 +133,7 @@ def run_view(finished: FinishedRun) -> RunView:
             compactions=list(result.compactions),
             usage=result.usage,
             error=run_problem(result.error, outcome.status),
+            output_parsed=_parsed(run, outcome.status, result.final),
             required_action=(
                 result.required_action if outcome.status == "requires_action" else None
             ),
@@ -158,6 +168,7 @@ def record_view(record: RunRecord) -> RunView:
                 "compactions": list(record.compactions),
                 "usage": Usage.model_validate(run.usage) if run.usage else Usage(),
                 "error": run_problem(error, run.status),
+                "output_parsed": _parsed(run, run.status, record.final),
                 "required_action": run.required_action,
                 "created_at": run.created_at,
                 "started_at": run.started_at,
@@ -201,6 +212,8 @@ def run_request(body: RunCreate) -> RunRequest:
         require_approval=tuple(body.require_approval),
         tool_results=tool_results,
         approvals=tuple(body.approvals),
+        instructions=body.instructions,
+        settings=body.settings(),
     )
 
 

@@ -39,6 +39,10 @@ DEFAULT_CONTEXT_WINDOW: dict[str, int] = {"echo": 128_000, "openai": 128_000, "a
 #: where a provider's key is read from when a profile does not name ``api_key_env``
 PROVIDER_KEY_ENV: dict[str, str] = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 
+#: what a run may set for itself when its profile allows it (docs/runs.md, "Per-run settings")
+RUN_SETTINGS: tuple[str, ...] = ("model", "temperature", "max_output_tokens", "instructions")
+RunSettingName = Literal["model", "temperature", "max_output_tokens", "instructions"]
+
 _TOOL_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -77,6 +81,15 @@ class _ProfileFields(BaseModel):
     api_key_env: str | None = None
     #: server tools (by name) whose calls wait for the application's decision (docs/tools.md)
     approval_required: Annotated[tuple[str, ...], NoDecode] = ()
+    #: what a run may set for itself: model, temperature, max_output_tokens, instructions
+    allowed_run_settings: Annotated[tuple[RunSettingName, ...], NoDecode] = ("instructions",)
+    #: how many times an answer that does not match a run's output schema is sent back to the
+    #: model with the violation before the run fails
+    output_retries: int = Field(default=1, ge=0, le=5)
+
+    def allows(self, setting: str) -> bool:
+        """May a run of this profile set ``setting`` (one of :data:`RUN_SETTINGS`)?"""
+        return setting in self.allowed_run_settings
 
     @model_validator(mode="before")
     @classmethod
@@ -117,7 +130,7 @@ class _ProfileFields(BaseModel):
             )
         return value
 
-    @field_validator("tools", "approval_required", mode="before")
+    @field_validator("tools", "approval_required", "allowed_run_settings", mode="before")
     @classmethod
     def _split_tools(cls, value: Any) -> Any:
         return _split_list(value)

@@ -15,10 +15,11 @@ from app.agent.providers.echo import EchoProvider
 from app.agent.retry import RetryPolicy
 from app.agent.run import Agent, AgentConfig
 from app.agent.tools import ToolRegistry
-from app.config import PROVIDER_KEY_ENV, AgentProfile, Settings
+from app.config import PROVIDER_KEY_ENV, RUN_SETTINGS, AgentProfile, Settings
 from app.errors import CarryoverError
 
 from .bounds import BoundedProvider
+from .types import RunRequest
 
 #: ``max_tokens`` sent to Anthropic when a profile does not set ``max_output_tokens``
 DEFAULT_ANTHROPIC_MAX_TOKENS = 8192
@@ -36,6 +37,25 @@ class UnknownAgent(CarryoverError, LookupError):
             f"body.agent: {message}", errors=[{"path": "body.agent", "message": message}]
         )
         self.name = name
+
+
+class SettingNotAllowed(CarryoverError, ValueError):
+    """A run sets what its agent profile does not let a run set (``allowed_run_settings``):
+    422 naming the field (on ``/v1``: 400 with ``param``)."""
+
+    slug = "validation-error"
+    status = 422
+
+    def __init__(self, agent: str, setting: str, allowed: tuple[str, ...]) -> None:
+        message = (
+            f"the agent profile {agent!r} does not let a run set {setting!r} "
+            f"(its allowed_run_settings: {', '.join(allowed) or 'none'})"
+        )
+        super().__init__(
+            f"body.{setting}: {message}",
+            errors=[{"path": f"body.{setting}", "message": message}],
+        )
+        self.setting = setting
 
 
 class MissingProviderKey(CarryoverError, RuntimeError):
@@ -137,6 +157,7 @@ def build_agent(
             max_output_tokens=profile.max_output_tokens,
             retry=RetryPolicy(max_retries=profile.max_retries),
             approval_required=frozenset(profile.approval_required),
+            output_retries=profile.output_retries,
         )
     )
 
@@ -165,6 +186,23 @@ class AgentPool:
             agent = self._agents[name] = build_agent(
                 profile, max_answer_chars=self._max_answer_chars
             )
+        return agent
+
+    def for_run(self, request: RunRequest) -> Agent:
+        """The agent of ``request.agent``, once its profile allows what the run sets for
+        itself (the one place both surfaces ask): else :class:`SettingNotAllowed`."""
+        agent = self.get(request.agent)
+        profile = self._profiles[request.agent]
+        settings = request.settings
+        given = {
+            "model": settings.model,
+            "temperature": settings.temperature,
+            "max_output_tokens": settings.max_output_tokens,
+            "instructions": request.instructions,
+        }
+        for name in RUN_SETTINGS:
+            if given[name] is not None and not profile.allows(name):
+                raise SettingNotAllowed(request.agent, name, profile.allowed_run_settings)
         return agent
 
     def unready(self) -> dict[str, str]:

@@ -34,7 +34,7 @@ from app.agent.pending import (
     UnexpectedAnswer,
 )
 from app.agent.pending import split_prompts as _split
-from app.agent.records import Input, Result
+from app.agent.records import Input, Result, RunSettings
 from app.agent.replay import ReplayError, validate_messages
 from app.agent.run import Agent
 from app.agent.sizes import ContextSize, SizeBounds
@@ -138,6 +138,7 @@ def run_input(
         require_approval=request.require_approval,
         tool_results=request.tool_results,
         approvals=request.approvals,
+        settings=request.settings,
     )
 
 
@@ -210,6 +211,9 @@ def kept_inputs(request: RunRequest) -> dict[str, Any] | None:
     kept: dict[str, Any] = {}
     if request.instructions is not None:
         kept["instructions"] = request.instructions
+    settings = request.settings.model_dump(mode="json", exclude_none=True)
+    if settings:
+        kept["settings"] = settings
     if request.response is not None:
         kept["response"] = request.response
     return kept or None
@@ -250,8 +254,15 @@ def queued_request(run: Run) -> RunRequest:
         ),
         approvals=tuple(Approval.model_validate(a) for a in inputs.get("approvals", ())),
         instructions=inputs.get("instructions"),
+        settings=RunSettings.model_validate(inputs.get("settings") or {}),
         response=inputs.get("response"),
     )
+
+
+def output_schema_of(run: Run) -> dict[str, Any] | None:
+    """The JSON Schema a run's answer had to match (None: it asked for none)."""
+    schema = ((run.tool_inputs or {}).get("settings") or {}).get("output_schema")
+    return schema.get("schema") if isinstance(schema, dict) else None
 
 
 def stored_pending_calls(
@@ -300,6 +311,7 @@ __all__ = [
     "checker",
     "dump_call",
     "kept_inputs",
+    "output_schema_of",
     "queued_request",
     "refusal",
     "required_action",

@@ -178,7 +178,7 @@ class ResponseService:
         """Run the agent on ``context`` and store nothing (``store: false``): no conversation,
         so no lease to take; the same agent, checks, bounds, deadline and span as a stored run,
         and its tokens count in the tenant's usage (:meth:`admit_unstored` first)."""
-        agent = self.agents.get(request.agent)
+        agent = self.agents.for_run(request)
         agent_input = pending.run_input(context, request, size_bounds(self.runs.settings))
         pending.checker(agent, request)(context)
         with telemetry.agent_span(request.agent, "", run_id) as span:

@@ -172,7 +172,7 @@ class RunManager:
     ) -> ActiveRun | Replayed | QueuedRun | EndedUnrun:
         if self.state.closing:
             raise ShuttingDown
-        agent = self.state.agents.get(request.agent)
+        agent = self.state.agents.for_run(request)
         claim = None
         if idempotency is not None:
             claim = IdempotencyClaim(

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from app.agent.messages import AnyMessage, ToolResultMessage, UserMessage
 from app.agent.pending import Approval, ClientTool
-from app.agent.records import Result
+from app.agent.records import Result, RunSettings
 from app.store.stores import OnFailure, RunOutcome, StartedRun
 from app.store.tables import Run
 
@@ -25,6 +25,8 @@ class RunRequest:
     gates, and the answers to the conversation's pending calls.
 
     ``instructions``: a system prompt for this run only (the stored one is unchanged).
+    ``settings``: the run's own model, temperature, token limit and output schema; with
+    ``instructions``, what its profile must allow (:meth:`AgentPool.for_run`).
     ``append``: messages to add to the context as they are, without calling the model (the
     ``/v1`` surface's items added without a response); the run then has no prompts.
     ``response``: what the ``/v1`` surface keeps of a response's request (its metadata,
@@ -39,6 +41,7 @@ class RunRequest:
     tool_results: tuple[ToolResultMessage, ...] = ()
     approvals: tuple[Approval, ...] = ()
     instructions: str | None = None
+    settings: RunSettings = field(default_factory=RunSettings)
     append: tuple[AnyMessage, ...] = ()
     response: dict[str, Any] | None = None
 

@@ -32,6 +32,7 @@ RUN_FIELDS = {
     "context",
     "new_messages",
     "final",
+    "output_parsed",
     "compactions",
     "usage",
     "error",

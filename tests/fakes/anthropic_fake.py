@@ -265,6 +265,15 @@ class AnthropicFake(FakeServer):
                     "docs/build-with-claude/extended-thinking#max-tokens-and-context-"
                     "window-size"
                 )
+        if "output_format" in body:  # the beta's name; the Messages API takes output_config
+            raise _Invalid("output_format: Extra inputs are not permitted")
+        if "output_config" in body:
+            self._check_output_config(body["output_config"])
+        temperature = body.get("temperature")
+        if temperature is not None and not (
+            isinstance(temperature, int | float) and 0 <= temperature <= 1
+        ):
+            raise _Invalid("temperature: Input should be less than or equal to 1")
         system = body.get("system")
         if system is not None and not isinstance(system, str):
             if not isinstance(system, list):
@@ -323,6 +332,24 @@ class AnthropicFake(FakeServer):
             raise self._missing_results(len(messages) - 1, previous_tool_uses)
         if enabled:
             self._check_last_assistant(messages)
+
+    @staticmethod
+    def _check_output_config(config: Any) -> None:
+        """``output_config``: ``effort`` and ``format`` only; a format is ``{"type":
+        "json_schema", "schema": {...}}`` and nothing else (no ``name``, no ``strict``)."""
+        if not isinstance(config, dict):
+            raise _Invalid("output_config: Input should be a valid dictionary")
+        for key in set(config) - {"effort", "format"}:
+            raise _Invalid(f"output_config.{key}: Extra inputs are not permitted")
+        found = config.get("format")
+        if found is None:
+            return
+        if not isinstance(found, dict) or found.get("type") != "json_schema":
+            raise _Invalid("output_config.format.type: Input should be 'json_schema'")
+        for key in set(found) - {"type", "schema"}:
+            raise _Invalid(f"output_config.format.{key}: Extra inputs are not permitted")
+        if not isinstance(found.get("schema"), dict):
+            raise _Invalid("output_config.format.schema: Field required")
 
     @staticmethod
     def _missing_results(i: int, ids: list[str]) -> _Invalid:

@@ -27,6 +27,7 @@ replay whose arguments differ byte for byte.
 from __future__ import annotations
 
 import itertools
+import re
 import time
 import uuid
 from collections import deque
@@ -65,6 +66,7 @@ class Reply:
     text: str = ""
     tool_calls: Sequence[ToolCall] = ()
     reasoning: str = ""  # sent as ``reasoning_content`` (vLLM / DeepSeek style)
+    refusal: str = ""  # sent as ``refusal`` (structured outputs: the model declined)
     finish_reason: str | None = None  # default: "tool_calls" if tool calls else "stop"
     prompt_tokens: int = 11
     completion_tokens: int = 7
@@ -239,6 +241,15 @@ class OpenAIFake(FakeServer):
                 "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
                 "stream_options",
             )
+        if "response_format" in body:
+            problem = self._check_response_format(body["response_format"])
+            if problem is not None:
+                return bad(problem, "response_format")
+        temperature = body.get("temperature")
+        if temperature is not None and not (
+            isinstance(temperature, int | float) and 0 <= temperature <= 2
+        ):
+            return bad("Invalid 'temperature': expected a number in [0, 2].", "temperature")
         for i, tool in enumerate(body.get("tools") or ()):
             fn = tool.get("function") if isinstance(tool, dict) else None
             if tool.get("type") != "function" or not isinstance(fn, dict) or not fn.get("name"):
@@ -287,6 +298,35 @@ class OpenAIFake(FakeServer):
                 f"response messages: {', '.join(pending)}",
                 f"messages.[{owner}].role",
             )
+        return None
+
+    @staticmethod
+    def _check_response_format(value: Any) -> str | None:
+        """Chat Completions' ``response_format``: text, json_object, or json_schema with a
+        ``json_schema`` object holding a ``name`` (``^[a-zA-Z0-9_-]{1,64}$``), a ``schema``
+        object and an optional boolean ``strict``; nothing else."""
+        if not isinstance(value, dict) or value.get("type") not in (
+            "text",
+            "json_object",
+            "json_schema",
+        ):
+            return "Invalid 'response_format.type'."
+        if value["type"] != "json_schema":
+            return None if set(value) == {"type"} else "Unknown parameter in 'response_format'."
+        spec = value.get("json_schema")
+        if set(value) != {"type", "json_schema"} or not isinstance(spec, dict):
+            return "Missing required parameter: 'response_format.json_schema'."
+        unknown = set(spec) - {"name", "schema", "strict", "description"}
+        if unknown:
+            return f"Unknown parameter: 'response_format.json_schema.{sorted(unknown)[0]}'."
+        if not isinstance(spec.get("name"), str) or not re.fullmatch(
+            r"[a-zA-Z0-9_-]{1,64}", spec["name"]
+        ):
+            return "Invalid 'response_format.json_schema.name'."
+        if not isinstance(spec.get("schema"), dict):
+            return "Invalid type for 'response_format.json_schema.schema': expected an object."
+        if "strict" in spec and not isinstance(spec["strict"], bool):
+            return "Invalid type for 'response_format.json_schema.strict': expected a boolean."
         return None
 
     def _check_content(self, content: Any, i: int, *, images: bool) -> Error | None:
@@ -410,7 +450,7 @@ class OpenAIFake(FakeServer):
             message: dict[str, Any] = {
                 "role": "assistant",
                 "content": answer.text or None,
-                "refusal": None,
+                "refusal": answer.refusal or None,
             }
             if answer.reasoning:
                 message["reasoning_content"] = answer.reasoning
@@ -461,6 +501,8 @@ class OpenAIFake(FakeServer):
             events.append(chunk({"reasoning_content": piece}))
         for piece in _pieces(answer.text, answer.chunk_size):
             events.append(chunk({"content": piece}))
+        for piece in _pieces(answer.refusal, answer.chunk_size):
+            events.append(chunk({"refusal": piece}))
         for n, (call, call_id) in enumerate(calls):
             pieces = list(_pieces(call.arguments, answer.chunk_size)) or [""]
             for k, piece in enumerate(pieces):

@@ -1,7 +1,8 @@
 """OpenAI's Agents SDK (``openai-agents``), unmodified, runs agents on ``/v1`` of a live server:
 with ``conversation_id=``, with ``OpenAIConversationsSession`` (history kept as items, each
 model call stateless) and with ``previous_response_id=``, each through a function tool round
-trip. Tracing is switched off: it would export to OpenAI."""
+trip; an agent with an ``output_type`` gets the typed answer. Tracing is switched off: it
+would export to OpenAI."""
 
 from __future__ import annotations
 
@@ -15,10 +16,17 @@ from agents import (
     function_tool,
     set_tracing_disabled,
 )
+from pydantic import BaseModel
 
 from .conftest import KEYS, Server
 
 set_tracing_disabled(True)
+
+
+class Forecast(BaseModel):
+    city: str
+    celsius: int
+    windy: bool
 
 
 @function_tool
@@ -79,3 +87,12 @@ async def test_an_agent_chained_by_previous_response_id(agent: Agent) -> None:
         agent, '/tool get_weather {"city": "Bern"}', previous_response_id=first.last_response_id
     )
     assert tool.final_output == 'Tool get_weather returned: "cold in Bern"'
+
+
+async def test_an_agent_with_an_output_type_gets_the_typed_answer(
+    client: openai.AsyncOpenAI,
+) -> None:
+    model = OpenAIResponsesModel(model="default", openai_client=client)
+    typed = Agent(name="forecaster", model=model, output_type=Forecast)
+    result = await Runner.run(typed, "/invalid")  # corrected on retry by the server
+    assert result.final_output == Forecast(city="echo", celsius=0, windy=True)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from ..messages import AnyMessage, Usage
+from ..structured import OutputSchema
 from .wire import Encoded, WireFormat
 
 ErrorClass = Literal["overflow", "retryable", "fatal"]
@@ -80,6 +81,9 @@ class ProviderRequest:
     carried over from the run's earlier requests (:mod:`app.agent.providers.wire`); a provider
     builds its body from it instead of encoding the history again. ``None``: encode
     ``messages``.
+
+    ``temperature`` and ``output_schema`` (:class:`~app.agent.structured.OutputSchema`): sent
+    natively when set (the agent validates the answer, not the provider).
     """
 
     system_prompt: str
@@ -88,6 +92,8 @@ class ProviderRequest:
     model: str = ""
     purpose: Literal["answer", "summary"] = "answer"
     max_output_tokens: int | None = None
+    temperature: float | None = None
+    output_schema: OutputSchema | None = None
     estimated_input_tokens: int | None = None
     encoded: Encoded | None = None
 

@@ -12,15 +12,22 @@ every path of the service be tried without a real model:
   anything before the prompt; the agent compacts (keeping the current turn) and retries, and
   the retry succeeds. A prompt that is the whole history cannot overflow.
 - ``/sleep SECONDS``   waits that long (at most 3600 s) before answering.
+
+With an output schema (structured outputs) its answer is a deterministic instance of the
+schema (:func:`~app.agent.structured.instance_of`); ``/invalid`` answers one that does not
+match it first (the correction is then answered with a valid one), ``/invalid always`` never
+answers a valid one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 
 from ..compaction import SUMMARY_PREFIX
 from ..messages import AnyMessage, TextBlock, ToolResultMessage, Usage, UserMessage, text_of
+from ..structured import CORRECTION_PREFIX, broken_instance, instance_of
 from ..tokens import heuristic_text_tokens, heuristic_tokens
 from .base import (
     BlockStop,
@@ -57,7 +64,7 @@ class EchoProvider:
                 heuristic_tokens(m) for m in messages
             )
         response_id = f"echo-{len(messages)}"
-        yield MessageStart(response_id=response_id, model=self.model)
+        yield MessageStart(response_id=response_id, model=request.model or self.model)
 
         if request.purpose == "summary":
             async for event in _text(_summary(messages), input_tokens):
@@ -65,6 +72,10 @@ class EchoProvider:
             return
 
         last = history[-1] if history else None
+        if isinstance(last, ToolResultMessage) and request.output_schema is not None:
+            async for event in _text(_structured(request, history), input_tokens):
+                yield event
+            return
         if isinstance(last, ToolResultMessage):
             verb = "failed" if last.is_error else "returned"
             body = "".join(b.text for b in last.content if isinstance(b, TextBlock))
@@ -95,6 +106,10 @@ class EchoProvider:
             except ValueError:
                 delay = 0.0
             await asyncio.sleep(delay)
+        if request.output_schema is not None and directive != "/tool":
+            async for event in _text(_structured(request, history), input_tokens):
+                yield event
+            return
         if directive == "/tool":
             name, _, arguments = rest.partition(" ")
             if name:
@@ -109,6 +124,18 @@ class EchoProvider:
         seen += " and a summary" if has_summary else ""
         async for event in _text(f'Echo: {seen}. You said: "{text}"', input_tokens):
             yield event
+
+
+def _structured(request: ProviderRequest, history: tuple[AnyMessage, ...]) -> str:
+    """An instance of the request's schema; a broken one as ``/invalid`` asks."""
+    assert request.output_schema is not None
+    schema = request.output_schema.schema
+    prompts = [text_of(m).strip() for m in history if isinstance(m, UserMessage)]
+    correcting = bool(prompts) and prompts[-1].startswith(CORRECTION_PREFIX)
+    asked = next((p for p in reversed(prompts) if not p.startswith(CORRECTION_PREFIX)), "")
+    invalid = asked == "/invalid always" or (asked == "/invalid" and not correcting)
+    value = broken_instance(schema) if invalid else instance_of(schema)
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _is_summary(message: AnyMessage) -> bool:

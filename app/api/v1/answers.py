@@ -6,6 +6,7 @@ responses and resumed streams), background starts, and ``store: false`` runs. Us
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,8 +15,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from app.agent.messages import AnyMessage, Context, ToolResultMessage, UserMessage
 from app.agent.pending import ClientTool
-from app.agent.records import Result
+from app.agent.records import Result, RunSettings
 from app.agent.replay import ReplayError, validate_messages
+from app.agent.structured import OutputSchema, schema_problem
 from app.errors import CarryoverError
 from app.etag import ETagCondition
 from app.service import pending
@@ -34,9 +36,50 @@ from .stream import EventTranslator, sse
 from .views import response_object, split, timestamp
 
 
+def run_settings(body: ResponseCreate) -> RunSettings:
+    """A response's own settings: ``temperature``, ``max_output_tokens`` and ``text.format``
+    (a ``json_schema`` format is the run's output schema; 400 for one that is not valid)."""
+    return RunSettings(
+        temperature=body.temperature,
+        max_output_tokens=body.max_output_tokens,
+        output_schema=output_schema(body),
+    )
+
+
+def output_schema(body: ResponseCreate) -> OutputSchema | None:
+    found = (body.text or {}).get("format")
+    if found is None:
+        return None
+    if not isinstance(found, dict) or found.get("type") not in ("text", "json_schema"):
+        raise bad_request(
+            'Invalid value for \'text.format\': give {"type": "text"} or '
+            '{"type": "json_schema", "name", "schema", "strict"}.',
+            "text.format",
+        )
+    if found["type"] == "text":
+        return None
+    name, schema, strict = found.get("name"), found.get("schema"), found.get("strict")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+        raise bad_request("Invalid value for 'text.format.name'.", "text.format.name")
+    problem = schema_problem(schema)
+    if problem is not None:
+        raise bad_request(f"Invalid schema for 'text.format.schema': {problem}.", "text.format")
+    assert isinstance(schema, dict)
+    return OutputSchema(name, schema, strict is not False)
+
+
+def text_field(body: ResponseCreate) -> dict[str, Any]:
+    """The response's ``text`` as it is answered (the format as given; text by default)."""
+    found = (body.text or {}).get("format")
+    return {"format": found if isinstance(found, dict) else {"type": "text"}}
+
+
 def kept_fields(body: ResponseCreate) -> dict[str, Any]:
     """What a stored response keeps of its request, with its run (``RunRequest.response``)."""
     return {
+        "text": text_field(body),
+        "temperature": body.temperature,
+        "max_output_tokens": body.max_output_tokens,
         "instructions": body.instructions,
         "tools": [t.model_dump(exclude_none=True) for t in body.tools],
         "metadata": body.metadata or {},
@@ -52,12 +95,12 @@ def response_view(
     (``body``, or what its run kept of it; nothing for a native run)."""
     status: str
     if isinstance(record, FinishedRun):
-        run, messages = record.run, record.result.new_messages
+        run, messages, final = record.run, record.result.new_messages, record.result.final
         status, usage = record.outcome.status, record.result.usage.model_dump()
         failure = record.result.error
         error = {"detail": failure.message} if failure is not None else None
     else:
-        run, messages = record.run, record.new_messages
+        run, messages, final = record.run, record.new_messages, record.final
         status, usage, error = run.status, run.usage, run.error
     kept: dict[str, Any] = (
         kept_fields(body) if body is not None else (run.tool_inputs or {}).get("response") or {}
@@ -76,6 +119,9 @@ def response_view(
         metadata=kept.get("metadata"),
         previous_response_id=kept.get("previous_response_id"),
         background=bool(kept.get("background", False)),
+        settings=kept,
+        output_schema=pending.output_schema_of(run),
+        final=final,
     )
 
 
@@ -145,7 +191,7 @@ async def stored_stream(
         conversation_id=run.conversation_id,
         background=body.background if body is not None else False,
     )
-    translator = EventTranslator(run.run_id, skeleton)
+    translator = EventTranslator(run.run_id, skeleton, pending.output_schema_of(run))
 
     async def events() -> AsyncIterator[bytes]:
         produced = translator.start()
@@ -187,6 +233,7 @@ def skeleton(
         tools=[t.model_dump(exclude_none=True) for t in body.tools],
         metadata=body.metadata,
         previous_response_id=body.previous_response_id,
+        settings=kept_fields(body),
     )
 
 
@@ -204,8 +251,11 @@ async def live_events(
     assert active.events is not None
     run = active.started.run
     created = timestamp(run.created_at) if run is not None else 0
+    schema = output_schema(body)
     translator = EventTranslator(
-        active.run_id, skeleton(active.run_id, body, active.conversation_id, created)
+        active.run_id,
+        skeleton(active.run_id, body, active.conversation_id, created),
+        schema.schema if schema is not None else None,
     )
     for event in translator.start():
         yield sse(event)
@@ -259,6 +309,7 @@ async def unstored(
         client_tools=tools,
         tool_results=results,
         instructions=instructions,
+        settings=run_settings(body),
     )
     created = int(svc.runs.clock.now().timestamp())
 
@@ -276,10 +327,14 @@ async def unstored(
             tools=[t.model_dump(exclude_none=True) for t in body.tools],
             metadata=body.metadata,
             previous_response_id=body.previous_response_id,
+            settings=kept_fields(body),
+            output_schema=schema.schema if schema is not None else None,
+            final=result.final,
         )
 
+    schema = run_request.settings.output_schema
     # refusals (an unanswered call, bad tools, a spent quota) are answered before anything runs
-    pending.checker(svc.agents.get(body.model), run_request)(context)
+    pending.checker(svc.agents.for_run(run_request), run_request)(context)
     await responses.admit_unstored(tenant)
     if not body.stream:
         result = await responses.run_unstored(tenant, run_id, run_request, context)
@@ -300,7 +355,11 @@ async def unstored(
 
     async def events() -> AsyncIterator[bytes]:
         assert result_task is not None
-        translator = EventTranslator(run_id, skeleton(run_id, body, None, created))
+        translator = EventTranslator(
+            run_id,
+            skeleton(run_id, body, None, created),
+            schema.schema if schema is not None else None,
+        )
         for event in translator.start():
             yield sse(event)
         try:

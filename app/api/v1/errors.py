@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.config import RUN_SETTINGS
 from app.errors import CarryoverError
 from app.store.faults import classify
 
@@ -103,6 +104,10 @@ def openai_error(exc: CarryoverError) -> tuple[int, dict[str, Any], dict[str, st
         param = "input"
     elif exc.slug in ("validation-error", "unreplayable-context", "unexpected-tool-answer"):
         param = "input"
+        found = exc.extras.get("errors") or []
+        path = str(found[0].get("path", "")) if found and isinstance(found[0], dict) else ""
+        if path.removeprefix("body.") in RUN_SETTINGS:  # a setting the profile does not allow
+            param, message = path.removeprefix("body."), str(found[0].get("message", message))
     code: str | None = _CODES.get(exc.slug, exc.slug.replace("-", "_"))
     if exc.slug == "not-found":
         code = None

@@ -51,13 +51,16 @@ class ResponseCreate(_Body):
     background: bool = False
     tools: list[FunctionTool] = Field(default_factory=list)
     metadata: Metadata | None = None
+    # per-run settings, as the agent profile allows them (docs/openai.md)
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    text: dict[str, Any] | None = Field(
+        default=None, description='`format`: `{"type": "json_schema", "name", "schema", "strict"}`'
+    )
     # accepted and ignored (docs/openai.md)
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
-    max_output_tokens: int | None = None
     max_tool_calls: int | None = None
-    text: dict[str, Any] | None = None
-    temperature: float | None = None
     top_p: float | None = None
     truncation: str | None = None
     reasoning: dict[str, Any] | None = None

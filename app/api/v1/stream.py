@@ -8,6 +8,10 @@ before its ``response.output_text.delta`` events, then the ``….done`` events; 
 ``response.completed`` (or ``response.failed``). Every event has ``type`` and
 ``sequence_number``, consecutive from 0. Items carry the ids they have when read back
 (:mod:`app.api.v1.items`): a message's place in its run is counted as its events arrive.
+
+With an output schema (structured outputs) an answer's text is not streamed as it comes: its
+message item is sent whole once the answer is complete, and only when it matches the schema,
+as the response's ``output`` has it (:func:`~app.api.v1.views.response_object`).
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ from typing import Any
 
 from app.agent.codec import load_message
 from app.agent.messages import AssistantMessage, ToolResultMessage
+from app.agent.structured import violation
 
 from .items import item_id, items_of
+from .views import output_text
 
 
 @dataclass
@@ -38,8 +44,11 @@ def sse(event: dict[str, Any]) -> bytes:
 class EventTranslator:
     """Native run events in, OpenAI stream events out (as dicts, numbered)."""
 
-    def __init__(self, run_id: str, skeleton: dict[str, Any]) -> None:
+    def __init__(
+        self, run_id: str, skeleton: dict[str, Any], schema: dict[str, Any] | None = None
+    ) -> None:
         self.run_id = run_id
+        self.schema = schema  # the run's output schema: messages held until they match
         self.skeleton = skeleton  # the response as created: status in_progress, no output
         self.seq = 0
         self.outputs = 0  # output items added so far
@@ -80,6 +89,8 @@ class EventTranslator:
         kind, block = data.get("kind"), int(data.get("index", 0))
         out: list[dict[str, Any]] = []
         k = len(self._opened)
+        if kind == "text" and self.schema is not None:
+            return []  # sent whole with its message, if it matches the schema
         if kind == "text":
             if block not in self._blocks:
                 text = self._last_text
@@ -170,6 +181,8 @@ class EventTranslator:
                 return out
             self.made.update(c.id for c in message.tool_calls)
             for item in items_of(message, self.run_id, index):
+                if not self._shown(item):
+                    continue
                 found = opened.pop(item["id"], None)
                 if found is None:
                     found, added = self._add({**_empty(item), "status": "in_progress"})
@@ -186,6 +199,12 @@ class EventTranslator:
                 out.append(added)
                 out.extend(self._done(found, item))
         return out
+
+    def _shown(self, item: dict[str, Any]) -> bool:
+        """Is the item presented? Not a message that does not match the run's schema."""
+        if self.schema is None or item["type"] != "message":
+            return True
+        return violation(self.schema, output_text([item])) is None
 
     def _done(self, opened: _Open, item: dict[str, Any]) -> list[dict[str, Any]]:
         """The ``….done`` events of an item (its content first, when it was not streamed)."""

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from app.agent.messages import AnyMessage, AssistantMessage, ToolResultMessage, UserMessage
+from app.agent.structured import parsed_output, violation
 from app.service.conversations import ConversationInfo
 
 from .items import items_of
@@ -110,8 +111,26 @@ def response_object(
     tools: Sequence[Mapping[str, Any]] = (),
     metadata: Mapping[str, str] | None = None,
     previous_response_id: str | None = None,
+    settings: Mapping[str, Any] | None = None,
+    output_schema: dict[str, Any] | None = None,
+    final: AssistantMessage | None = None,
 ) -> dict[str, Any]:
+    """``settings``: what the request set (``text``, ``temperature``, ``max_output_tokens``);
+    ``output_schema`` and ``final``: a structured response's schema and last answer, given as
+    ``output_parsed`` once it matched (a message that does not match is left out: an attempt
+    corrected on retry, or the last answer of a response that failed)."""
     state = _STATUS.get(status, status)
+    settings = settings or {}
+    parsed = None
+    if output_schema is not None:  # nothing that did not match is ever presented
+        if status == "completed":
+            parsed = parsed_output(output_schema, final)
+        output = [
+            item
+            for item in output
+            if item.get("type") != "message"
+            or (status == "completed" and violation(output_schema, output_text([item])) is None)
+        ]
     failure = None
     if state == "failed":
         detail = (error or {}).get("detail") or (error or {}).get("title") or "the run failed"
@@ -125,15 +144,15 @@ def response_object(
         "error": failure,
         "incomplete_details": None,
         "instructions": instructions,
-        "max_output_tokens": None,
+        "max_output_tokens": settings.get("max_output_tokens"),
         "model": model,
         "output": output,
         "parallel_tool_calls": True,
         "previous_response_id": previous_response_id,
         "reasoning": {"effort": None, "summary": None},
         "store": store,
-        "temperature": None,
-        "text": {"format": {"type": "text"}},
+        "temperature": settings.get("temperature"),
+        "text": settings.get("text") or {"format": {"type": "text"}},
         "tool_choice": "auto",
         "tools": list(tools),
         "top_p": None,
@@ -141,6 +160,7 @@ def response_object(
         "usage": usage_of(usage) if state not in ("queued", "in_progress") else None,
         "metadata": dict(metadata or {}),
         "conversation": {"id": conversation_id} if conversation_id else None,
+        **({"output_parsed": parsed} if output_schema is not None else {}),
     }
 
 

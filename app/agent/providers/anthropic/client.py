@@ -130,6 +130,12 @@ class AnthropicProvider:
             params["tools"] = build_tools(request.tools)
         if self.thinking_budget and not encoded.continues_unthinking_loop:
             params["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget}
+        if request.temperature is not None:
+            params["temperature"] = request.temperature
+        if request.output_schema is not None:  # Anthropic's structured outputs
+            params["output_config"] = {
+                "format": {"type": "json_schema", "schema": request.output_schema.schema}
+            }
         if stream:
             params["stream"] = True
         return splice(params, "messages", encoded.messages())

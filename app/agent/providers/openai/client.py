@@ -85,6 +85,13 @@ class OpenAIProvider:
             params["tools"] = build_tools(request.tools)
         if request.max_output_tokens is not None:
             params[self._max_tokens_field] = request.max_output_tokens
+        if request.temperature is not None:
+            params["temperature"] = request.temperature
+        if request.output_schema is not None:
+            params["response_format"] = {
+                "type": "json_schema",
+                "json_schema": request.output_schema.dump(),
+            }
         if stream:
             params["stream"] = True
             params["stream_options"] = {"include_usage": True}

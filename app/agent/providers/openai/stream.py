@@ -73,6 +73,7 @@ class _Translator:
     calls: list[_Call] = field(default_factory=list)
     by_wire_index: dict[int, _Call] = field(default_factory=dict)
     finish_reason: str | None = None
+    refused: bool = False  # a ``refusal`` came: the message stops as a refusal
     started: bool = False
     token: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
@@ -142,6 +143,10 @@ class _Translator:
         content = _get(delta, "content")
         if isinstance(content, str) and content:
             events += self.text(content)
+        refusal = _get(delta, "refusal")  # structured outputs: the model declined, in words
+        if isinstance(refusal, str) and refusal:
+            self.refused = True
+            events += self.text(refusal)
         for tool_call in _get(delta, "tool_calls") or ():
             events += self.tool_call(tool_call)
         reason = _get(choice, "finish_reason")
@@ -155,4 +160,5 @@ class _Translator:
             [i for i in (self.thinking_index, self.text_index) if i is not None]
             + [c.index for c in self.calls]
         )
-        return [*(BlockStop(index=i) for i in indexes), MessageStop(stop_reason=self.finish_reason)]
+        reason = "refusal" if self.refused and self.finish_reason == "stop" else self.finish_reason
+        return [*(BlockStop(index=i) for i in indexes), MessageStop(stop_reason=reason)]

@@ -142,6 +142,7 @@ async def create_response(
         client_tools=tools,
         tool_results=results,
         instructions=instructions,
+        settings=answers.run_settings(body),
         response=answers.kept_fields(body),
     )
     if conversation_id is None:  # a new conversation, listed natively
