@@ -15,6 +15,7 @@ from app.agent.codec import dump_message
 from app.agent.replay import ReplayError, validate_storable
 
 from ..deps import ConversationPath, IfMatchHeader, ServicesDep, TenantDep, if_match_value
+from ..exports import EXPORT_FORMAT, ConversationExport
 from ..headers import ETAG_HEADER, LOCATION_HEADER
 from ..limits import check_context
 from ..metadata import check_metadata
@@ -27,13 +28,7 @@ from ..problems import (
     problem_responses,
     unreplayable_context,
 )
-from ..schemas import (
-    CONVERSATION_ID_PATTERN,
-    EXPORT_FORMAT,
-    Conversation,
-    ConversationExport,
-    ConversationFork,
-)
+from ..schemas import CONVERSATION_ID_PATTERN, Conversation, ConversationFork
 from ..views import conversation_body
 
 #: its routes are added to :data:`app.api.routes.conversations.router` (whose tag they carry)

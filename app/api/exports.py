@@ -1,0 +1,100 @@
+"""The export document of one conversation (docs/conversations.md): what ``GET …/export``
+streams and ``POST /conversations/import`` restores."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, StrictBool, model_validator
+
+from app.agent.messages import AssistantMessage, Context, Integer, Message, Usage, UserMessage
+
+from .schemas import ConversationId, Metadata, Timestamp, _Body
+
+EXPORT_FORMAT = "carryover.conversation"
+
+
+def _tag_of(value: Any) -> Any:
+    """The ``type`` tag is required, as the document says of every message."""
+    if isinstance(value, dict) and "type" not in value:
+        raise ValueError("a message needs its type")
+    return value
+
+
+TaggedUser = Annotated[UserMessage, BeforeValidator(_tag_of)]
+TaggedAssistant = Annotated[AssistantMessage, BeforeValidator(_tag_of)]
+
+
+class ExportedConversation(_Body):
+    id: ConversationId
+    metadata: Metadata = Field(default_factory=dict)
+    expires_at: Timestamp | None = None
+    created_at: Timestamp
+    updated_at: Timestamp = Field(description="On import: replaced by the time of import")
+    version: Integer = Field(ge=1, le=2**53 - 1, description="The version part of the ETag")
+    etag: str = Field(max_length=80, description="On import: a new one (new incarnation)")
+
+
+class ExportedTranscriptEntry(_Body):
+    seq: Integer = Field(ge=1, le=2**53 - 1)
+    run_id: str | None = Field(max_length=36)
+    kind: str = Field(pattern=r"^[a-z_]{1,24}$")
+    failed: StrictBool
+    body: dict[str, Any]
+    created_at: Timestamp
+
+
+class ExportedCompaction(_Body):
+    reason: Literal["threshold", "overflow", "manual"]
+    previous_summary: str
+    summary: str
+    folded: list[Message]
+    tokens_before: Integer = Field(ge=0, le=2**53 - 1)
+    tokens_after: Integer = Field(ge=0, le=2**53 - 1)
+    usage: Usage
+
+
+class ExportedRun(_Body):
+    run_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,35}$")
+    status: Literal[
+        "completed", "failed", "cancelled", "conflicted", "interrupted", "requires_action"
+    ] = Field(description="A finished status (a run in flight is not exported)")
+    stored: StrictBool
+    on_failure: Literal["keep", "discard"]
+    agent: str = Field(max_length=128)
+    base_etag: str = Field(max_length=80)
+    result_etag: str | None = Field(max_length=80)
+    prompts: list[TaggedUser]
+    usage: dict[str, Any]
+    error: dict[str, Any] | None
+    created_at: Timestamp
+    finished_at: Timestamp | None
+    cancel_requested: StrictBool
+    new_messages: list[Message]
+    final: TaggedAssistant | None
+    compactions: list[ExportedCompaction]
+
+
+class ConversationExport(_Body):
+    """One conversation whole: what `GET …/export` streams and `POST /conversations/import`
+    restores. An export of the import equals the original except `conversation.id` (when
+    imported under another id), `conversation.etag` (a new incarnation; the version is kept)
+    and `conversation.updated_at` (the time of import)."""
+
+    format: Literal["carryover.conversation"]
+    format_version: Literal[1]
+    conversation: ExportedConversation
+    context: Context
+    transcript: list[ExportedTranscriptEntry]
+    runs: list[ExportedRun]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ConversationExport:
+        seqs = [e.seq for e in self.transcript]
+        if any(b <= a for a, b in itertools.pairwise(seqs)):
+            raise ValueError("transcript: seq must increase strictly")
+        ids = [r.run_id for r in self.runs]
+        if len(set(ids)) != len(ids):
+            raise ValueError("runs: run_id must be unique")
+        return self
