@@ -1,0 +1,186 @@
+"""Each message's text stored once: ``message_texts`` (tenant, SHA-256 of the text, the
+text), and run records and the transcript referencing it (app/store/texts.py).
+
+``run_new_messages``, ``run_finals`` and the transcript's message entries (kinds prompt,
+attempt, tool_result, client_result) get ``body_sha256``, the key of their text, and a
+nullable ``body``. Existing rows are converted here in batches of ``BATCH`` rows (keyset on
+the primary key): each text is hashed exactly as stored (the digest
+``context_messages.body_sha256`` uses), written to ``message_texts`` once per tenant, and the
+row's ``body`` is set NULL. A row whose text does not parse as a JSON object keeps its text
+and no reference, so every read still reports it damaged. (The hash is repeated here so that
+the revision does not import the application.)
+
+SQLite keeps the freed pages in the file until ``VACUUM`` (docs/operations.md, "Storage").
+
+Downgrade puts each referenced text back into its row, in batches, and drops the table.
+
+Revision ID: 0014
+Revises: 0013
+Create Date: 2026-12-01
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import context, op
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+revision: str = "0014"
+down_revision: str | Sequence[str] | None = "0013"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+#: rows converted per batch
+BATCH = 1000
+
+#: the transcript entries that hold one message
+MESSAGE_KINDS = ("prompt", "attempt", "tool_result", "client_result")
+
+#: each referencing table and its primary key after (tenant, conversation_id)
+KEYS: dict[str, tuple[str, ...]] = {
+    "run_new_messages": ("run_id", "seq"),
+    "run_finals": ("run_id",),
+    "transcript": ("seq",),
+}
+
+_texts = sa.table(
+    "message_texts",
+    sa.column("tenant", sa.String()),
+    sa.column("sha256", sa.String()),
+    sa.column("body", sa.Text()),
+)
+
+
+def _table(name: str) -> sa.TableClause:
+    columns = [sa.column(k) for k in ("tenant", "conversation_id", *KEYS[name])]
+    extra = [sa.column("kind", sa.String())] if name == "transcript" else []
+    return sa.table(
+        name,
+        *columns,
+        *extra,
+        sa.column("body", sa.Text()),
+        sa.column("body_sha256", sa.String()),
+    )
+
+
+def _digest(text: str) -> str | None:
+    """The SHA-256 (hex) of a text that parses as a JSON object, else None."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _batches(conn: sa.Connection, table: sa.TableClause, where: sa.ColumnElement[bool]) -> None:
+    """Convert the rows of ``table`` matching ``where``, ``BATCH`` at a time."""
+    pk = [table.c[k] for k in ("tenant", "conversation_id", *KEYS[table.name])]
+    key = sa.tuple_(*pk)
+    base = sa.select(*pk, table.c.body).where(where).order_by(*pk).limit(BATCH)
+    names = [c.name for c in pk]
+    write = (
+        sa.update(table)
+        .where(*(c == sa.bindparam(f"k_{c.name}") for c in pk))
+        .values(body=None, body_sha256=sa.bindparam("k_digest"))
+    )
+    insert = pg_insert(_texts) if conn.dialect.name == "postgresql" else sqlite_insert(_texts)
+    put = insert.on_conflict_do_nothing()
+    after: tuple[object, ...] | None = None
+    while True:
+        stmt = base if after is None else base.where(key > sa.tuple_(*after))
+        rows = conn.execute(stmt).all()
+        texts: dict[tuple[str, str], str] = {}
+        updates = []
+        for row in rows:
+            digest = _digest(row.body)
+            if digest is None:
+                continue  # left as it is: reported damaged by every read
+            texts[(row.tenant, digest)] = row.body
+            updates.append(
+                {**{f"k_{n}": getattr(row, n) for n in names}, "k_digest": digest}
+            )
+        if texts:
+            conn.execute(
+                put,
+                [{"tenant": t, "sha256": d, "body": b} for (t, d), b in sorted(texts.items())],
+            )
+            conn.execute(write, updates)
+        if len(rows) < BATCH:
+            return
+        after = tuple(getattr(rows[-1], n) for n in names)
+
+
+def _restore(conn: sa.Connection, table: sa.TableClause) -> None:
+    """Put the referenced texts back into the rows of ``table``, ``BATCH`` at a time."""
+    pk = [table.c[k] for k in ("tenant", "conversation_id", *KEYS[table.name])]
+    names = [c.name for c in pk]
+    t = _texts.c
+    base = (
+        sa.select(*pk, t.body)
+        .select_from(
+            table.join(
+                _texts, sa.and_(t.tenant == table.c.tenant, t.sha256 == table.c.body_sha256)
+            )
+        )
+        .where(table.c.body.is_(None))
+        .order_by(*pk)
+        .limit(BATCH)
+    )
+    write = (
+        sa.update(table)
+        .where(*(c == sa.bindparam(f"k_{c.name}") for c in pk))
+        .values(body=sa.bindparam("k_body"))
+    )
+    while True:  # each batch fills its rows, so the next read starts after them
+        rows = conn.execute(base).all()
+        if rows:
+            conn.execute(
+                write,
+                [{**{f"k_{n}": getattr(r, n) for n in names}, "k_body": r.body} for r in rows],
+            )
+        if len(rows) < BATCH:
+            return
+
+
+def upgrade() -> None:
+    op.create_table(
+        "message_texts",
+        sa.Column("tenant", sa.String(128), nullable=False),
+        sa.Column("sha256", sa.String(64), nullable=False),
+        sa.Column("body", sa.Text(), nullable=False),
+        sa.PrimaryKeyConstraint("tenant", "sha256"),
+    )
+    for name in KEYS:
+        with op.batch_alter_table(name) as batch:
+            batch.add_column(sa.Column("body_sha256", sa.String(64), nullable=True))
+            batch.alter_column("body", existing_type=sa.Text(), nullable=True)
+        op.create_index(f"ix_{name}_text", name, ["tenant", "body_sha256"])
+    if context.is_offline_mode():  # `--sql` prints the DDL: there are no rows to read
+        return
+    conn = op.get_bind()
+    for name in KEYS:
+        table = _table(name)
+        where = table.c.body.is_not(None)
+        if name == "transcript":
+            where = sa.and_(where, table.c.kind.in_(MESSAGE_KINDS))
+        _batches(conn, table, where)
+
+
+def downgrade() -> None:
+    if not context.is_offline_mode():
+        conn = op.get_bind()
+        for name in KEYS:
+            _restore(conn, _table(name))
+    for name in KEYS:
+        op.drop_index(f"ix_{name}_text", table_name=name)
+        with op.batch_alter_table(name) as batch:
+            batch.drop_column("body_sha256")
+            batch.alter_column("body", existing_type=sa.Text(), nullable=False)
+    op.drop_table("message_texts")
