@@ -71,7 +71,7 @@ async def table_bytes(url: str) -> dict[str, int]:
                         if n == table or n.startswith(f"sqlite_autoindex_{table}_")
                     )
                 path = url.split("///", 1)[1]
-                sizes["(file)"] = os.path.getsize(path)
+                sizes["(file)"] = await asyncio.to_thread(os.path.getsize, path)
             else:
                 await conn.commit()
                 raw = await conn.get_raw_connection()
