@@ -1,13 +1,14 @@
 """Each message's text stored once: ``message_texts`` (tenant, SHA-256 of the text, the
-text), and run records and the transcript referencing it (app/store/texts.py).
+text), and run records, the transcript and message events referencing it (app/store/texts.py).
 
 ``run_new_messages``, ``run_finals`` and the transcript's message entries (kinds prompt,
 attempt, tool_result, client_result) get ``body_sha256``, the key of their text, and a
-nullable ``body``. Existing rows are converted here in batches of ``BATCH`` rows (keyset on
-the primary key): each text is hashed exactly as stored (the digest
-``context_messages.body_sha256`` uses), written to ``message_texts`` once per tenant, and the
-row's ``body`` is set NULL. A row whose text does not parse as a JSON object keeps its text
-and no reference, so every read still reports it damaged. (The hash is repeated here so that
+nullable ``body``; ``run_events`` gets ``data_sha256`` for its ``message`` events. Existing
+rows are converted here in batches of ``BATCH`` rows (keyset on the primary key): each text
+is hashed exactly as stored (the digest ``context_messages.body_sha256`` uses), written to
+``message_texts`` once per tenant, and the row's text is set NULL. A row whose text does not
+parse as a JSON object keeps its text and no reference, so every read still reports it
+damaged. (The hash is repeated here so that
 the revision does not import the application.)
 
 SQLite keeps the freed pages in the file until ``VACUUM`` (docs/operations.md, "Storage").
@@ -46,6 +47,15 @@ KEYS: dict[str, tuple[str, ...]] = {
     "run_new_messages": ("run_id", "seq"),
     "run_finals": ("run_id",),
     "transcript": ("seq",),
+    "run_events": ("run_id", "seq"),
+}
+
+#: the column holding the text in each (its key: ``<column>_sha256``)
+COLUMN = {
+    "run_new_messages": "body",
+    "run_finals": "body",
+    "transcript": "body",
+    "run_events": "data",
 }
 
 _texts = sa.table(
@@ -57,15 +67,25 @@ _texts = sa.table(
 
 
 def _table(name: str) -> sa.TableClause:
+    """The table, its text column as ``body`` and its key as ``digest``."""
     columns = [sa.column(k) for k in ("tenant", "conversation_id", *KEYS[name])]
-    extra = [sa.column("kind", sa.String())] if name == "transcript" else []
-    return sa.table(
+    extra = {"transcript": [sa.column("kind", sa.String())], "run_events": [sa.column("event")]}
+    table = sa.table(
         name,
         *columns,
-        *extra,
-        sa.column("body", sa.Text()),
-        sa.column("body_sha256", sa.String()),
+        *extra.get(name, []),
+        sa.column(COLUMN[name], sa.Text()),
+        sa.column(f"{COLUMN[name]}_sha256", sa.String()),
     )
+    return table
+
+
+def _body(table: sa.TableClause) -> sa.ColumnClause[str]:
+    return table.c[COLUMN[table.name]]
+
+
+def _digest_column(table: sa.TableClause) -> sa.ColumnClause[str]:
+    return table.c[f"{COLUMN[table.name]}_sha256"]
 
 
 def _digest(text: str) -> str | None:
@@ -83,12 +103,12 @@ def _batches(conn: sa.Connection, table: sa.TableClause, where: sa.ColumnElement
     """Convert the rows of ``table`` matching ``where``, ``BATCH`` at a time."""
     pk = [table.c[k] for k in ("tenant", "conversation_id", *KEYS[table.name])]
     key = sa.tuple_(*pk)
-    base = sa.select(*pk, table.c.body).where(where).order_by(*pk).limit(BATCH)
+    base = sa.select(*pk, _body(table).label("body")).where(where).order_by(*pk).limit(BATCH)
     names = [c.name for c in pk]
     write = (
         sa.update(table)
         .where(*(c == sa.bindparam(f"k_{c.name}") for c in pk))
-        .values(body=None, body_sha256=sa.bindparam("k_digest"))
+        .values({_body(table): None, _digest_column(table): sa.bindparam("k_digest")})
     )
     insert = pg_insert(_texts) if conn.dialect.name == "postgresql" else sqlite_insert(_texts)
     put = insert.on_conflict_do_nothing()
@@ -103,9 +123,7 @@ def _batches(conn: sa.Connection, table: sa.TableClause, where: sa.ColumnElement
             if digest is None:
                 continue  # left as it is: reported damaged by every read
             texts[(row.tenant, digest)] = row.body
-            updates.append(
-                {**{f"k_{n}": getattr(row, n) for n in names}, "k_digest": digest}
-            )
+            updates.append({**{f"k_{n}": getattr(row, n) for n in names}, "k_digest": digest})
         if texts:
             conn.execute(
                 put,
@@ -126,17 +144,17 @@ def _restore(conn: sa.Connection, table: sa.TableClause) -> None:
         sa.select(*pk, t.body)
         .select_from(
             table.join(
-                _texts, sa.and_(t.tenant == table.c.tenant, t.sha256 == table.c.body_sha256)
+                _texts, sa.and_(t.tenant == table.c.tenant, t.sha256 == _digest_column(table))
             )
         )
-        .where(table.c.body.is_(None))
+        .where(_body(table).is_(None))
         .order_by(*pk)
         .limit(BATCH)
     )
     write = (
         sa.update(table)
         .where(*(c == sa.bindparam(f"k_{c.name}") for c in pk))
-        .values(body=sa.bindparam("k_body"))
+        .values({_body(table): sa.bindparam("k_body")})
     )
     while True:  # each batch fills its rows, so the next read starts after them
         rows = conn.execute(base).all()
@@ -158,18 +176,22 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("tenant", "sha256"),
     )
     for name in KEYS:
+        column = COLUMN[name]
         with op.batch_alter_table(name) as batch:
-            batch.add_column(sa.Column("body_sha256", sa.String(64), nullable=True))
-            batch.alter_column("body", existing_type=sa.Text(), nullable=True)
-        op.create_index(f"ix_{name}_text", name, ["tenant", "body_sha256"])
+            batch.add_column(sa.Column(f"{column}_sha256", sa.String(64), nullable=True))
+            if name != "run_events":  # its data is nullable already
+                batch.alter_column("body", existing_type=sa.Text(), nullable=True)
+        op.create_index(f"ix_{name}_text", name, ["tenant", f"{column}_sha256"])
     if context.is_offline_mode():  # `--sql` prints the DDL: there are no rows to read
         return
     conn = op.get_bind()
     for name in KEYS:
         table = _table(name)
-        where = table.c.body.is_not(None)
+        where = _body(table).is_not(None)
         if name == "transcript":
             where = sa.and_(where, table.c.kind.in_(MESSAGE_KINDS))
+        if name == "run_events":
+            where = sa.and_(where, table.c.event == "message")
         _batches(conn, table, where)
 
 
@@ -181,6 +203,7 @@ def downgrade() -> None:
     for name in KEYS:
         op.drop_index(f"ix_{name}_text", table_name=name)
         with op.batch_alter_table(name) as batch:
-            batch.drop_column("body_sha256")
-            batch.alter_column("body", existing_type=sa.Text(), nullable=False)
+            batch.drop_column(f"{COLUMN[name]}_sha256")
+            if name != "run_events":
+                batch.alter_column("body", existing_type=sa.Text(), nullable=False)
     op.drop_table("message_texts")

@@ -236,10 +236,10 @@ class FinishingStore(StoreBase):
             await settle(conn, tenant, now, result.usage)
             first_seq = row.transcript_seq - len(entries) + 1
             await insert_transcript(conn, tenant, conv_id, run_id, first_seq, entries, now, texts)
-            await texts.flush(conn)
             if status == "requires_action" and paused_events is not None:
                 events = paused_events  # the pause is stored: it is announced
-            await insert_events(conn, events)
+            await insert_events(conn, events, texts)
+            await texts.flush(conn)
             await enqueue_deliveries(conn, tenant, conv_id, run_id, status, now)
         saved = None
         if stored:

@@ -237,9 +237,9 @@ class MessageText(SQLModel, table=True):
     body: str = Field(sa_type=Text)
 
 
-def _text_index(table: str) -> Index:
+def _text_index(table: str, column: str = "body_sha256") -> Index:
     """The references to texts, for the garbage collection of :mod:`app.store.texts`."""
-    return Index(f"ix_{table}_text", "tenant", "body_sha256")
+    return Index(f"ix_{table}_text", "tenant", column)
 
 
 # --- runs and their audit records -----------------------------------------------------------
@@ -422,13 +422,17 @@ class RunEventRow(SQLModel, table=True):
     """One event of a run, in order (``seq`` from 1 per run), as its SSE stream carries it.
 
     ``data`` is the event's JSON payload (``null`` for ``run.finished``: readers render the
-    run record). Rows older than the retention are purged; the run record stays.
+    run record). A ``message`` event, whose payload is a whole message, references its text
+    instead (``data_sha256`` into ``message_texts``, ``data`` null), the text its run record
+    and transcript entry reference too; deltas keep their pieces. Rows older than the
+    retention are purged; the run record stays.
     """
 
     __tablename__ = "run_events"
     __table_args__ = (
         _run_fk("fk_run_events_run"),
         Index("ix_run_events_created_at", "created_at"),
+        _text_index("run_events", "data_sha256"),
     )
 
     tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
@@ -438,6 +442,7 @@ class RunEventRow(SQLModel, table=True):
     event: str = Field(max_length=32)
     data: Any = Field(default=None, sa_type=JSONText, nullable=True)
     created_at: datetime = Field(sa_type=UTCDateTime)
+    data_sha256: str | None = Field(default=None, max_length=64)
 
 
 class Webhook(SQLModel, table=True):

@@ -54,6 +54,7 @@ from .tables import (
     TranscriptEntry,
     dump_json,
     message_texts,
+    run_events,
     run_finals,
     run_new_messages,
     transcript,
@@ -63,8 +64,16 @@ from .tables import (
 #: text is referenced)
 MESSAGE_KINDS = ("prompt", "attempt", "tool_result", "client_result")
 
-#: the tables whose rows reference texts
-REFERRERS: tuple[Table, ...] = (run_new_messages, run_finals, transcript)
+#: the event whose payload is one whole message (its text is referenced)
+MESSAGE_EVENT = "message"
+
+#: the columns that reference texts (their tables are indexed on ``(tenant, column)``)
+REFERRERS: tuple[ColumnElement[str], ...] = (
+    run_new_messages.c.body_sha256,
+    run_finals.c.body_sha256,
+    transcript.c.body_sha256,
+    run_events.c.data_sha256,
+)
 
 #: keys per statement of the garbage collection (bound parameters stay well under limits)
 GARBAGE_CHUNK = 500
@@ -106,19 +115,20 @@ class TextBatch:
         await conn.execute(stmt, rows)
 
 
-def with_text(table: Table) -> tuple[FromClause, ColumnElement[str], ColumnElement[str]]:
+def with_text(
+    table: Table, column: str = "body"
+) -> tuple[FromClause, ColumnElement[str], ColumnElement[str]]:
     """``table`` joined to the texts its rows reference, the text of each row (its own
-    ``body`` when it keeps one, else the referenced text) and its key, for one statement."""
+    ``column`` when it keeps one, else the referenced text, as ``<column>_text``) and its key
+    (``<column>_sha256``), for one statement."""
+    digest = table.c[f"{column}_sha256"]
     joined = table.outerjoin(
         message_texts,
-        and_(
-            message_texts.c.tenant == table.c.tenant,
-            message_texts.c.sha256 == table.c.body_sha256,
-        ),
+        and_(message_texts.c.tenant == table.c.tenant, message_texts.c.sha256 == digest),
     )
-    own = type_coerce(table.c.body, Text)
-    body = type_coerce(func.coalesce(own, message_texts.c.body), Text).label("body_text")
-    return joined, body, table.c.body_sha256
+    own = type_coerce(table.c[column], Text)
+    value = type_coerce(func.coalesce(own, message_texts.c.body), Text).label(f"{column}_text")
+    return joined, value, digest
 
 
 def load(text: str | None, digest: str | None) -> Any:
@@ -156,12 +166,12 @@ async def referenced(conn: AsyncConnection, tenant: str, conv_ids: Sequence[str]
     if not conv_ids:
         return set()
     parts = [
-        select(t.c.body_sha256).where(
-            t.c.tenant == tenant,
-            t.c.conversation_id.in_(list(conv_ids)),
-            t.c.body_sha256.is_not(None),
+        select(ref).where(
+            ref.table.c.tenant == tenant,
+            ref.table.c.conversation_id.in_(list(conv_ids)),
+            ref.is_not(None),
         )
-        for t in REFERRERS
+        for ref in REFERRERS
     ]
     return set((await conn.execute(union_all(*parts))).scalars().all())
 
@@ -178,10 +188,8 @@ async def collect_garbage(conn: AsyncConnection, tenant: str, candidates: Iterab
         if conn.dialect.name == "postgresql":  # wait for writers that reference them
             await conn.execute(select(t.sha256).where(mine).order_by(t.sha256).with_for_update())
         unreferenced = [
-            ~select(r.c.body_sha256)
-            .where(r.c.tenant == tenant, r.c.body_sha256 == t.sha256)
-            .exists()
-            for r in REFERRERS
+            ~select(ref).where(ref.table.c.tenant == tenant, ref == t.sha256).exists()
+            for ref in REFERRERS
         ]
         result = await conn.execute(delete(message_texts).where(mine, *unreferenced))
         deleted += result.rowcount or 0
@@ -190,6 +198,7 @@ async def collect_garbage(conn: AsyncConnection, tenant: str, candidates: Iterab
 
 __all__ = [
     "GARBAGE_CHUNK",
+    "MESSAGE_EVENT",
     "MESSAGE_KINDS",
     "REFERRERS",
     "TextBatch",

@@ -1,4 +1,4 @@
-"""Each message text of run records and the transcript is stored once (docs/operations.md,
+"""Each message text of run records, the transcript and message events is stored once (docs/operations.md,
 "Storage"): counted in the database after runs, not timed. A second conversation sending the
 same history stores no new text; deleting a conversation deletes the texts only it
 referenced; export, import and fork stay byte-identical."""
@@ -49,7 +49,10 @@ async def record_text_bytes(url: str) -> dict[str, int]:
             url,
             f"SELECT {size('body')} FROM transcript WHERE kind IN "
             "('prompt', 'attempt', 'tool_result', 'client_result')",
-        )
+        ),
+        "run_events": await scalar(
+            url, f"SELECT {size('data')} FROM run_events WHERE event = 'message'"
+        ),
     }
 
 
@@ -76,9 +79,11 @@ async def test_records_and_transcript_hold_each_text_once(
     content = await runs(client, "a", [prompt(i) for i in range(8)])
 
     stored = await record_text_bytes(database_url)
-    # every message the runs added, once: records and transcript hold references only
+    # every message the runs added, once: records, transcript and message events hold
+    # references only
     assert stored["message_texts"] == content
     assert stored["run_new_messages"] == stored["run_finals"] == stored["transcript"] == 0
+    assert stored["run_events"] == 0
     # and they read back as they were answered
     listed = (await client.get("/conversations/a/runs")).json()["items"]
     assert [r["new_messages"][0]["content"][0]["text"] for r in listed] == [

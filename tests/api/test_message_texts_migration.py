@@ -19,9 +19,10 @@ from ..helpers import assert_problem
 #: more transcript rows than one batch of the migration (1,000)
 EXTRA = 1_100
 TABLES = {
-    "run_new_messages": "run_id, seq",
-    "run_finals": "run_id",
-    "transcript": "seq",
+    "run_new_messages": ("run_id, seq", "body"),
+    "run_finals": ("run_id", "body"),
+    "transcript": ("seq", "body"),
+    "run_events": ("run_id, seq", "data"),
 }
 
 
@@ -34,12 +35,12 @@ async def raw_rows(url: str) -> dict[str, list[tuple[Any, ...]]]:
                     tuple(r)
                     for r in await conn.execute(
                         text(
-                            f"SELECT conversation_id, {key}, body FROM {table} "
+                            f"SELECT conversation_id, {key}, {column} FROM {table} "
                             f"ORDER BY conversation_id, {key}"
                         )
                     )
                 ]
-                for table, key in TABLES.items()
+                for table, (key, column) in TABLES.items()
             }
     finally:
         await engine.dispose()
@@ -63,6 +64,9 @@ async def test_upgrade_moves_the_texts_and_downgrade_puts_them_back_byte_identic
         for p in ("one é ✓ \U0001f600", "two \x01 \n", "x" * 5000):
             assert (await client.post("/conversations/c/runs", json={"prompts": [p]})).is_success
         runs_before = (await client.get("/conversations/c/runs")).json()
+        run_id = runs_before["items"][0]["run_id"]
+        events_before = await client.get(f"/conversations/c/runs/{run_id}/events")
+        assert events_before.status_code == 200
     await downgrade(database_url, "0013")
     # a database at 0013: the texts in their rows; add more entries than one batch
     at_0013 = await raw_rows(database_url)
@@ -99,6 +103,8 @@ async def test_upgrade_moves_the_texts_and_downgrade_puts_them_back_byte_identic
     assert texts == 6 + EXTRA - 1
     async with app_factory() as client:
         assert (await client.get("/conversations/c/runs")).json() == runs_before
+        events = await client.get(f"/conversations/c/runs/{run_id}/events")
+        assert events.content == events_before.content
         entries: list[dict[str, Any]] = []
         cursor: dict[str, str] = {}
         while True:
