@@ -19,10 +19,10 @@ import argparse
 import asyncio
 import json
 import os
-import sys
-import tempfile
 import random
 import string
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
