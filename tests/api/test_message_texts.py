@@ -1,7 +1,7 @@
-"""Each message text of run records, the transcript and message events is stored once (docs/operations.md,
-"Storage"): counted in the database after runs, not timed. A second conversation sending the
-same history stores no new text; deleting a conversation deletes the texts only it
-referenced; export, import and fork stay byte-identical."""
+"""Each message text of run records, the transcript and message events is stored once
+(docs/operations.md, "Storage"): counted in the database after runs, not timed. A second
+conversation sending the same history stores no new text; deleting a conversation deletes the
+texts only it referenced; export, import and fork stay byte-identical."""
 
 from __future__ import annotations
 
