@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import context, op
@@ -68,8 +69,13 @@ _texts = sa.table(
 
 def _table(name: str) -> sa.TableClause:
     """The table, its text column as ``body`` and its key as ``digest``."""
-    columns = [sa.column(k) for k in ("tenant", "conversation_id", *KEYS[name])]
-    extra = {"transcript": [sa.column("kind", sa.String())], "run_events": [sa.column("event")]}
+    columns: list[sa.ColumnClause[Any]] = [
+        sa.column(k) for k in ("tenant", "conversation_id", *KEYS[name])
+    ]
+    extra: dict[str, list[sa.ColumnClause[Any]]] = {
+        "transcript": [sa.column("kind", sa.String())],
+        "run_events": [sa.column("event", sa.String())],
+    }
     table = sa.table(
         name,
         *columns,
@@ -167,6 +173,72 @@ def _restore(conn: sa.Connection, table: sa.TableClause) -> None:
             return
 
 
+def _shape(name: str, *, upgraded: bool) -> sa.Table:
+    """The table as it is before (or after) this revision, for ``--sql`` on SQLite, where
+    batch mode cannot reflect it (online it reflects the live table)."""
+    meta = sa.MetaData()
+    sa.Table(
+        "conversations",
+        meta,
+        sa.Column("tenant", sa.String(128), primary_key=True),
+        sa.Column("id", sa.String(128), primary_key=True),
+    )
+    sa.Table(
+        "runs",
+        meta,
+        sa.Column("tenant", sa.String(128), primary_key=True),
+        sa.Column("conversation_id", sa.String(128), primary_key=True),
+        sa.Column("run_id", sa.String(36), primary_key=True),
+    )
+    key = ["tenant", "conversation_id"]
+    columns: list[Any] = [
+        sa.Column("tenant", sa.String(128), nullable=False),
+        sa.Column("conversation_id", sa.String(128), nullable=False),
+    ]
+    if name == "transcript":
+        columns += [
+            sa.Column("seq", sa.BigInteger(), nullable=False),
+            sa.Column("run_id", sa.String(36), nullable=True),
+            sa.Column("kind", sa.String(24), nullable=False),
+            sa.Column("failed", sa.Boolean(), nullable=False),
+            sa.Column("body", sa.Text(), nullable=upgraded),
+            sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+            sa.PrimaryKeyConstraint(*key, "seq"),
+            sa.ForeignKeyConstraint(
+                key,
+                ["conversations.tenant", "conversations.id"],
+                ondelete="CASCADE",
+                name="fk_transcript_conversation",
+            ),
+        ]
+    else:
+        seq: list[Any] = (
+            [sa.Column("seq", sa.Integer(), nullable=False)] if name == "run_new_messages" else []
+        )
+        columns += [
+            sa.Column("run_id", sa.String(36), nullable=False),
+            *seq,
+            sa.Column("body", sa.Text(), nullable=upgraded),
+            sa.PrimaryKeyConstraint(*key, "run_id", *(["seq"] if seq else [])),
+            sa.ForeignKeyConstraint(
+                [*key, "run_id"],
+                ["runs.tenant", "runs.conversation_id", "runs.run_id"],
+                ondelete="CASCADE",
+                name=f"fk_{name}_run",
+            ),
+        ]
+    if upgraded:
+        columns.append(sa.Column("body_sha256", sa.String(64), nullable=True))
+    return sa.Table(name, meta, *columns)
+
+
+def _batch(name: str, *, upgraded: bool) -> Any:
+    """``op.batch_alter_table`` of a table whose ``body`` changes nullability."""
+    if context.is_offline_mode() and op.get_context().dialect.name == "sqlite":
+        return op.batch_alter_table(name, copy_from=_shape(name, upgraded=upgraded))
+    return op.batch_alter_table(name)
+
+
 def upgrade() -> None:
     op.create_table(
         "message_texts",
@@ -177,9 +249,11 @@ def upgrade() -> None:
     )
     for name in KEYS:
         column = COLUMN[name]
-        with op.batch_alter_table(name) as batch:
-            batch.add_column(sa.Column(f"{column}_sha256", sa.String(64), nullable=True))
-            if name != "run_events":  # its data is nullable already
+        if name == "run_events":  # its data is nullable already: a column only
+            op.add_column(name, sa.Column("data_sha256", sa.String(64), nullable=True))
+        else:
+            with _batch(name, upgraded=False) as batch:
+                batch.add_column(sa.Column("body_sha256", sa.String(64), nullable=True))
                 batch.alter_column("body", existing_type=sa.Text(), nullable=True)
         op.create_index(f"ix_{name}_text", name, ["tenant", f"{column}_sha256"])
     if context.is_offline_mode():  # `--sql` prints the DDL: there are no rows to read
@@ -187,7 +261,7 @@ def upgrade() -> None:
     conn = op.get_bind()
     for name in KEYS:
         table = _table(name)
-        where = _body(table).is_not(None)
+        where: sa.ColumnElement[bool] = _body(table).is_not(None)
         if name == "transcript":
             where = sa.and_(where, table.c.kind.in_(MESSAGE_KINDS))
         if name == "run_events":
@@ -202,8 +276,11 @@ def downgrade() -> None:
             _restore(conn, _table(name))
     for name in KEYS:
         op.drop_index(f"ix_{name}_text", table_name=name)
-        with op.batch_alter_table(name) as batch:
-            batch.drop_column(f"{COLUMN[name]}_sha256")
-            if name != "run_events":
-                batch.alter_column("body", existing_type=sa.Text(), nullable=False)
+        if name == "run_events":
+            with op.batch_alter_table(name) as batch:
+                batch.drop_column("data_sha256")
+            continue
+        with _batch(name, upgraded=True) as batch:
+            batch.drop_column("body_sha256")
+            batch.alter_column("body", existing_type=sa.Text(), nullable=False)
     op.drop_table("message_texts")
