@@ -10,7 +10,10 @@ table (PostgreSQL, after ``VACUUM ANALYZE``), minus what the empty schema takes.
 
     .venv/bin/python bench/storage.py [--runs 300] [--conversations 30] [--chars 20000]
         [--engines sqlite,postgresql] [--pg-admin postgresql://postgres@127.0.0.1:5432/test]
-        [--json PATH]
+        [--reads N] [--json PATH]
+
+``--reads N`` also times N rounds of the reads that serve what moved (GET runs, a run, the
+transcript, a run's stored events; medians, in process).
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ import asyncio
 import json
 import os
 import random
+import statistics
 import string
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -102,8 +107,32 @@ async def table_bytes(url: str) -> dict[str, int]:
     return sizes
 
 
-async def drive(url: str, runs: int, conversations: int, chars: int) -> int:
-    """The runs; the bytes of the messages they added."""
+async def read_times(client: httpx.AsyncClient, conversations: int, reads: int) -> dict[str, float]:
+    """Median ms of the reads that serve run records, the transcript and stored events: a
+    page of runs and of the transcript of each conversation in turn, and one run record and
+    its events."""
+    run_id = (await client.get("/conversations/c0/runs")).json()["items"][-1]["run_id"]
+    times: dict[str, list[float]] = {"runs": [], "run": [], "transcript": [], "events": []}
+    for i in range(reads):
+        conv = f"c{i % conversations}"
+        paths = {
+            "runs": f"/conversations/{conv}/runs",
+            "run": f"/conversations/c0/runs/{run_id}",
+            "transcript": f"/conversations/{conv}/transcript",
+            "events": f"/conversations/c0/runs/{run_id}/events",
+        }
+        for name, path in paths.items():
+            start = time.perf_counter()
+            got = await client.get(path)
+            times[name].append(time.perf_counter() - start)
+            assert got.status_code == 200, got.text
+    return {k: round(statistics.median(v) * 1000, 2) for k, v in times.items()}
+
+
+async def drive(
+    url: str, runs: int, conversations: int, chars: int, reads: int = 0
+) -> tuple[int, dict[str, float]]:
+    """The runs; the bytes of the messages they added, and the read times."""
     settings = Settings(database_url=url)
     app = create_app(settings)
     content = 0
@@ -125,13 +154,16 @@ async def drive(url: str, runs: int, conversations: int, chars: int) -> int:
             assert got.status_code in (200, 201), got.text
             for message in got.json()["new_messages"]:
                 content += len(json.dumps(message, ensure_ascii=False, separators=(",", ":")))
-    return content
+        reads_ms = await read_times(client, conversations, reads) if reads else {}
+    return content, reads_ms
 
 
-async def measure(url: str, runs: int, conversations: int, chars: int) -> dict[str, Any]:
+async def measure(
+    url: str, runs: int, conversations: int, chars: int, reads: int
+) -> dict[str, Any]:
     await upgrade(url)
     empty = await table_bytes(url)
-    content = await drive(url, runs, conversations, chars)
+    content, reads_ms = await drive(url, runs, conversations, chars, reads)
     full = await table_bytes(url)
     grown = {k: full[k] - empty.get(k, 0) for k in full}
     stored = grown["(file)"]
@@ -142,6 +174,7 @@ async def measure(url: str, runs: int, conversations: int, chars: int) -> dict[s
         "stored_bytes": stored,
         "ratio": round(stored / content, 2),
         "tables": grown,
+        "read_ms": reads_ms,
     }
 
 
@@ -163,6 +196,7 @@ async def main() -> None:
     parser.add_argument("--chars", type=int, default=20_000)
     parser.add_argument("--engines", default="sqlite,postgresql")
     parser.add_argument("--pg-admin", default="postgresql://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--reads", type=int, default=0, help="time this many rounds of reads")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rows = []
@@ -170,13 +204,17 @@ async def main() -> None:
         for engine in args.engines.split(","):
             if engine == "sqlite":
                 url = f"sqlite:///{folder}/storage.db"
-                rows.append(await measure(url, args.runs, args.conversations, args.chars))
+                rows.append(
+                    await measure(url, args.runs, args.conversations, args.chars, args.reads)
+                )
             else:
                 name = f"carryover_bench_storage_{os.getpid()}"
                 await pg_database(args.pg_admin, name, True)
                 try:
                     url = args.pg_admin.rsplit("/", 1)[0] + f"/{name}"
-                    rows.append(await measure(url, args.runs, args.conversations, args.chars))
+                    rows.append(
+                        await measure(url, args.runs, args.conversations, args.chars, args.reads)
+                    )
                 finally:
                     await pg_database(args.pg_admin, name, False)
     print("| engine | runs | content MB | stored MB | stored ÷ content |")
@@ -195,6 +233,12 @@ async def main() -> None:
             + " | ".join(f"{v / 1e6:.2f}" for v in r["tables"].values())
             + " |"
         )
+    if args.reads:
+        print()
+        print("| engine | " + " | ".join(f"GET {k}, ms" for k in rows[0]["read_ms"]) + " |")
+        print("|---|" + "---|" * len(rows[0]["read_ms"]))
+        for r in rows:
+            print(f"| {r['engine']} | " + " | ".join(str(v) for v in r["read_ms"].values()) + " |")
     if args.json:
         document = {"rows": rows, "loadavg": os.getloadavg(), "argv": sys.argv}
         args.json.write_text(json.dumps(document, indent=2) + "\n")
