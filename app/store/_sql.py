@@ -32,6 +32,7 @@ from .changes import TranscriptItem, stored_pending
 from .errors import LimitExceeded, PreconditionFailed, StoreError, conversation_not_found
 from .integrity import body_sha256, spans_column, verify_joined, verify_rows
 from .tables import Conversation, Dumped, context_messages, conversations, transcript
+from .texts import MESSAGE_KINDS, TextBatch
 
 
 class StoreBase:
@@ -422,24 +423,33 @@ async def insert_transcript(
     first_seq: int,
     entries: Sequence[TranscriptItem],
     now: datetime,
+    texts: TextBatch | None = None,
 ) -> None:
-    if entries:
-        await conn.execute(
-            _INSERT_TRANSCRIPT,
-            [
-                {
-                    "tenant": tenant,
-                    "conversation_id": conv_id,
-                    "seq": first_seq + i,
-                    "run_id": run_id,
-                    "kind": e.kind,
-                    "failed": e.failed,
-                    "body": e.body,
-                    "created_at": now,
-                }
-                for i, e in enumerate(entries)
-            ],
-        )
+    """The entries, from ``first_seq`` on; an entry that holds a message references its text
+    (in ``texts`` when given, for the caller to flush; else written here)."""
+    if not entries:
+        return
+    batch = texts if texts is not None else TextBatch(tenant)
+    rows = []
+    for i, e in enumerate(entries):
+        row = {
+            "tenant": tenant,
+            "conversation_id": conv_id,
+            "seq": first_seq + i,
+            "run_id": run_id,
+            "kind": e.kind,
+            "failed": e.failed,
+            "body": e.body,
+            "body_sha256": None,
+            "created_at": now,
+        }
+        if e.kind in MESSAGE_KINDS:
+            row["body_sha256"] = batch.add(e.body)
+            row["body"] = None
+        rows.append(row)
+    await conn.execute(_INSERT_TRANSCRIPT, rows)
+    if texts is None:
+        await batch.flush(conn)
 
 
 __all__ = [

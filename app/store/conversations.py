@@ -64,6 +64,7 @@ from .tables import (
     conversations,
     runs,
 )
+from .texts import collect_garbage, referenced
 
 #: the detail of a refused If-Match on a conversation
 STALE = "If-Match does not match the stored context"
@@ -309,7 +310,9 @@ class ConversationStore(ListingStore):
         if expected_etag is not None:
             stmt = stmt.where(sql_if_match(expected_etag, c.incarnation, c.version))
         async with write_transaction(self.engine) as conn:
+            texts = await referenced(conn, tenant, [conv_id])
             if (await conn.execute(stmt)).rowcount:
+                await collect_garbage(conn, tenant, texts)  # its texts nothing else references
                 return True
             current = await read_conversation(conn, tenant, conv_id)
             if current is None:

@@ -148,8 +148,9 @@ class StoredDataDamaged(StoreError):
 
 class StoredRecordDamaged(StoreError):
     """A stored JSON value other than a context message (a transcript entry, a run record, a
-    conversation's bookkeeping) does not decode: the read that met it is refused with the same
-    problem as a damaged message, without an index (those rows carry no checksum yet)."""
+    conversation's bookkeeping) does not decode, or a message text a run record or transcript
+    entry references is missing or does not match its key (app/store/texts.py): the read that
+    met it is refused with the same problem as a damaged message, without an index."""
 
     slug = "stored-data-damaged"
     status = 409

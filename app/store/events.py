@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from ._sql import StoreBase, child_key
 from .db import read_transaction, write_transaction
 from .tables import run_events
+from .texts import MESSAGE_EVENT, TextBatch, collect_garbage, load, with_text
 
 #: rows deleted per purge statement, and statements per purge at most
 PURGE_BATCH = 1000
@@ -48,15 +49,31 @@ class EventRow:
         }
 
 
-async def insert_events(conn: AsyncConnection, rows: Sequence[EventRow]) -> None:
-    """One multi-row statement for any number of events (nothing for none).
+async def insert_events(
+    conn: AsyncConnection, rows: Sequence[EventRow], texts: TextBatch | None = None
+) -> None:
+    """One multi-row statement for any number of events (nothing for none); a ``message``
+    event references its message's text (in ``texts`` when given, for the caller to flush;
+    else written here, one more statement when the batch holds a message).
 
     An event already stored is left as it is: a batch whose commit was not confirmed (the
     connection broke) is written again with the outcome, and must not make it fail."""
     if not rows:
         return
+    batch = texts if texts is not None else TextBatch(rows[0].tenant)
+    values = []
+    for row in rows:
+        value = row.values()
+        if row.event == MESSAGE_EVENT and row.data is not None:
+            value["data_sha256"] = batch.add(row.data)
+            value["data"] = None
+        else:
+            value["data_sha256"] = None
+        values.append(value)
     stmt = _INSERT_PG if conn.dialect.name == "postgresql" else _INSERT_SQLITE
-    await conn.execute(stmt, [row.values() for row in rows])
+    await conn.execute(stmt, values)
+    if texts is None:
+        await batch.flush(conn)
 
 
 #: built once per dialect (a run's path pays no statement construction)
@@ -76,10 +93,13 @@ class EventStore(StoreBase):
         self, tenant: str, conv_id: str, run_id: str, *, after: int, limit: int
     ) -> list[EventRow]:
         """Up to ``limit`` events of a run with ``seq > after``, in order (the primary key)."""
+        joined, data, digest = with_text(run_events, "data")
+        columns = [c for c in run_events.c if c.name not in ("data", "data_sha256")]
         async with read_transaction(self.engine) as conn:
             rows = (
                 await conn.execute(
-                    select(run_events)
+                    select(*columns, data, digest)
+                    .select_from(joined)
                     .where(
                         *child_key(run_events, tenant, conv_id),
                         run_events.c.run_id == run_id,
@@ -89,7 +109,13 @@ class EventStore(StoreBase):
                     .limit(limit)
                 )
             ).mappings()
-            return [EventRow(**row) for row in rows]
+            return [
+                EventRow(
+                    **{k: v for k, v in row.items() if k not in ("data_text", "data_sha256")},
+                    data=load(row["data_text"], row["data_sha256"]),
+                )
+                for row in rows
+            ]
 
     async def event_bounds(self, tenant: str, conv_id: str, run_id: str) -> tuple[int, int] | None:
         """The first and last stored ``seq`` of a run (``None`` when none is stored)."""
@@ -130,8 +156,21 @@ class EventStore(StoreBase):
                 .limit(PURGE_BATCH)
             )
             async with write_transaction(self.engine) as conn:
-                done = await conn.execute(delete(run_events).where(key.in_(batch)))
-            count = int(done.rowcount or 0)
+                done = (
+                    await conn.execute(
+                        delete(run_events)
+                        .where(key.in_(batch))
+                        .returning(run_events.c.tenant, run_events.c.data_sha256)
+                    )
+                ).all()
+                # the texts only these events referenced (those of an unfinished run)
+                texts: dict[str, set[str]] = {}
+                for tenant, digest in done:
+                    if digest is not None:
+                        texts.setdefault(tenant, set()).add(digest)
+                for tenant, digests in texts.items():
+                    await collect_garbage(conn, tenant, digests)
+            count = len(done)
             deleted += count
             if count < PURGE_BATCH:
                 break

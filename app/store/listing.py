@@ -17,6 +17,7 @@ from sqlalchemy import String, and_, delete, func, literal, or_, select, tuple_
 from ._sql import StoreBase
 from .db import read_transaction, write_transaction
 from .tables import Conversation, UTCDateTime, conversation_metadata, conversations, runs
+from .texts import collect_garbage, referenced
 
 
 @dataclass(frozen=True)
@@ -139,10 +140,12 @@ class ListingStore(StoreBase):
             for row in found:
                 by_tenant.setdefault(row.tenant, []).append(row.id)
             for tenant, ids in by_tenant.items():
+                texts = await referenced(conn, tenant, ids)
                 result = await conn.execute(
                     delete(conversations).where(c.tenant == tenant, c.id.in_(ids), condition)
                 )
                 deleted += result.rowcount or 0
+                await collect_garbage(conn, tenant, texts)  # the texts only they referenced
         return deleted
 
     async def run_summaries(self, tenant: str, conv_ids: Sequence[str]) -> dict[str, RunSummary]:

@@ -38,6 +38,7 @@ from .events import EventRow, insert_events
 from .quotas import settle
 from .records import dumped_folded, insert_audit
 from .tables import Dumped, context_messages, conversations, runs
+from .texts import TextBatch
 from .webhooks import enqueue_deliveries
 
 RunStatus = Literal[
@@ -230,13 +231,15 @@ class FinishingStore(StoreBase):
             if not finished.rowcount:
                 raise NotRunning  # rolls the transaction back
 
-            await insert_audit(conn, tenant, conv_id, run_id, result, folded)
+            texts = TextBatch(tenant)  # the texts of records and transcript: one statement
+            await insert_audit(conn, tenant, conv_id, run_id, result, folded, texts)
             await settle(conn, tenant, now, result.usage)
             first_seq = row.transcript_seq - len(entries) + 1
-            await insert_transcript(conn, tenant, conv_id, run_id, first_seq, entries, now)
+            await insert_transcript(conn, tenant, conv_id, run_id, first_seq, entries, now, texts)
             if status == "requires_action" and paused_events is not None:
                 events = paused_events  # the pause is stored: it is announced
-            await insert_events(conn, events)
+            await insert_events(conn, events, texts)
+            await texts.flush(conn)
             await enqueue_deliveries(conn, tenant, conv_id, run_id, status, now)
         saved = None
         if stored:

@@ -49,6 +49,7 @@ from .tables import (
     runs,
     transcript,
 )
+from .texts import MESSAGE_KINDS, TextBatch, load, select_transcript, with_text
 
 #: rows read per page while exporting
 EXPORT_PAGE = 500
@@ -100,13 +101,15 @@ def _time(value: datetime | None) -> str | None:
 
 
 async def _paged(
-    conn: AsyncConnection, table: Any, tenant: str, conv_id: str, key: str
+    conn: AsyncConnection, table: Any, tenant: str, conv_id: str, key: str, base: Any = None
 ) -> AsyncIterator[Any]:
-    """Rows of one child table by ``key``, a page at a time (keyset)."""
+    """Rows of one child table by ``key``, a page at a time (keyset); ``base``: the
+    ``SELECT`` of the rows (all columns of ``table`` when None)."""
     column = table.c[key]
     after: Any = None
     while True:
-        stmt = select(table).where(*child_key(table, tenant, conv_id))
+        first: Any = select(table) if base is None else base
+        stmt = first.where(*child_key(table, tenant, conv_id))
         if after is not None:
             stmt = stmt.where(column > after)
         rows = (await conn.execute(stmt.order_by(column).limit(EXPORT_PAGE))).mappings().all()
@@ -164,8 +167,10 @@ class PortabilityStore(StoreBase):
             yield "context", {"system_prompt": conv.system_prompt, "summary": conv.summary}
             async for row in _paged(conn, context_messages, tenant, conv_id, "position"):
                 yield "message", row["body"]
-            async for row in _paged(conn, transcript, tenant, conv_id, "seq"):
-                entry = {f: row[f] for f in TRANSCRIPT_FIELDS}
+            entries = select_transcript()
+            async for row in _paged(conn, transcript, tenant, conv_id, "seq", entries):
+                entry = {f: row[f] for f in TRANSCRIPT_FIELDS if f != "body"}
+                entry["body"] = load(row["body_text"], row["body_sha256"])
                 entry["created_at"] = _time(row["created_at"])
                 yield "transcript", entry
             async for row in _paged(conn, runs, tenant, conv_id, "run_id"):
@@ -227,6 +232,7 @@ class PortabilityStore(StoreBase):
             except IntegrityError:
                 raise AlreadyExists(f"conversation {conv_id!r} already exists") from None
             key = {"tenant": tenant, "conversation_id": conv_id}
+            texts = TextBatch(tenant)  # the texts of its run records and transcript
             await write_metadata(conn, tenant, conv_id, conv.get("metadata") or {})
             if messages:
                 await conn.execute(
@@ -251,12 +257,16 @@ class PortabilityStore(StoreBase):
                     await conn.execute(
                         insert(run_new_messages),
                         [
-                            {**run_key, "seq": i, "body": m}
+                            {**run_key, "seq": i, "body": None, "body_sha256": texts.add(m)}
                             for i, m in enumerate(run["new_messages"])
                         ],
                     )
                 if run["final"] is not None:
-                    await conn.execute(insert(run_finals).values(**run_key, body=run["final"]))
+                    await conn.execute(
+                        insert(run_finals).values(
+                            **run_key, body=None, body_sha256=texts.add(run["final"])
+                        )
+                    )
                 if run["compactions"]:
                     await conn.execute(
                         insert(run_compactions),
@@ -268,8 +278,19 @@ class PortabilityStore(StoreBase):
             if entries:
                 await conn.execute(
                     insert(transcript),
-                    [{**key, **{f: e[f] for f in TRANSCRIPT_FIELDS}} for e in entries],
+                    [
+                        {**key, **{f: e[f] for f in TRANSCRIPT_FIELDS}, "body_sha256": None}
+                        if e["kind"] not in MESSAGE_KINDS
+                        else {
+                            **key,
+                            **{f: e[f] for f in TRANSCRIPT_FIELDS},
+                            "body": None,
+                            "body_sha256": texts.add(e["body"]),
+                        }
+                        for e in entries
+                    ],
                 )
+            await texts.flush(conn)
         return version_etag(incarnation, version)
 
 
@@ -282,10 +303,18 @@ async def _run_record(conn: AsyncConnection, tenant: str, conv_id: str, row: Any
     def of(table: Any) -> Any:
         return select(table).where(*child_key(table, tenant, conv_id), table.c.run_id == run_id)
 
-    news = (await conn.execute(of(run_new_messages).order_by(run_new_messages.c.seq))).mappings()
-    record["new_messages"] = [r["body"] for r in news.all()]
-    final = (await conn.execute(of(run_finals))).mappings().first()
-    record["final"] = None if final is None else final["body"]
+    def texts_of(table: Any) -> Any:
+        joined, text, digest = with_text(table)
+        return (
+            select(text, digest)
+            .select_from(joined)
+            .where(*child_key(table, tenant, conv_id), table.c.run_id == run_id)
+        )
+
+    news = await conn.execute(texts_of(run_new_messages).order_by(run_new_messages.c.seq))
+    record["new_messages"] = [load(r.body_text, r.body_sha256) for r in news.all()]
+    final = (await conn.execute(texts_of(run_finals))).first()
+    record["final"] = None if final is None else load(final.body_text, final.body_sha256)
     comps = (await conn.execute(of(run_compactions).order_by(run_compactions.c.seq))).mappings()
     record["compactions"] = [{f: r[f] for f in COMPACTION_FIELDS} for r in comps.all()]
     return record

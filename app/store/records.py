@@ -31,6 +31,14 @@ from .tables import (
     runs,
     transcript,
 )
+from .texts import (
+    MESSAGE_KINDS,
+    TextBatch,
+    load,
+    select_transcript,
+    transcript_entry,
+    with_text,
+)
 
 
 @dataclass(frozen=True)
@@ -117,7 +125,7 @@ class RecordStore(StoreBase):
     ) -> list[TranscriptEntry]:
         """A page of the transcript, by ``seq``, starting after ``after_seq``."""
         stmt = (
-            select(transcript)
+            select_transcript()
             .where(*child_key(transcript, tenant, conv_id), transcript.c.seq > after_seq)
             .order_by(transcript.c.seq)
             .limit(limit)
@@ -125,7 +133,7 @@ class RecordStore(StoreBase):
         async with read_transaction(self.engine) as conn:
             await require_conversation(conn, tenant, conv_id)
             rows = (await conn.execute(stmt)).mappings().all()
-        return [TranscriptEntry(**row) for row in rows]
+        return [transcript_entry(row) for row in rows]
 
     # --- the transcript's messages, as the /v1 surface lists them (its items) ---------------
 
@@ -144,7 +152,7 @@ class RecordStore(StoreBase):
         if not run_ids:
             return []
         stmt = (
-            select(transcript)
+            select_transcript()
             .where(
                 *child_key(transcript, tenant, conv_id),
                 transcript.c.run_id.in_(list(run_ids)),
@@ -155,7 +163,7 @@ class RecordStore(StoreBase):
         async with read_transaction(self.engine) as conn:
             await require_conversation(conn, tenant, conv_id)
             rows = (await conn.execute(stmt)).mappings().all()
-        return [TranscriptEntry(**row) for row in rows]
+        return [transcript_entry(row) for row in rows]
 
     async def message_entries(
         self,
@@ -168,7 +176,7 @@ class RecordStore(StoreBase):
     ) -> list[TranscriptEntry]:
         """A page of the transcript's message entries, by ``seq`` (descending: newest first),
         from ``from_seq`` on (inclusive; None: from the start, or the end)."""
-        stmt = select(transcript).where(
+        stmt = select_transcript().where(
             *child_key(transcript, tenant, conv_id), transcript.c.kind.in_(MESSAGE_KINDS)
         )
         if from_seq is not None:
@@ -179,7 +187,7 @@ class RecordStore(StoreBase):
         async with read_transaction(self.engine) as conn:
             await require_conversation(conn, tenant, conv_id)
             rows = (await conn.execute(stmt)).mappings().all()
-        return [TranscriptEntry(**row) for row in rows]
+        return [transcript_entry(row) for row in rows]
 
     async def stored_messages_after(self, tenant: str, conv_id: str, run_id: str) -> int | None:
         """How many messages of the stored context came after run ``run_id``'s (the messages
@@ -220,10 +228,6 @@ class RecordStore(StoreBase):
         return count
 
 
-#: the transcript entries that hold one message of a run's ``new_messages`` each
-MESSAGE_KINDS = ("prompt", "attempt", "tool_result", "client_result")
-
-
 async def _records(
     conn: AsyncConnection, tenant: str, conv_id: str, page: Sequence[Run]
 ) -> list[RunRecord]:
@@ -235,15 +239,22 @@ async def _records(
     def of(table: Any) -> list[ColumnElement[bool]]:
         return [*child_key(table, tenant, conv_id), table.c.run_id.in_(ids)]
 
+    new_from, new_text, new_key = with_text(run_new_messages)
     new_rows = (
         await conn.execute(
-            select(run_new_messages.c.run_id, run_new_messages.c.body)
+            select(run_new_messages.c.run_id, new_text, new_key)
+            .select_from(new_from)
             .where(*of(run_new_messages))
             .order_by(run_new_messages.c.run_id, run_new_messages.c.seq)
         )
     ).all()
+    final_from, final_text, final_key = with_text(run_finals)
     final_rows = (
-        await conn.execute(select(run_finals.c.run_id, run_finals.c.body).where(*of(run_finals)))
+        await conn.execute(
+            select(run_finals.c.run_id, final_text, final_key)
+            .select_from(final_from)
+            .where(*of(run_finals))
+        )
     ).all()
     compaction_rows = (
         (
@@ -258,10 +269,10 @@ async def _records(
     )
     new_messages: dict[str, list[AnyMessage]] = {i: [] for i in ids}
     for row in new_rows:
-        new_messages[row.run_id].append(load_message(row.body))
+        new_messages[row.run_id].append(load_message(load(row.body_text, row.body_sha256)))
     finals: dict[str, AssistantMessage] = {}
     for row in final_rows:
-        final = load_message(row.body)
+        final = load_message(load(row.body_text, row.body_sha256))
         assert isinstance(final, AssistantMessage)
         finals[row.run_id] = final
     compactions: dict[str, list[Compaction]] = {i: [] for i in ids}
@@ -312,20 +323,26 @@ async def insert_audit(
     run_id: str,
     result: Result,
     folded: Sequence[Dumped] | None = None,
+    texts: TextBatch | None = None,
 ) -> None:
     """A finished run's audit records: its new messages, final and compactions (``folded``:
-    :func:`dumped_folded` of ``result``, when the caller has it)."""
+    :func:`dumped_folded` of ``result``, when the caller has it). The messages' texts go into
+    ``texts`` when given (the caller flushes it), else are written here."""
     key = {"tenant": tenant, "conversation_id": conv_id, "run_id": run_id}
+    batch = texts if texts is not None else TextBatch(tenant)
     if result.new_messages:
         await conn.execute(
             _INSERT_NEW_MESSAGES,
             [
-                {**key, "seq": i, "body": Dumped(dumps_message(m))}
+                {**key, "seq": i, "body": None, "body_sha256": batch.add(Dumped(dumps_message(m)))}
                 for i, m in enumerate(result.new_messages)
             ],
         )
     if result.final is not None:
-        await conn.execute(_INSERT_FINAL, {**key, "body": Dumped(dumps_message(result.final))})
+        final = Dumped(dumps_message(result.final))
+        await conn.execute(_INSERT_FINAL, {**key, "body": None, "body_sha256": batch.add(final)})
+    if texts is None:
+        await batch.flush(conn)
     if result.compactions:
         await conn.execute(
             _INSERT_COMPACTIONS,

@@ -51,6 +51,13 @@ class Dumped(str):
     __slots__ = ()
 
 
+def dump_json(value: Any) -> str:
+    """``value`` as :class:`JSONText` stores it: compact JSON text (a :class:`Dumped` as it is)."""
+    if isinstance(value, Dumped):
+        return str(value)
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
 class JSONText(TypeDecorator[Any]):
     """Any JSON value, stored as compact JSON text and given back decoded."""
 
@@ -60,9 +67,7 @@ class JSONText(TypeDecorator[Any]):
     def process_bind_param(self, value: Any, dialect: Dialect) -> str | None:
         if value is None:
             return None
-        if isinstance(value, Dumped):
-            return str(value)
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+        return dump_json(value)
 
     def process_result_value(self, value: str | None, dialect: Dialect) -> Any:
         if value is None:
@@ -218,6 +223,25 @@ class ConversationMetadata(SQLModel, table=True):
     value: str = Field(max_length=METADATA_VALUE_LEN)
 
 
+class MessageText(SQLModel, table=True):
+    """A message's JSON text, stored once per tenant and keyed by its SHA-256 (hex, of its
+    UTF-8 bytes: :func:`app.store.integrity.body_sha256`); run records and the transcript
+    reference it by ``body_sha256`` (:mod:`app.store.texts`). Scoped by tenant: a text one
+    tenant stored never answers for another, so no tenant can learn by timing or by storage
+    whether another sent the same text."""
+
+    __tablename__ = "message_texts"
+
+    tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
+    sha256: str = Field(primary_key=True, max_length=64)
+    body: str = Field(sa_type=Text)
+
+
+def _text_index(table: str, column: str = "body_sha256") -> Index:
+    """The references to texts, for the garbage collection of :mod:`app.store.texts`."""
+    return Index(f"ix_{table}_text", "tenant", column)
+
+
 # --- runs and their audit records -----------------------------------------------------------
 
 
@@ -276,28 +300,33 @@ class Run(SQLModel, table=True):
 
 
 class RunNewMessage(SQLModel, table=True):
-    """``Result.new_messages`` of a run, in order."""
+    """``Result.new_messages`` of a run, in order: each a reference to its text
+    (``body_sha256`` into ``message_texts``; ``body`` null), or, in a row written by a process
+    older than migration 0014 during a rolling upgrade, the text itself (``body_sha256`` null)."""
 
     __tablename__ = "run_new_messages"
-    __table_args__ = (_run_fk("fk_run_new_messages_run"),)
+    __table_args__ = (_run_fk("fk_run_new_messages_run"), _text_index("run_new_messages"))
 
     tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
     conversation_id: str = Field(primary_key=True, max_length=CONVERSATION_ID_LEN)
     run_id: str = Field(primary_key=True, max_length=RUN_ID_LEN)
     seq: int = Field(primary_key=True)
-    body: dict[str, Any] = Field(sa_type=JSONText)
+    body: dict[str, Any] | None = Field(default=None, sa_type=JSONText, nullable=True)
+    body_sha256: str | None = Field(default=None, max_length=64)
 
 
 class RunFinal(SQLModel, table=True):
-    """``Result.final`` of a run (absent when the run made no attempt)."""
+    """``Result.final`` of a run (absent when the run made no attempt), a reference to its
+    text as in ``run_new_messages``."""
 
     __tablename__ = "run_finals"
-    __table_args__ = (_run_fk("fk_run_finals_run"),)
+    __table_args__ = (_run_fk("fk_run_finals_run"), _text_index("run_finals"))
 
     tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
     conversation_id: str = Field(primary_key=True, max_length=CONVERSATION_ID_LEN)
     run_id: str = Field(primary_key=True, max_length=RUN_ID_LEN)
-    body: dict[str, Any] = Field(sa_type=JSONText)
+    body: dict[str, Any] | None = Field(default=None, sa_type=JSONText, nullable=True)
+    body_sha256: str | None = Field(default=None, max_length=64)
 
 
 class RunCompaction(SQLModel, table=True):
@@ -329,10 +358,15 @@ class TranscriptEntry(SQLModel, table=True):
     ``seq`` is allocated from ``conversations.transcript_seq`` in the write that appends.
     ``kind`` is one of prompt | attempt | tool_result | compaction | context_replaced | pause |
     client_result | approval.
+
+    An entry of a kind that holds one message (prompt, attempt, tool_result, client_result)
+    references its text (``body_sha256`` into ``message_texts``, ``body`` null); the others
+    keep their ``body`` (and so do message entries from before migration 0014's conversion).
+    Readers take either (:mod:`app.store.texts`).
     """
 
     __tablename__ = "transcript"
-    __table_args__ = (_conversation_fk("fk_transcript_conversation"),)
+    __table_args__ = (_conversation_fk("fk_transcript_conversation"), _text_index("transcript"))
 
     tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
     conversation_id: str = Field(primary_key=True, max_length=CONVERSATION_ID_LEN)
@@ -340,8 +374,9 @@ class TranscriptEntry(SQLModel, table=True):
     run_id: str | None = Field(default=None, max_length=RUN_ID_LEN)
     kind: str = Field(max_length=24)
     failed: bool
-    body: dict[str, Any] = Field(sa_type=JSONText)
+    body: dict[str, Any] | None = Field(default=None, sa_type=JSONText, nullable=True)
     created_at: datetime = Field(sa_type=UTCDateTime)
+    body_sha256: str | None = Field(default=None, max_length=64)
 
 
 # --- request bookkeeping (used by later issues) -------------------------------------------------
@@ -387,13 +422,17 @@ class RunEventRow(SQLModel, table=True):
     """One event of a run, in order (``seq`` from 1 per run), as its SSE stream carries it.
 
     ``data`` is the event's JSON payload (``null`` for ``run.finished``: readers render the
-    run record). Rows older than the retention are purged; the run record stays.
+    run record). A ``message`` event, whose payload is a whole message, references its text
+    instead (``data_sha256`` into ``message_texts``, ``data`` null), the text its run record
+    and transcript entry reference too; deltas keep their pieces. Rows older than the
+    retention are purged; the run record stays.
     """
 
     __tablename__ = "run_events"
     __table_args__ = (
         _run_fk("fk_run_events_run"),
         Index("ix_run_events_created_at", "created_at"),
+        _text_index("run_events", "data_sha256"),
     )
 
     tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
@@ -403,6 +442,7 @@ class RunEventRow(SQLModel, table=True):
     event: str = Field(max_length=32)
     data: Any = Field(default=None, sa_type=JSONText, nullable=True)
     created_at: datetime = Field(sa_type=UTCDateTime)
+    data_sha256: str | None = Field(default=None, max_length=64)
 
 
 class Webhook(SQLModel, table=True):
@@ -489,6 +529,7 @@ def _table(name: str) -> Table:
 conversations = _table("conversations")
 context_messages = _table("context_messages")
 conversation_metadata = _table("conversation_metadata")
+message_texts = _table("message_texts")
 runs = _table("runs")
 run_new_messages = _table("run_new_messages")
 run_finals = _table("run_finals")

@@ -108,6 +108,7 @@ RUN_WRITE = [
     "INSERT INTO run_new_messages",
     "INSERT INTO run_finals",
     "INSERT INTO transcript",
+    "INSERT INTO message_texts",  # the texts of the records and transcript, each once
     "INSERT INTO webhook_deliveries",  # the outbox, as INSERT … SELECT (issue 13)
 ]
 #: a run that used tokens also settles them on its tenant's day (app/store/quotas.py): one row
@@ -124,9 +125,9 @@ WITH_COMPACTION = [
 @pytest.mark.parametrize(
     ("make", "expected", "rows"),
     [
-        (plain, SETTLED_RUN_WRITE, 10),
-        (with_tools, RUN_WRITE, 15),
-        (with_compaction, WITH_COMPACTION, 15),
+        (plain, SETTLED_RUN_WRITE, 12),
+        (with_tools, RUN_WRITE, 19),
+        (with_compaction, WITH_COMPACTION, 17),
     ],
     ids=["plain", "tools", "compaction"],
 )

@@ -1,0 +1,211 @@
+"""Each message's text stored once (docs/operations.md, "Storage"): ``message_texts``, keyed
+by tenant and the SHA-256 of the text, and the references to it.
+
+Run records (``run_new_messages``, ``run_finals``) and the transcript's message entries keep
+``body_sha256``, the key of their text, and a null ``body``; a run that adds a prompt and an
+answer stores each text once, however many records name it, and a stateless client that
+re-sends its whole history stores no text it stored before (the texts are the same bytes,
+so the same keys). The digest is the one ``context_messages.body_sha256`` checks
+(:func:`app.store.integrity.body_sha256`), so a context can later reference the same rows.
+
+Writers collect a transaction's texts in a :class:`TextBatch` and write them in one
+statement (:meth:`TextBatch.flush`). Readers join the text to the referencing row in the
+same statement (:func:`with_text`) and check it against its key before decoding it
+(:func:`load`): a text changed or lost behind the service's back is
+:class:`~app.store.errors.StoredRecordDamaged`, never served.
+
+Texts are scoped by tenant: two tenants that send the same text store it twice, and one
+tenant can never tell by a write's timing or by storage figures what another stored.
+
+Garbage: the texts a conversation referenced and nothing else does are deleted in the
+transaction that deletes the conversation (:func:`collect_garbage`, from
+``DELETE /conversations/{id}`` and from the retention sweeper). On PostgreSQL a writer takes
+the row lock of each text it references (``ON CONFLICT DO UPDATE``) and the collector locks
+its candidates before it looks for references in a later statement, so a text another
+transaction is about to reference is either kept or written again; SQLite has one writer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    FromClause,
+    Table,
+    Text,
+    and_,
+    delete,
+    func,
+    select,
+    type_coerce,
+    union_all,
+)
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql import Select
+
+from .errors import StoredRecordDamaged
+from .integrity import body_sha256
+from .tables import (
+    TranscriptEntry,
+    dump_json,
+    message_texts,
+    run_events,
+    run_finals,
+    run_new_messages,
+    transcript,
+)
+
+#: the transcript entries that hold one message of a run's ``new_messages`` each (their
+#: text is referenced)
+MESSAGE_KINDS = ("prompt", "attempt", "tool_result", "client_result")
+
+#: the event whose payload is one whole message (its text is referenced)
+MESSAGE_EVENT = "message"
+
+#: the columns that reference texts (their tables are indexed on ``(tenant, column)``)
+REFERRERS: tuple[ColumnElement[str], ...] = (
+    run_new_messages.c.body_sha256,
+    run_finals.c.body_sha256,
+    transcript.c.body_sha256,
+    run_events.c.data_sha256,
+)
+
+#: keys per statement of the garbage collection (bound parameters stay well under limits)
+GARBAGE_CHUNK = 500
+
+
+class TextBatch:
+    """The texts one write transaction references, written with :meth:`flush`."""
+
+    __slots__ = ("tenant", "texts")
+
+    def __init__(self, tenant: str) -> None:
+        self.tenant = tenant
+        self.texts: dict[str, str] = {}
+
+    def add(self, body: Any) -> str:
+        """The key of ``body`` (a JSON value, or its text as :class:`Dumped`), kept to write."""
+        text = dump_json(body)
+        digest = body_sha256(text)
+        self.texts.setdefault(digest, text)
+        return digest
+
+    async def flush(self, conn: AsyncConnection) -> None:
+        """Write the texts not stored yet: one statement (none without texts), in key order
+        (two transactions writing the same texts lock them in the same order)."""
+        if not self.texts:
+            return
+        rows = [
+            {"tenant": self.tenant, "sha256": d, "body": self.texts[d]} for d in sorted(self.texts)
+        ]
+        self.texts = {}
+        if conn.dialect.name == "postgresql":
+            ins = pg_insert(message_texts)
+            # a no-op update: it takes the row lock :func:`collect_garbage` waits for
+            stmt: Any = ins.on_conflict_do_update(
+                index_elements=["tenant", "sha256"], set_={"body": message_texts.c.body}
+            )
+        else:
+            stmt = sqlite_insert(message_texts).on_conflict_do_nothing()
+        await conn.execute(stmt, rows)
+
+
+def with_text(
+    table: Table, column: str = "body"
+) -> tuple[FromClause, ColumnElement[str], ColumnElement[str]]:
+    """``table`` joined to the texts its rows reference, the text of each row (its own
+    ``column`` when it keeps one, else the referenced text, as ``<column>_text``) and its key
+    (``<column>_sha256``), for one statement."""
+    digest = table.c[f"{column}_sha256"]
+    joined = table.outerjoin(
+        message_texts,
+        and_(message_texts.c.tenant == table.c.tenant, message_texts.c.sha256 == digest),
+    )
+    own = type_coerce(table.c[column], Text)
+    value = type_coerce(func.coalesce(own, message_texts.c.body), Text).label(f"{column}_text")
+    return joined, value, digest
+
+
+def load(text: str | None, digest: str | None) -> Any:
+    """The JSON value of a stored text read with :func:`with_text`, checked against its key:
+    :class:`StoredRecordDamaged` when the text is missing, is not what was stored, or does not
+    decode."""
+    if text is None:
+        if digest is None:
+            return None
+        raise StoredRecordDamaged("a message text it references is missing")
+    if digest is not None and body_sha256(text) != digest:
+        raise StoredRecordDamaged("a message text does not match its checksum")
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise StoredRecordDamaged(f"it is not JSON: {exc}") from None
+
+
+def select_transcript() -> Select[Any]:
+    """``SELECT`` of transcript entries with their texts (one statement; add the ``WHERE``)."""
+    joined, text, key = with_text(transcript)
+    columns = [c for c in transcript.c if c.name not in ("body", "body_sha256")]
+    return select(*columns, text, key).select_from(joined)
+
+
+def transcript_entry(row: Any) -> TranscriptEntry:
+    """A row of :func:`select_transcript` (a mapping) as a transcript entry, its text checked."""
+    values = {k: v for k, v in row.items() if k not in ("body_text", "body_sha256")}
+    values["body"] = load(row["body_text"], row["body_sha256"])
+    return TranscriptEntry(**values)
+
+
+async def referenced(conn: AsyncConnection, tenant: str, conv_ids: Sequence[str]) -> set[str]:
+    """The keys of the texts these conversations reference (read before deleting them)."""
+    if not conv_ids:
+        return set()
+    parts = [
+        select(ref).where(
+            ref.table.c.tenant == tenant,
+            ref.table.c.conversation_id.in_(list(conv_ids)),
+            ref.is_not(None),
+        )
+        for ref in REFERRERS
+    ]
+    return set((await conn.execute(union_all(*parts))).scalars().all())
+
+
+async def collect_garbage(conn: AsyncConnection, tenant: str, candidates: Iterable[str]) -> int:
+    """Delete the tenant's texts among ``candidates`` that no row references any more (after
+    the rows that referenced them were deleted, in the same transaction); how many."""
+    keys = sorted(candidates)
+    deleted = 0
+    t = message_texts.c
+    for start in range(0, len(keys), GARBAGE_CHUNK):
+        chunk = keys[start : start + GARBAGE_CHUNK]
+        mine = and_(t.tenant == tenant, t.sha256.in_(chunk))
+        if conn.dialect.name == "postgresql":  # wait for writers that reference them
+            await conn.execute(select(t.sha256).where(mine).order_by(t.sha256).with_for_update())
+        unreferenced = [
+            ~select(ref).where(ref.table.c.tenant == tenant, ref == t.sha256).exists()
+            for ref in REFERRERS
+        ]
+        result = await conn.execute(delete(message_texts).where(mine, *unreferenced))
+        deleted += result.rowcount or 0
+    return deleted
+
+
+__all__ = [
+    "GARBAGE_CHUNK",
+    "MESSAGE_EVENT",
+    "MESSAGE_KINDS",
+    "REFERRERS",
+    "TextBatch",
+    "collect_garbage",
+    "load",
+    "referenced",
+    "select_transcript",
+    "transcript_entry",
+    "with_text",
+]
