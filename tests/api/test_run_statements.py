@@ -34,6 +34,7 @@ OUTCOME = [
     "INSERT INTO tenant_usage",  # the run's tokens
     "INSERT INTO transcript",
     "INSERT INTO run_events",
+    "INSERT INTO message_texts",  # the texts the records, transcript and events reference
     "INSERT INTO webhook_deliveries",
 ]
 
