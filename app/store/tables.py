@@ -13,95 +13,29 @@ the same schema by hand; ``tests/store/test_migrations.py`` checks that the two 
 
 from __future__ import annotations
 
-import json
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
     BigInteger,
-    Dialect,
     ForeignKeyConstraint,
     Index,
     Table,
     Text,
-    TypeDecorator,
     UniqueConstraint,
     text,
 )
-from sqlalchemy import DateTime as _DateTime
 from sqlalchemy.orm import configure_mappers
 from sqlmodel import Field, SQLModel
 
-from app.clock import SYSTEM_CLOCK
 from app.etag import parse_version_etag as parse_etag
 from app.etag import version_etag
 from app.etag import version_etag as make_etag
 
-from .errors import StoredRecordDamaged
+from .columns import Dumped, JSONText, UTCDateTime, dump_json, utcnow
 
-__all__ = ["make_etag", "parse_etag"]  # re-exported: the ETag lives in app.etag
-
-# --- column types -------------------------------------------------------------------------
-
-
-class Dumped(str):
-    """JSON text already dumped as :class:`JSONText` would dump it: bound as it is (so a
-    writer that needs the text's size dumps a value once)."""
-
-    __slots__ = ()
-
-
-def dump_json(value: Any) -> str:
-    """``value`` as :class:`JSONText` stores it: compact JSON text (a :class:`Dumped` as it is)."""
-    if isinstance(value, Dumped):
-        return str(value)
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-class JSONText(TypeDecorator[Any]):
-    """Any JSON value, stored as compact JSON text and given back decoded."""
-
-    impl = Text
-    cache_ok = True
-
-    def process_bind_param(self, value: Any, dialect: Dialect) -> str | None:
-        if value is None:
-            return None
-        return dump_json(value)
-
-    def process_result_value(self, value: str | None, dialect: Dialect) -> Any:
-        if value is None:
-            return None
-        try:
-            return json.loads(value)
-        except ValueError as exc:  # written around the service: refused, never a 500
-            raise StoredRecordDamaged(f"it is not JSON: {exc}") from None
-
-
-class UTCDateTime(TypeDecorator[datetime]):
-    """A timezone-aware UTC timestamp (SQLite keeps no zone; it is put back on read)."""
-
-    impl = _DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            raise ValueError("naive datetime given to a UTC column")
-        value = value.astimezone(UTC)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
-
-    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-def utcnow() -> datetime:
-    """The system clock's time (tests and tools; the store reads its injected clock)."""
-    return SYSTEM_CLOCK.now()
-
+# re-exported: the ETag lives in app.etag, the column types in app.store.columns
+__all__ = ["Dumped", "JSONText", "UTCDateTime", "dump_json", "make_etag", "parse_etag", "utcnow"]
 
 # Key lengths. Conversation ids are at most 128 characters (contract §4).
 TENANT_LEN = 128
@@ -379,7 +313,7 @@ class TranscriptEntry(SQLModel, table=True):
     body_sha256: str | None = Field(default=None, max_length=64)
 
 
-# --- request bookkeeping (used by later issues) -------------------------------------------------
+# --- request bookkeeping -------------------------------------------------
 
 
 class IdempotencyKey(SQLModel, table=True):
@@ -415,7 +349,7 @@ class ApiKey(SQLModel, table=True):
     revoked_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
-# --- run events and webhooks (issue 13) ---------------------------------------------------------
+# --- run events and webhooks ---------------------------------------------------------
 
 
 class RunEventRow(SQLModel, table=True):
