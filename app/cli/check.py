@@ -3,7 +3,10 @@
 
 Scans every stored message of the database in batches (:func:`app.store.integrity.scan`: each
 one checked as a read checks it, against the checksum written with it) and lists the damaged
-ones by tenant, conversation and message index, with how to repair each conversation. Exit
+ones by tenant, conversation and message index, with how to repair each conversation; then
+every message text the run records, transcripts and events reference
+(:func:`app.store.texts.scan_texts`: each hashed against its key), with the conversations that
+reference a damaged one. Exit
 status 0 when nothing is damaged, 1 when something is (a cron job or a probe can alert on it).
 Read only: it never changes the database, and never migrates it (an unmigrated database is
 refused, as by every operator command).
@@ -61,17 +64,20 @@ def check_command(args: argparse.Namespace) -> int:
     configure_logging(level, settings.log_format, settings.secret_values())
     open_database(settings)
 
-    async def scan() -> list[Any]:
+    async def scan() -> tuple[list[Any], list[Any]]:
         from app.store.db import make_engine
         from app.store.integrity import scan
+        from app.store.texts import scan_texts
 
         engine = make_engine(settings.database_url)
         try:
-            return [found async for found in scan(engine, batch=args.batch)]
+            messages = [found async for found in scan(engine, batch=args.batch)]
+            texts = [found async for found in scan_texts(engine, batch=args.batch)]
+            return messages, texts
         finally:
             await engine.dispose()
 
-    damaged = asyncio.run(scan())
+    damaged, damaged_texts = asyncio.run(scan())
     conversations: dict[tuple[str, str], str] = {}
     for found in damaged:
         conversations.setdefault((found.tenant, found.conversation_id), found.etag)
@@ -96,10 +102,23 @@ def check_command(args: argparse.Namespace) -> int:
                 }
                 for (t, c), etag in conversations.items()
             ],
+            "damaged_texts": [
+                {
+                    "tenant": d.tenant,
+                    "sha256": d.sha256,
+                    "reason": d.reason,
+                    "conversations": list(d.conversations),
+                    "repair": [records_hint(c) for c in d.conversations],
+                }
+                for d in damaged_texts
+            ],
         }
         print(json.dumps(document, indent=2, ensure_ascii=False))
-    elif not damaged:
-        print("no damaged messages")
+        return 1 if damaged or damaged_texts else 0
+    _print_texts(damaged_texts)
+    if not damaged:
+        if not damaged_texts:
+            print("no damaged messages")
     else:
         for d in damaged:
             print(
@@ -113,7 +132,27 @@ def check_command(args: argparse.Namespace) -> int:
         )
         for (t, c), etag in conversations.items():
             print(f"  tenant {t!r}: {repair_hint(c, etag)}")
-    return 1 if damaged else 0
+    return 1 if damaged or damaged_texts else 0
+
+
+def records_hint(conversation_id: str) -> str:
+    """What a conversation whose records reference a damaged text can do: its context (a copy
+    of its own) is sound and runs go on; its transcript, run records and events answer 409."""
+    return (
+        f"GET /conversations/{conversation_id}/context still serves its context (runs go on); "
+        f"its transcript, run records and events answer 409 until DELETE "
+        f"/conversations/{conversation_id}"
+    )
+
+
+def _print_texts(damaged_texts: list[Any]) -> None:
+    for d in damaged_texts:
+        print(
+            f"damaged: tenant {d.tenant!r} message text {d.sha256[:16]}…: {d.reason}; "
+            f"referenced by conversation(s) {', '.join(map(repr, d.conversations)) or 'none'}"
+        )
+        for c in d.conversations:
+            print(f"  tenant {d.tenant!r}: {records_hint(c)}")
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"check": check_command}

@@ -28,7 +28,8 @@ transaction is about to reference is either kept or written again; SQLite has on
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
@@ -40,14 +41,16 @@ from sqlalchemy import (
     delete,
     func,
     select,
+    tuple_,
     type_coerce,
     union_all,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql import Select
 
+from .db import read_transaction
 from .errors import StoredRecordDamaged
 from .integrity import body_sha256
 from .tables import (
@@ -196,15 +199,60 @@ async def collect_garbage(conn: AsyncConnection, tenant: str, candidates: Iterab
     return deleted
 
 
+@dataclass(frozen=True)
+class DamagedText:
+    """A stored message text that is not what its key says (found by :func:`scan_texts`), and
+    the conversations whose records, transcript or events reference it."""
+
+    tenant: str
+    sha256: str
+    reason: str
+    conversations: tuple[str, ...]
+
+
+async def scan_texts(engine: AsyncEngine, *, batch: int = 1000) -> AsyncIterator[DamagedText]:
+    """Every damaged message text, in key order: read ``batch`` at a time (keyset on the
+    primary key, each batch its own short read transaction), each hashed against its key."""
+    t = message_texts.c
+    base = select(t.tenant, t.sha256, t.body).order_by(t.tenant, t.sha256).limit(batch)
+    after: tuple[str, str] | None = None
+    while True:
+        stmt = base if after is None else base.where(tuple_(t.tenant, t.sha256) > tuple_(*after))
+        async with read_transaction(engine) as conn:
+            rows = (await conn.execute(stmt)).all()
+            found = [row for row in rows if body_sha256(row.body) != row.sha256]
+            owners = [await _referrers(conn, row.tenant, row.sha256) for row in found]
+        for row, conversations in zip(found, owners, strict=True):
+            why = "its text does not match the key it is stored under"
+            yield DamagedText(row.tenant, row.sha256, why, conversations)
+        if len(rows) < batch:
+            return
+        after = (rows[-1].tenant, rows[-1].sha256)
+
+
+async def _referrers(conn: AsyncConnection, tenant: str, digest: str) -> tuple[str, ...]:
+    """The conversations of ``tenant`` whose rows reference the text ``digest``."""
+    parts = [
+        select(column.table.c.conversation_id).where(
+            column.table.c.tenant == tenant, column == digest
+        )
+        for column in REFERRERS
+    ]
+    rows = (await conn.execute(union_all(*parts))).scalars().all()
+    return tuple(sorted(set(rows)))
+
+
 __all__ = [
     "GARBAGE_CHUNK",
     "MESSAGE_EVENT",
     "MESSAGE_KINDS",
     "REFERRERS",
+    "DamagedText",
     "TextBatch",
     "collect_garbage",
     "load",
     "referenced",
+    "scan_texts",
     "select_transcript",
     "transcript_entry",
     "with_text",

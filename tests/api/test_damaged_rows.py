@@ -304,3 +304,43 @@ async def test_a_damaged_transcript_entry_or_run_record_is_refused_not_a_500(
         assert (await client.get(f"/conversations/{A}/context")).status_code == 200
         again = await client.post(f"/conversations/{A}/runs", json={"prompts": ["again"]})
         assert again.status_code == 201, again.text
+
+
+async def test_carryover_check_lists_a_damaged_message_text_and_the_conversations_using_it(
+    app_factory: Callable[..., Any], cli_database: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    database_url = cli_database
+    async with app_factory() as client:
+        for conv, prompt in ((A, "the damaged one"), (B, "the sound one")):
+            await put_context(client, conv)
+            run = await client.post(f"/conversations/{conv}/runs", json={"prompts": [prompt]})
+            assert run.status_code == 201, run.text
+    assert await check() == 0
+    capsys.readouterr()
+
+    engine = make_engine(database_url)
+    try:
+        async with engine.begin() as conn:
+            # still JSON, still a message: only its key can tell
+            changed = await conn.execute(
+                text(
+                    "UPDATE message_texts SET body = replace(body, 'the damaged one', "
+                    "'the damagec one') WHERE body LIKE '%the damaged one%'"
+                )
+            )
+            assert changed.rowcount == 2  # the prompt, and echo's answer quoting it
+    finally:
+        await engine.dispose()
+
+    assert await check("--batch", "1") == 1
+    out = capsys.readouterr().out
+    assert f"referenced by conversation(s) {A!r}" in out
+    assert f"DELETE /conversations/{A}" in out
+    assert repr(B) not in out
+    assert await check("--json") == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["damaged_messages"] == []  # the contexts are sound
+    assert len(document["damaged_texts"]) == 2
+    for found in document["damaged_texts"]:
+        assert found["conversations"] == [A]
+        assert "does not match" in found["reason"]
