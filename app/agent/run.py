@@ -50,7 +50,7 @@ from .messages import (
     UserMessage,
     text_of,
 )
-from .offload import offload
+from .offload import offload, offload_text
 from .opaque import for_provider, prepare, view_of
 from .pending import (
     PendingCall,
@@ -67,7 +67,7 @@ from .records import CompactionReason, Input, Result, RunStatus
 from .replay import open_batch
 from .sizes import ContextSize, SizeBounds, passed_reason, size_of, too_large
 from .state import CANCELLED, AgentConfig, RunPlan, _Emitter, _error, _RunFailed, _shielded, _State
-from .structured import NOT_RETRIED, OFFLOAD_ANSWER_CHARS, answer_violation, correction
+from .structured import NOT_RETRIED, answer_violation, correction
 from .tokens import TokenTally, estimate_with, heuristic_text_tokens, tally_of
 
 __all__ = ["Agent", "AgentConfig", "RunPlan", "for_provider"]
@@ -267,10 +267,7 @@ class Agent(_ToolBatches, _Folding):
         schema = state.plan.settings.output_schema
         if schema is None:
             return False
-        if len(text_of(message)) >= OFFLOAD_ANSWER_CHARS:  # parsing and validating: a thread
-            problem = await asyncio.to_thread(answer_violation, schema, message)
-        else:
-            problem = answer_violation(schema, message)
+        problem = await offload_text(len(text_of(message)), answer_violation, schema, message)
         if problem is None:
             return False
         retried = state.corrections

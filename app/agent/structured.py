@@ -22,8 +22,6 @@ from .messages import AssistantMessage, UserMessage, text_of
 
 #: how a correction starts: the echo provider tells it from a prompt by this
 CORRECTION_PREFIX = "Your answer does not match the required JSON schema"
-#: an answer this long is parsed and validated in a worker thread, off the event loop
-OFFLOAD_ANSWER_CHARS = 64_000
 #: stop reasons that end a structured run without a retry
 NOT_RETRIED = frozenset({"refusal", "max_tokens", "content_filter"})
 
@@ -179,7 +177,6 @@ def broken_instance(schema: Any) -> Any:
 __all__ = [
     "CORRECTION_PREFIX",
     "NOT_RETRIED",
-    "OFFLOAD_ANSWER_CHARS",
     "OutputSchema",
     "answer_violation",
     "broken_instance",
