@@ -13,9 +13,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
-from collections.abc import Awaitable, Callable, Iterable
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -118,3 +123,66 @@ def _worker() -> tuple[int, int]:
     if not name.startswith("gw") or count < 2:
         return 0, 1
     return int(name[2:]) % count, count
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def served(directory: Path, **variables: str) -> Iterator[str]:
+    """``carryover serve`` (``python -m app.cli`` of this checkout) on a free loopback port, with
+    a fresh SQLite file in ``directory`` and ``variables`` (``CARRYOVER_…``) over an environment
+    without the caller's own ``CARRYOVER_*`` and provider keys; its base URL until it is
+    stopped. Its output goes to ``directory/server.log``, shown when it does not come up."""
+    port = free_port()
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("CARRYOVER_") and k not in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")
+    }
+    env.update(
+        {
+            "CARRYOVER_DATABASE_URL": f"sqlite:///{directory / 'db.sqlite'}",
+            "CARRYOVER_HOST": "127.0.0.1",
+            "CARRYOVER_PORT": str(port),
+            **variables,
+        }
+    )
+    log = (directory / "server.log").open("w+", encoding="utf-8")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "serve"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_until_ready(process, base_url, log)
+        yield base_url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def _wait_until_ready(process: subprocess.Popen[bytes], base_url: str, log: Any) -> None:
+    import pytest
+
+    deadline = time.monotonic() + HANG_GUARD_SECONDS * 2  # a hang guard, nothing asserted
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            log.seek(0)
+            pytest.fail(f"carryover serve exited with {process.returncode}:\n{log.read()}")
+        try:
+            if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    log.seek(0)
+    pytest.fail(f"carryover serve never became ready:\n{log.read()}")

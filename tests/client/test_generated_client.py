@@ -12,16 +12,13 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
-import httpx
 import pytest
 
-from ..helpers import free_port
+from ..helpers import served
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "openapi" / "openapi.json"
@@ -78,57 +75,8 @@ def client_package(tmp_path: Path) -> Iterator[ModuleType]:
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[str]:
     """``carryover serve`` on a free loopback port and a fresh SQLite file; its base URL."""
-    port = free_port()
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("CARRYOVER_") and k not in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")
-    }
-    env.update(
-        {
-            "CARRYOVER_DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite'}",
-            "CARRYOVER_HOST": "127.0.0.1",
-            "CARRYOVER_PORT": str(port),
-            "CARRYOVER_API_KEYS": f"client-test:{API_KEY}",
-        }
-    )
-    log = (tmp_path / "server.log").open("w+", encoding="utf-8")
-    # ``python -m app.cli`` is the ``carryover`` command, run from this checkout
-    process = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve"],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_ready(process, base_url, log)
+    with served(tmp_path, CARRYOVER_API_KEYS=f"client-test:{API_KEY}") as base_url:
         yield base_url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
-
-
-def wait_until_ready(process: subprocess.Popen[bytes], base_url: str, log: Any) -> None:
-    deadline = time.monotonic() + 120  # only against a hang; nothing is asserted on speed
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            log.seek(0)
-            pytest.fail(f"carryover serve exited with {process.returncode}:\n{log.read()}")
-        try:
-            if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    log.seek(0)
-    pytest.fail(f"carryover serve never became ready:\n{log.read()}")
 
 
 def test_the_generated_client_walks_the_seed_conversation(
