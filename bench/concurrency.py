@@ -1,6 +1,6 @@
 """What one ``carryover serve`` sustains in front of a provider: runs/s and the latency it adds.
 
-Issue 20's concurrency figures and its LiteLLM target. In front of shared/bench/fake_openai.py
+Concurrency figures and the LiteLLM comparison. In front of shared/bench/fake_openai.py
 (one process, answering at once), for each engine (SQLite in a temporary directory; PostgreSQL
 in a fresh database on 127.0.0.1:5432, dropped afterwards) and each worker count
 (``carryover serve --workers N``), at each number of concurrent clients:

@@ -1,6 +1,6 @@
 """Server CPU per run on the real provider path, by conversation length, and the worst /healthz.
 
-Issue 20's first and second targets. For each provider mode it starts a fresh ``carryover serve``
+The provider path's cost targets (docs/performance.md). For each provider mode it starts a fresh ``carryover serve``
 (SQLite in a temporary directory unless ``--engine postgresql``) in front of a fast fake
 (shared/bench/fake_openai.py, fake_anthropic.py: they answer at once), PUTs a context of each size
 (200-character texts), runs it a few times with ``Prefer: return=minimal`` and prints:

@@ -1,6 +1,6 @@
 """What a streamed delta costs Carryover, and the delay streaming through it adds.
 
-Issue 20's streaming figures. bench/fake_stream.py streams a long answer (``--deltas`` pieces of
+Streaming figures. bench/fake_stream.py streams a long answer (``--deltas`` pieces of
 ``--chars`` characters, at once unless ``--delay-ms``) from ``/v1``, and the same text in one
 piece from ``/whole/v1``. One ``carryover serve`` (``openai`` provider; SQLite unless
 ``--engine postgresql``) has two profiles: ``default`` at the split stream, ``whole`` at the

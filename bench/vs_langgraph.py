@@ -1,7 +1,7 @@
 """A Carryover run with the ``openai`` provider next to a LangGraph turn with ``ChatOpenAI``,
 against the same fake and the same history.
 
-Issue 20's target "a Carryover run at 4,000 messages with the ``openai`` provider ≤ 0.1 x a
+The target "a Carryover run at 4,000 messages with the ``openai`` provider ≤ 0.1 x a
 LangGraph + ``ChatOpenAI`` turn". Both talk to shared/bench/fake_openai.py (answering at once),
 with the same system prompt and history (alternating 200-character texts):
 
