@@ -20,46 +20,27 @@ from openai.types.chat import ChatCompletion
 
 from .._http import DECODE_ERRORS, malformed_error, not_a_response
 from .._sdk import events
-from ..base import ProviderError, ProviderRequest, StreamEvent, Timeouts, UsageUpdate
+from ..base import ProviderError, ProviderRequest, StreamEvent, UsageUpdate
 from ..wire import splice
 from .request import CHAT, ChatEncoded, build_tools
-from .sdk import OpenAISdk
+from .sdk import OpenAISdkProvider
 from .stream import _get, _Translator, _usage
 
 
-class OpenAIProvider:
+class OpenAIProvider(OpenAISdkProvider):
     """Chat Completions over the official ``openai`` SDK (``max_retries=0``: the agent retries).
 
     The body is built from the messages' carried-over encoding (``wire``, :mod:`..wire`) and
     posted as bytes: the SDK sends it and decodes the answer, it does not re-encode it."""
 
+    default_name = "openai"
     wire = CHAT
 
-    def __init__(
-        self,
-        api_key: str,
-        base_url: str | None = None,
-        model: str = "",
-        timeout: float = 600.0,
-        name: str = "openai",
-        *,
-        stream: bool = True,
-        timeouts: Timeouts | None = None,
-    ) -> None:
-        self.name = name
-        self.model = model
-        self.stream_mode = stream
-        self._api_key = api_key
+    @property
+    def _max_tokens_field(self) -> str:
         # Official OpenAI wants ``max_completion_tokens`` (reasoning models refuse
         # ``max_tokens``); compatible servers mostly know only ``max_tokens``.
-        self._max_tokens_field = "max_completion_tokens" if base_url is None else "max_tokens"
-        # ``timeouts`` (a profile's) win; ``timeout`` alone bounds every wait
-        self.timeouts = timeouts or Timeouts(connect=min(10.0, timeout), idle=timeout)
-        self._sdk = OpenAISdk(name, api_key, base_url, self.timeouts)
-        self._error = self._sdk.error
-
-    async def aclose(self) -> None:
-        await self._sdk.aclose()
+        return "max_completion_tokens" if self.base_url is None else "max_tokens"
 
     def _body(self, request: ProviderRequest, *, stream: bool) -> bytes:
         """The request body: the messages' encoded pieces joined, the other fields around."""

@@ -13,7 +13,7 @@ cost (docs/performance.md).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import openai
 
@@ -84,6 +84,38 @@ class OpenAISdk:
                 stream_cls=openai.AsyncStream[object],
             ),
         )
+
+
+class OpenAISdkProvider:
+    """What both OpenAI providers are built of: a name (stored on every message they produce),
+    the profile's model, streaming mode and timeouts, and their :class:`OpenAISdk` client."""
+
+    #: the provider's name when none is given
+    default_name: ClassVar[str]
+
+    def __init__(
+        self,
+        api_key: str,
+        base_url: str | None = None,
+        model: str = "",
+        timeout: float = 600.0,
+        name: str = "",
+        *,
+        stream: bool = True,
+        timeouts: Timeouts | None = None,
+    ) -> None:
+        self.name = name or self.default_name
+        self.model = model
+        self.base_url = base_url
+        self.stream_mode = stream
+        self._api_key = api_key
+        # ``timeouts`` (a profile's) win; ``timeout`` alone bounds every wait
+        self.timeouts = timeouts or Timeouts(connect=min(10.0, timeout), idle=timeout)
+        self._sdk = OpenAISdk(self.name, api_key, base_url, self.timeouts)
+        self._error = self._sdk.error
+
+    async def aclose(self) -> None:
+        await self._sdk.aclose()
 
 
 def stream_error(

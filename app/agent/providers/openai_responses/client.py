@@ -24,8 +24,8 @@ from typing import Any
 
 from .._http import DECODE_ERRORS, malformed_error, not_a_response
 from .._sdk import events
-from ..base import ProviderError, ProviderRequest, StreamEvent, Timeouts
-from ..openai.sdk import OpenAISdk
+from ..base import ProviderError, ProviderRequest, StreamEvent
+from ..openai.sdk import OpenAISdkProvider
 from ..wire import splice
 from .request import RESPONSES, ResponsesEncoded, build_tools
 from .stream import _Translator
@@ -34,36 +34,15 @@ from .stream import _Translator
 INCLUDE = ("reasoning.encrypted_content",)
 
 
-class OpenAIResponsesProvider:
+class OpenAIResponsesProvider(OpenAISdkProvider):
     """The Responses API over the official ``openai`` SDK (``max_retries=0``: the agent
     retries).
 
     The body is built from the messages' carried-over encoding (``wire``, :mod:`..wire`) and
     posted as bytes: the SDK sends it and decodes the answer, it does not re-encode it."""
 
+    default_name = "openai-responses"
     wire = RESPONSES
-
-    def __init__(
-        self,
-        api_key: str,
-        base_url: str | None = None,
-        model: str = "",
-        timeout: float = 600.0,
-        name: str = "openai-responses",
-        *,
-        stream: bool = True,
-        timeouts: Timeouts | None = None,
-    ) -> None:
-        self.name = name
-        self.model = model
-        self.stream_mode = stream
-        self._api_key = api_key
-        # ``timeouts`` (a profile's) win; ``timeout`` alone bounds every wait
-        self.timeouts = timeouts or Timeouts(connect=min(10.0, timeout), idle=timeout)
-        self._sdk = OpenAISdk(name, api_key, base_url, self.timeouts)
-
-    async def aclose(self) -> None:
-        await self._sdk.aclose()
 
     def _body(self, request: ProviderRequest, *, stream: bool) -> bytes:
         """The request body: the messages' encoded items joined, the other fields around."""
@@ -111,7 +90,7 @@ class OpenAIResponsesProvider:
                 yield event
             return
         received = await self._call(self._body(request, stream=True), stream=True)
-        async with aclosing(events(self.name, self._api_key, self._sdk.error, received)) as sse:
+        async with aclosing(events(self.name, self._api_key, self._error, received)) as sse:
             async for data in sse:
                 for event in self._translate(translator.event, data):
                     yield event
