@@ -309,3 +309,36 @@ async def test_an_html_page_fails_the_run_at_once(
     assert problem["type"] == PROBLEMS + "run-provider-error"
     assert problem["code"] == "not_an_event_stream" and "Wi-Fi login" in problem["detail"]
     assert json.dumps(failed).count("<html") == 0
+
+
+async def test_a_runs_own_settings_are_sent_as_the_profile_allows(
+    serve: Serve, responses_fake: R.ResponsesFake
+) -> None:
+    """``model``, ``temperature``, ``max_output_tokens`` and ``instructions`` of a run, each
+    in its Responses field; the stored system prompt is what the next run sends again."""
+    responses_fake.add(R.Reply([R.Text("Short.")]), R.Reply([R.Text("Plain.")]))
+    profile = responses(
+        responses_fake,
+        max_output_tokens=1000,
+        allowed_run_settings=["model", "temperature", "max_output_tokens", "instructions"],
+    )
+    async with serve(agents={"gpt": profile}) as client:
+        conv = await Conversation.create(client, "Be brief.")
+        body = await conv.run(
+            "Hi.",
+            "gpt",
+            model="gpt-fake-mini",
+            temperature=0.2,
+            max_output_tokens=64,
+            instructions="Answer in one word.",
+        )
+        assert body["status"] == "completed", body["error"]
+        await conv.completed("Again.", "gpt")
+
+    assert responses_fake.rejections == []
+    first, second = (r.json for r in responses_fake.response_requests)
+    assert first["model"] == "gpt-fake-mini" and first["temperature"] == 0.2
+    assert first["max_output_tokens"] == 64
+    assert first["instructions"] == "Answer in one word."
+    assert second["model"] == GPT and "temperature" not in second
+    assert second["max_output_tokens"] == 1000 and second["instructions"] == "Be brief."

@@ -9,13 +9,13 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 
 from app.agent.messages import TextBlock, UserMessage
 from app.agent.providers.base import ProviderError, ProviderRequest, Timeouts
 from app.agent.providers.openai_responses import OpenAIResponsesProvider
 from app.config import AgentProfile
-from app.service.agents import build_provider
+from app.service.agents import MissingProviderKey, build_provider
 from tests.fakes._server import RawHTTP
 from tests.fakes.gated_http import StallAfter
 from tests.fakes.openai_responses_fake import (
@@ -288,3 +288,8 @@ def test_a_profile_sets_its_timeouts_streaming_and_key() -> None:
     # a compatible server named by base_url may take no key, as for Chat Completions
     keyless = AgentProfile(provider="openai-responses", model="m", base_url="http://127.0.0.1:9")
     assert isinstance(build_provider(keyless), OpenAIResponsesProvider)
+    # OpenAI's own API needs OPENAI_API_KEY; every profile names its model
+    with pytest.raises(MissingProviderKey, match="OPENAI_API_KEY"):
+        build_provider(AgentProfile(provider="openai-responses", model="m"))
+    with pytest.raises(ValidationError, match="a model is required"):
+        AgentProfile(provider="openai-responses")
