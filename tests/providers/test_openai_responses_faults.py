@@ -293,3 +293,30 @@ def test_a_profile_sets_its_timeouts_streaming_and_key() -> None:
         build_provider(AgentProfile(provider="openai-responses", model="m"))
     with pytest.raises(ValidationError, match="a model is required"):
         AgentProfile(provider="openai-responses")
+
+
+async def test_a_refusal_sent_whole_in_its_part_still_stops_as_a_refusal(
+    streaming: OpenAIResponsesProvider, responses_fake: ResponsesFake
+) -> None:
+    where = {"output_index": 0, "content_index": 0}
+    responses_fake.add(
+        RawSSE(
+            [
+                {
+                    "type": "response.output_item.added",
+                    "output_index": 0,
+                    "item": {"type": "message"},
+                },
+                {
+                    "type": "response.content_part.added",
+                    **where,
+                    "part": {"type": "refusal", "refusal": "No."},
+                },
+                {"type": "response.completed", "response": {"status": "completed"}},
+            ]
+        )
+    )
+    from ._drive import answer
+
+    message = await answer(streaming, REQUEST)
+    assert message.content == (TextBlock(text="No."),) and message.stop_reason == "refusal"

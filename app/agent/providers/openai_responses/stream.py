@@ -214,6 +214,8 @@ class _Translator:
         part = _object(event.get("part"), "part")
         if part.get("type") not in _TEXT_PARTS:
             return []
+        if part.get("type") == "refusal":
+            self.refused = True
         index = self._part(at, _index(event.get("content_index"), "content_index"))
         text = _text(part.get("text") or part.get("refusal"), "text")
         if index is None or not text:
