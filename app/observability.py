@@ -46,7 +46,7 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 RUN_STATUSES = frozenset(
     {"completed", "failed", "cancelled", "conflicted", "interrupted", "requires_action"}
 )
-PROVIDERS = frozenset({"echo", "openai", "anthropic"})
+PROVIDERS = frozenset({"echo", "openai", "openai-responses", "anthropic"})
 #: ``ok`` or the kind of the attempt's error (app.agent.messages.ErrorKind)
 ATTEMPT_OUTCOMES = frozenset({"ok", "overflow", "retryable", "fatal", "aborted", "internal"})
 TOOL_OUTCOMES = frozenset({"ok", "error", "timeout", "cancelled", "unknown_tool"})

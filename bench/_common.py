@@ -211,11 +211,13 @@ def wait_up(proc: Proc, url: str, timeout: float = 120) -> None:
 
 
 def start_fake(procs: Procs, kind: str = "openai", *args: str) -> Proc:
-    """One of the fakes: ``openai`` / ``anthropic`` (shared/bench/fake_*.py) or ``stream``
-    (bench/fake_stream.py, its options in ``args``). ``url`` is the base URL a provider takes."""
+    """One of the fakes: ``openai`` / ``anthropic`` (shared/bench/fake_*.py), ``openai-responses``
+    (bench/fake_responses.py) or ``stream`` (bench/fake_stream.py, its options in ``args``).
+    ``url`` is the base URL a provider takes."""
     script = {
         "openai": SHARED / "fake_openai.py",
         "anthropic": SHARED / "fake_anthropic.py",
+        "openai-responses": HERE / "fake_responses.py",
         "stream": HERE / "fake_stream.py",
     }[kind]
     if not script.exists():

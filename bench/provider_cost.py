@@ -2,7 +2,8 @@
 
 The provider path's cost targets (docs/performance.md). For each provider mode it starts a fresh ``carryover serve``
 (SQLite in a temporary directory unless ``--engine postgresql``) in front of a fast fake
-(shared/bench/fake_openai.py, fake_anthropic.py: they answer at once), PUTs a context of each size
+(shared/bench/fake_openai.py, fake_anthropic.py, and bench/fake_responses.py for the Responses
+API: they answer at once), PUTs a context of each size
 (200-character texts), runs it a few times with ``Prefer: return=minimal`` and prints:
 
 - the server's CPU per run (utime + stime of the server process and its children, from
@@ -15,8 +16,10 @@ The provider path's cost targets (docs/performance.md). For each provider mode i
 - the ratios the targets are stated in: CPU at 4,000 ÷ at 10 (≤ 1.5), at 20,000 ÷ at 10 (≤ 3),
   at 10 ÷ the floor (≤ 2), and /healthz worst at 20,000 (< 100 ms).
 
-The modes: ``echo``; ``openai`` and ``anthropic`` as configured by the environment (they stream
-from the provider); ``openai-nostream`` and ``anthropic-nostream``, the same through a
+The modes: ``echo``; ``openai``, ``openai-responses`` and ``anthropic`` as configured by the
+environment (they stream from the provider; each answer of ``openai-responses`` holds a
+reasoning item, replayed by every later request); ``openai-nostream``,
+``openai-responses-nostream`` and ``anthropic-nostream``, the same through a
 CARRYOVER_CONFIG_FILE whose default profile says ``stream = false``. A checkout whose profiles do
 not know ``stream`` refuses that file at startup: the row is skipped with the server's message.
 
@@ -42,7 +45,15 @@ from typing import Any
 import _common as c  # bench/_common.py: a script's folder is on sys.path
 import httpx
 
-MODES = ["echo", "openai", "openai-nostream", "anthropic", "anthropic-nostream"]
+MODES = [
+    "echo",
+    "openai",
+    "openai-nostream",
+    "openai-responses",
+    "openai-responses-nostream",
+    "anthropic",
+    "anthropic-nostream",
+]
 TARGET_4000, TARGET_20000, TARGET_FLOOR, TARGET_HEALTHZ_MS = 1.5, 3.0, 2.0, 100.0
 
 
@@ -287,7 +298,7 @@ def main() -> None:
             print(f"  floor app: {floor_ms:.2f} ms CPU per request", flush=True)
         fakes: dict[str, c.Proc] = {}
         for mode in modes:
-            provider = mode.split("-")[0]
+            provider = mode.removesuffix("-nostream")
             extra: dict[str, str] = {}
             fake_url = ""
             if provider != "echo":

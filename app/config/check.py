@@ -32,7 +32,7 @@ from pydantic import SecretStr, ValidationError
 from app.agent.tools import ToolLoadError, ToolRegistry, load_tool
 
 from .keys import MIN_API_KEY_LENGTH, ApiKeys
-from .profiles import PROVIDER_KEY_ENV, AgentProfile, _ProfileFields
+from .profiles import OPENAI_PROVIDERS, PROVIDER_KEY_ENV, AgentProfile, _ProfileFields
 from .settings import Settings, _mask_url
 
 ENV_PREFIX = "CARRYOVER_"
@@ -150,7 +150,7 @@ def key_variable(profile: AgentProfile) -> str | None:
     an OpenAI-compatible server given by ``base_url``, which may take none)."""
     if profile.provider == "echo":
         return None
-    if profile.provider == "openai" and profile.base_url is not None:
+    if profile.provider in OPENAI_PROVIDERS and profile.base_url is not None:
         return None  # as app.service.agents.build_provider: such a server may take no key
     return profile.api_key_env or PROVIDER_KEY_ENV[profile.provider]
 
@@ -161,9 +161,7 @@ def _key_value(profile: AgentProfile, settings: Settings, environ: Mapping[str, 
         return profile.api_key.get_secret_value()
     if profile.api_key_env:
         return environ.get(profile.api_key_env, "")
-    secret = {"openai": settings.openai_api_key, "anthropic": settings.anthropic_api_key}.get(
-        profile.provider
-    )
+    secret = settings.provider_keys().get(profile.provider)
     return secret.get_secret_value() if secret is not None else ""
 
 

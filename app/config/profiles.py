@@ -26,7 +26,7 @@ from pydantic_settings import NoDecode
 
 from .keys import _NAME
 
-ProviderName = Literal["echo", "openai", "anthropic"]
+ProviderName = Literal["echo", "openai", "openai-responses", "anthropic"]
 
 DEFAULT_PROFILE = "default"
 DEFAULT_TOOLS: tuple[str, ...] = (
@@ -35,9 +35,21 @@ DEFAULT_TOOLS: tuple[str, ...] = (
     "app.agent.builtin_tools:fail",
 )
 #: context window assumed when a profile does not give one
-DEFAULT_CONTEXT_WINDOW: dict[str, int] = {"echo": 128_000, "openai": 128_000, "anthropic": 200_000}
+DEFAULT_CONTEXT_WINDOW: dict[str, int] = {
+    "echo": 128_000,
+    "openai": 128_000,
+    "openai-responses": 128_000,
+    "anthropic": 200_000,
+}
 #: where a provider's key is read from when a profile does not name ``api_key_env``
-PROVIDER_KEY_ENV: dict[str, str] = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+PROVIDER_KEY_ENV: dict[str, str] = {
+    "openai": "OPENAI_API_KEY",
+    "openai-responses": "OPENAI_API_KEY",
+    "anthropic": "ANTHROPIC_API_KEY",
+}
+#: the providers that speak OpenAI's APIs: with a ``base_url`` (a compatible server, which may
+#: take no key) they need no key
+OPENAI_PROVIDERS = frozenset({"openai", "openai-responses"})
 
 #: what a run may set for itself when its profile allows it (docs/runs.md, "Per-run settings")
 RUN_SETTINGS: tuple[str, ...] = ("model", "temperature", "max_output_tokens", "instructions")
@@ -110,7 +122,8 @@ class _ProfileFields(BaseModel):
             value = value.strip().lower()
             if value not in get_args(ProviderName):
                 raise ValueError(
-                    f"unknown provider {value!r}: choose 'echo', 'openai' or 'anthropic'"
+                    f"unknown provider {value!r}: choose 'echo', 'openai', "
+                    "'openai-responses' or 'anthropic'"
                 )
         return value
 

@@ -262,18 +262,24 @@ class Settings(_ProfileFields, BaseSettings):
             )
         profiles = {DEFAULT_PROFILE: self._env_profile()}
         if self.config_file is not None:
-            profiles.update(load_profiles_file(self.config_file, self._provider_keys()))
+            profiles.update(load_profiles_file(self.config_file, self.provider_keys()))
         profiles.update(self.agents)
         self._profiles = profiles
         return self
 
-    def _provider_keys(self) -> dict[str, SecretStr | None]:
-        return {"openai": self.openai_api_key, "anthropic": self.anthropic_api_key}
+    def provider_keys(self) -> dict[str, SecretStr | None]:
+        """The key each provider reads when its profile names no ``api_key_env``: both OpenAI
+        providers read ``OPENAI_API_KEY``."""
+        return {
+            "openai": self.openai_api_key,
+            "openai-responses": self.openai_api_key,
+            "anthropic": self.anthropic_api_key,
+        }
 
     def _env_profile(self) -> AgentProfile:
         fields = {name: getattr(self, name) for name in _ProfileFields.model_fields}
         profile = AgentProfile.model_validate(fields)
-        return profile.model_copy(update={"api_key": _resolve_key(profile, self._provider_keys())})
+        return profile.model_copy(update={"api_key": _resolve_key(profile, self.provider_keys())})
 
     def profiles(self) -> dict[str, AgentProfile]:
         """Every agent profile by name; ``default`` always exists (the environment's, unless

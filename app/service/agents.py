@@ -15,7 +15,7 @@ from app.agent.providers.echo import EchoProvider
 from app.agent.retry import RetryPolicy
 from app.agent.run import Agent, AgentConfig
 from app.agent.tools import ToolRegistry
-from app.config import PROVIDER_KEY_ENV, RUN_SETTINGS, AgentProfile, Settings
+from app.config import OPENAI_PROVIDERS, PROVIDER_KEY_ENV, RUN_SETTINGS, AgentProfile, Settings
 from app.errors import CarryoverError
 
 from .bounds import BoundedProvider
@@ -83,9 +83,7 @@ def with_key(profile: AgentProfile, settings: Settings) -> AgentProfile:
     if profile.api_key_env:
         value = os.environ.get(profile.api_key_env, "")
     else:
-        secret = {"openai": settings.openai_api_key, "anthropic": settings.anthropic_api_key}.get(
-            profile.provider
-        )
+        secret = settings.provider_keys().get(profile.provider)
         value = secret.get_secret_value() if secret is not None else ""
     if not value.strip():
         return profile
@@ -98,14 +96,16 @@ def build_provider(profile: AgentProfile) -> Provider:
     key = profile.api_key.get_secret_value() if profile.api_key is not None else ""
     if not key:
         env = profile.api_key_env or PROVIDER_KEY_ENV[profile.provider]
-        if profile.provider == "anthropic" or profile.base_url is None:
+        if profile.provider not in OPENAI_PROVIDERS or profile.base_url is None:
             raise MissingProviderKey(f"the {profile.provider} provider needs {env} to be set")
         key = "unused"  # local OpenAI-compatible servers (Ollama, vLLM, ...) take no key
     timeouts = Timeouts(connect=profile.connect_timeout, idle=profile.idle_timeout)
-    if profile.provider == "openai":
+    if profile.provider in OPENAI_PROVIDERS:
         from app.agent.providers.openai import OpenAIProvider
+        from app.agent.providers.openai_responses import OpenAIResponsesProvider
 
-        return OpenAIProvider(
+        kind = OpenAIProvider if profile.provider == "openai" else OpenAIResponsesProvider
+        return kind(
             api_key=key,
             base_url=profile.base_url,
             model=profile.model,

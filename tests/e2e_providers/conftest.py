@@ -6,7 +6,8 @@ turn. Every request a run makes is validated by the fake the way the real API va
 history that is stored or replayed wrongly fails the run (the fake answers 400).
 
 Fixtures: ``serve`` (the app on a fresh migrated database per test, SQLite and PostgreSQL, via
-``make_settings`` of ``tests/api``), ``openai_fake`` / ``anthropic_fake`` (``tests/fakes``).
+``make_settings`` of ``tests/api``), ``openai_fake`` / ``anthropic_fake`` / ``responses_fake``
+(``tests/fakes``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from tests.api.conftest import AppClient, SettingsFactory, start_client
 from tests.api.conftest import make_settings as make_settings
 from tests.fakes.anthropic_fake import anthropic_fake as anthropic_fake
 from tests.fakes.openai_fake import openai_fake as openai_fake
+from tests.fakes.openai_responses_fake import responses_fake as responses_fake
 
 CLAUDE = "claude-fake-1"
 GPT = "gpt-fake-1"

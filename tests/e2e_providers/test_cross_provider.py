@@ -1,10 +1,12 @@
-"""One conversation, two providers (issue 4.3, contract §1 "Replayable"): run 1 on the Anthropic
+"""One conversation, several providers (contract §1 "Replayable"): run 1 on the Anthropic
 profile with thinking, run 2 on the OpenAI profile, run 3 back on Anthropic, run 4 on OpenAI.
 
 The stored context keeps every block as issued. Each request carries only what its provider
 can take: OpenAI never sees a signature or redacted thinking; Anthropic gets its own earlier
 thinking back exactly and the OpenAI turns without their (unsigned) reasoning, their raw
-arguments parsed into ``input`` — ``{}`` for the string that is not valid JSON.
+arguments parsed into ``input`` — ``{}`` for the string that is not valid JSON. The same holds
+for a conversation that moves to OpenAI's Responses API and back: its reasoning items go back to
+it exactly, and to no other provider.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pytest
 from app.config import AgentProfile
 from tests.fakes import anthropic_fake as A
 from tests.fakes import openai_fake as O
+from tests.fakes import openai_responses_fake as R
 
 from .conftest import CLAUDE, GPT, Conversation, Serve, blocks, kinds
 
@@ -304,4 +307,122 @@ async def test_switching_to_thinking_inside_an_unfinished_tool_loop(
         "assistant",
         "user",
         "assistant",
+    ]
+
+
+async def test_a_conversation_moves_to_openai_responses_and_back(
+    serve: Serve,
+    anthropic_fake: A.AnthropicFake,
+    openai_fake: O.OpenAIFake,
+    responses_fake: R.ResponsesFake,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Anthropic with thinking, then the Responses API, then Chat Completions, then the
+    Responses API again, then Anthropic: each provider gets its own opaque fields back exactly
+    (Anthropic's signatures, the Responses API's reasoning items) and never another's."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", anthropic_fake.api_key)
+    monkeypatch.setenv("OPENAI_API_KEY", openai_fake.api_key)
+    monkeypatch.setenv("RESPONSES_KEY", responses_fake.api_key)
+    profiles = {
+        "claude": AgentProfile(
+            provider="anthropic",
+            model=CLAUDE,
+            base_url=anthropic_fake.base_url,
+            thinking_budget=1024,
+            max_output_tokens=4096,
+            max_retries=0,
+        ),
+        "chat": AgentProfile(
+            provider="openai", model=GPT, base_url=openai_fake.base_url, max_retries=0
+        ),
+        "responses": AgentProfile(
+            provider="openai-responses",
+            model=GPT,
+            base_url=responses_fake.base_url,
+            api_key_env="RESPONSES_KEY",
+            max_retries=0,
+        ),
+    }
+    anthropic_fake.add(
+        A.Reply([A.Thinking("Need the time."), A.Redacted(), A.ToolUse("time_now", {})]),
+        A.Reply([A.Thinking("Noon."), A.Text("It is noon.")]),
+        A.Reply([A.Thinking("Last turn."), A.Text("Goodbye.")]),
+    )
+    responses_fake.add(
+        R.Reply([R.Reasoning("Wait once."), R.Call("wait", '{"seconds": 0}')]),
+        R.Reply([R.Reasoning("Done waiting."), R.Text("Waited.")]),
+        R.Reply([R.Reasoning("Again?"), R.Text("Here again.")]),
+    )
+    openai_fake.add(O.Reply(reasoning="Chat thinks.", text="Chat here."))
+    async with serve(agents=profiles) as client:
+        conv = await Conversation.create(client, "Be brief.")
+        for prompt, agent in (
+            ("Time?", "claude"),
+            ("Wait.", "responses"),
+            ("Hello chat.", "chat"),
+            ("Back to responses.", "responses"),
+            ("Bye.", "claude"),
+        ):
+            await conv.completed(prompt, agent)
+        context = await conv.context()
+
+    assert anthropic_fake.rejections == [] and openai_fake.rejections == []
+    assert responses_fake.rejections == []
+    messages = context["messages"]
+    assert [m["provider"] for m in messages if m["type"] == "assistant"] == [
+        "anthropic",
+        "anthropic",
+        "openai-responses",
+        "openai-responses",
+        "openai",
+        "openai-responses",
+        "anthropic",
+    ]
+    issued = [
+        item
+        for m in messages
+        if m["type"] == "assistant"
+        for item in m["provider_data"].get("reasoning", [])
+    ]
+    assert len(issued) == 3 and all(i == responses_fake.reasoning[i["id"]] for i in issued)
+    anthropic_opaque = [
+        b.get("signature") or b.get("data")
+        for m in messages
+        if m["type"] == "assistant"
+        for b in m["content"]
+        if b["type"] in ("thinking", "redacted_thinking") and m["provider"] == "anthropic"
+    ]
+    assert len(anthropic_opaque) == 4
+
+    # the Responses API: Anthropic's turns as text and calls, its own reasoning items exactly
+    back = responses_fake.response_requests[-1].json["input"]
+    assert [i for i in back if i["type"] == "reasoning"] == issued[:2]
+    text = json.dumps(back)
+    for opaque in anthropic_opaque:
+        assert opaque not in text
+    assert "Need the time." not in text and "Chat thinks." not in text
+    assert {
+        "type": "function_call",
+        "call_id": messages[1]["content"][2]["id"],
+        "name": "time_now",
+        "arguments": "{}",
+    } in back
+    # Chat Completions: no reasoning item, no encrypted content, no signature
+    chat = json.dumps(openai_fake.chat_requests[-1].json)
+    for item in issued:
+        assert item["encrypted_content"] not in chat and item["id"] not in chat
+    assert "Wait once." not in chat and "reasoning" not in chat
+    # Anthropic at the end: its own thinking exactly, nothing of the Responses API's reasoning
+    last = anthropic_fake.message_requests[-1].json["messages"]
+    final = json.dumps(last)
+    for item in issued:
+        assert item["encrypted_content"] not in final and "Done waiting." not in final
+    assert last[1]["content"][0] == {
+        "type": "thinking",
+        "thinking": "Need the time.",
+        "signature": A.sign("Need the time."),
+    }
+    call = messages[5]["content"][1]
+    assert {"type": "tool_use", "id": call["id"], "name": "wait", "input": {"seconds": 0}} in [
+        b for turn in last if turn["role"] == "assistant" for b in turn["content"]
     ]

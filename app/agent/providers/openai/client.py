@@ -16,67 +16,31 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-import openai
 from openai.types.chat import ChatCompletion
 
-from app.tls import client_context
-
-from .._http import (
-    DECODE_ERRORS,
-    TRANSPORT_ERRORS,
-    connection_error,
-    error_fields,
-    is_overflow_text,
-    malformed_error,
-    not_a_response,
-    scrub,
-    status_error,
-)
-from .._sdk import TIMEOUT_ERRORS, events, send, timeout_error
-from ..base import ProviderError, ProviderRequest, StreamEvent, Timeouts, UsageUpdate
+from .._http import DECODE_ERRORS, malformed_error, not_a_response
+from .._sdk import events
+from ..base import ProviderError, ProviderRequest, StreamEvent, UsageUpdate
 from ..wire import splice
 from .request import CHAT, ChatEncoded, build_tools
+from .sdk import OpenAISdkProvider
 from .stream import _get, _Translator, _usage
 
 
-class OpenAIProvider:
+class OpenAIProvider(OpenAISdkProvider):
     """Chat Completions over the official ``openai`` SDK (``max_retries=0``: the agent retries).
 
     The body is built from the messages' carried-over encoding (``wire``, :mod:`..wire`) and
     posted as bytes: the SDK sends it and decodes the answer, it does not re-encode it."""
 
+    default_name = "openai"
     wire = CHAT
 
-    def __init__(
-        self,
-        api_key: str,
-        base_url: str | None = None,
-        model: str = "",
-        timeout: float = 600.0,
-        name: str = "openai",
-        *,
-        stream: bool = True,
-        timeouts: Timeouts | None = None,
-    ) -> None:
-        self.name = name
-        self.model = model
-        self.stream_mode = stream
-        self._api_key = api_key
+    @property
+    def _max_tokens_field(self) -> str:
         # Official OpenAI wants ``max_completion_tokens`` (reasoning models refuse
         # ``max_tokens``); compatible servers mostly know only ``max_tokens``.
-        self._max_tokens_field = "max_completion_tokens" if base_url is None else "max_tokens"
-        # ``timeouts`` (a profile's) win; ``timeout`` alone bounds every wait
-        self.timeouts = timeouts or Timeouts(connect=min(10.0, timeout), idle=timeout)
-        self._client = openai.AsyncOpenAI(
-            api_key=api_key,
-            base_url=base_url,
-            timeout=openai.Timeout(self.timeouts.idle, connect=self.timeouts.connect),
-            max_retries=0,
-            http_client=openai.DefaultAsyncHttpxClient(verify=client_context()),
-        )
-
-    async def aclose(self) -> None:
-        await self._client.close()
+        return "max_completion_tokens" if self.base_url is None else "max_tokens"
 
     def _body(self, request: ProviderRequest, *, stream: bool) -> bytes:
         """The request body: the messages' encoded pieces joined, the other fields around."""
@@ -100,53 +64,11 @@ class OpenAIProvider:
             encoded = CHAT.encode(request.messages)
         return splice(params, "messages", encoded.messages(request.system_prompt))
 
-    def _error(self, exc: BaseException) -> ProviderError | None:
-        """``exc`` classified, or ``None`` for an exception that is not a provider failure."""
-        if isinstance(exc, ProviderError):
-            return exc
-        if isinstance(exc, openai.APIStatusError):
-            code, error_type, message = error_fields(exc.body)
-            return status_error(
-                self.name,
-                exc.status_code,
-                code=code,
-                error_type=error_type,
-                message=message or exc.message,
-                headers=exc.response.headers,
-                api_key=self._api_key,
-            )
-        if isinstance(exc, (openai.APITimeoutError, *TIMEOUT_ERRORS)):
-            return timeout_error(self.name, exc, self.timeouts)
-        if isinstance(exc, (openai.APIConnectionError, *TRANSPORT_ERRORS)):
-            return connection_error(self.name, exc, self._api_key)
-        if isinstance(exc, openai.APIError):
-            # An error object inside an HTTP 200 stream (vLLM, LiteLLM, OpenRouter...): the
-            # server failed half-way, which a retry may fix, unless the prompt did not fit.
-            code, error_type, message = error_fields(exc.body)
-            text = scrub(message or exc.message, self._api_key)
-            overflow = code == "context_length_exceeded" or is_overflow_text(text)
-            return ProviderError(
-                "overflow" if overflow else "retryable",
-                f"{self.name}: error in the stream: {text}",
-                code=code or error_type,
-            )
-        return None
-
     async def _call(self, body: bytes, *, stream: bool) -> Any:
-        return await send(
-            self.name,
-            self._api_key,
-            self._error,
-            self._client.post(
-                "/chat/completions",
-                cast_to=ChatCompletion,
-                content=body,
-                stream=stream,
-                # each chunk as the SDK decoded it (a dict): the translator reads dicts and SDK
-                # objects alike (stream._get), and building a model per chunk was most of
-                # the CPU a streamed request cost (docs/performance.md)
-                stream_cls=openai.AsyncStream[object],
-            ),
+        # each chunk as the SDK decoded it (a dict): the translator reads dicts and SDK objects
+        # alike (stream._get)
+        return await self._sdk.post(
+            "/chat/completions", body, stream=stream, cast_to=ChatCompletion
         )
 
     def _chunk(self, translator: _Translator, chunk: Any) -> list[StreamEvent]:

@@ -37,7 +37,7 @@ from ..base import ToolSpec
 from ..wire import Array, Pieces, dumps
 
 
-def _image_url(block: ImageBlock) -> str:
+def image_url(block: ImageBlock) -> str:
     source = block.source
     if isinstance(source, Base64Source):
         return f"data:{source.media_type};base64,{source.data}"
@@ -52,7 +52,7 @@ def _user_content(blocks: Sequence[TextBlock | ImageBlock]) -> str | list[dict[s
         if isinstance(block, TextBlock):
             parts.append({"type": "text", "text": block.text})
         else:
-            parts.append({"type": "image_url", "image_url": {"url": _image_url(block)}})
+            parts.append({"type": "image_url", "image_url": {"url": image_url(block)}})
     return parts
 
 
@@ -101,7 +101,7 @@ class _Writer:
                     }
                 )
                 self.pending.extend(
-                    {"type": "image_url", "image_url": {"url": _image_url(b)}} for b in images
+                    {"type": "image_url", "image_url": {"url": image_url(b)}} for b in images
                 )
                 if not text:
                     text = "(the image output follows in the next user message)"
