@@ -12,16 +12,23 @@ used (``playwright install`` is not needed).
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
+import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
+
+from ..fakes.gated_http import GatedOpenAI, HeldRequest, StallAfter
+from ..helpers import HANG_GUARD_SECONDS, served
 
 CHROMIUM = Path(os.environ.get("CARRYOVER_TEST_CHROMIUM", "/usr/bin/chromium"))
 #: without the background-networking flags Chromium calls out (updates, sync), and this closed
@@ -117,3 +124,79 @@ def browsing(browser: Browser, origin: str, **context: Any) -> Iterator[Browsing
     assert seen.elsewhere() == []
     assert seen.errors == []
     assert [r for r in seen.refused if not any(e in r for e in seen.expected_refusals)] == []
+
+
+# --- the server of the conversation tests ---------------------------------------------------
+
+
+class StalledGate(StallAfter, GatedOpenAI):
+    """Sends the role chunk and the first two pieces ('Gated: Y', 'ou said:'), then waits for
+    ``stall.go``."""
+
+    stall_after = 3
+
+
+@dataclass
+class Site:
+    url: str
+    gate: GatedOpenAI
+    stalled: StalledGate
+    api: httpx.Client
+
+    def create(self, conversation_id: str | None = None, **body: Any) -> str:
+        if conversation_id is not None:
+            body["id"] = conversation_id
+        answer = self.api.post("/conversations", json=body)
+        assert answer.status_code == 201, answer.text
+        return str(answer.json()["id"])
+
+    def run(self, conversation_id: str, *prompts: str, **body: Any) -> dict[str, Any]:
+        answer = self.api.post(
+            f"/conversations/{conversation_id}/runs", json={"prompts": list(prompts), **body}
+        )
+        assert answer.status_code == 201, answer.text
+        return dict(answer.json())
+
+    def arrival(self, prompt: str) -> HeldRequest:
+        """The gated model's request for ``prompt``, once it arrived (waited for in a thread
+        of its own: Playwright's sync API holds this thread's event loop)."""
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run, self.gate.arrival(prompt)).result()
+
+    def open(self, page: Page, conversation_id: str) -> None:
+        page.goto(f"{self.url}/console#/c/{quote(conversation_id, safe='')}")
+        expect(page.get_by_role("heading", name=conversation_id, exact=True)).to_be_visible()
+
+
+@pytest.fixture(scope="package")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    with (
+        GatedOpenAI(hold=lambda prompt: prompt.startswith("held")) as gate,
+        StalledGate(hold=lambda prompt: False) as stalled,
+    ):
+        agents = {
+            **json.loads(gate.settings("gated")["agents"]),
+            **json.loads(stalled.settings("stalled")["agents"]),
+        }
+        with (
+            served(
+                tmp_path_factory.mktemp("console"),
+                CARRYOVER_APPROVAL_REQUIRED="wait",
+                CARRYOVER_AGENTS=json.dumps(agents),
+            ) as url,
+            httpx.Client(base_url=url, timeout=HANG_GUARD_SECONDS) as client,
+        ):
+            yield Site(url, gate, stalled, client)
+
+
+def answers(page: Page) -> Locator:
+    return page.get_by_role("article", name="assistant message", exact=True)
+
+
+def message_box(page: Page) -> Locator:
+    return page.get_by_role("textbox", name="Message", exact=True)
+
+
+def opened_id(page: Page) -> str:
+    """The id of the conversation the page shows (from its address, #/c/<id>)."""
+    return unquote(page.url.split("#/c/", 1)[1])

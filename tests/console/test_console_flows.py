@@ -10,94 +10,13 @@ fake model that sends the start of its answer, then waits for the test)."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import threading
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, unquote
 
-import httpx
-import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, expect
 
-from ..fakes.gated_http import GatedOpenAI, HeldRequest, StallAfter
-from ..helpers import HANG_GUARD_SECONDS, served, user, user_texts
-from .conftest import browsing
-
-
-class StalledGate(StallAfter, GatedOpenAI):
-    """Sends the role chunk and the first two pieces ('Gated: Y', 'ou said:'), then waits for
-    ``stall.go``."""
-
-    stall_after = 3
-
-
-@dataclass
-class Site:
-    url: str
-    gate: GatedOpenAI
-    stalled: StalledGate
-    api: httpx.Client
-
-    def create(self, conversation_id: str | None = None, **body: Any) -> str:
-        if conversation_id is not None:
-            body["id"] = conversation_id
-        answer = self.api.post("/conversations", json=body)
-        assert answer.status_code == 201, answer.text
-        return str(answer.json()["id"])
-
-    def run(self, conversation_id: str, *prompts: str, **body: Any) -> dict[str, Any]:
-        answer = self.api.post(
-            f"/conversations/{conversation_id}/runs", json={"prompts": list(prompts), **body}
-        )
-        assert answer.status_code == 201, answer.text
-        return dict(answer.json())
-
-    def arrival(self, prompt: str) -> HeldRequest:
-        """The gated model's request for ``prompt``, once it arrived (waited for in a thread
-        of its own: Playwright's sync API holds this thread's event loop)."""
-        with ThreadPoolExecutor(1) as pool:
-            return pool.submit(asyncio.run, self.gate.arrival(prompt)).result()
-
-    def open(self, page: Page, conversation_id: str) -> None:
-        page.goto(f"{self.url}/console#/c/{quote(conversation_id, safe='')}")
-        expect(page.get_by_role("heading", name=conversation_id, exact=True)).to_be_visible()
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
-    with (
-        GatedOpenAI(hold=lambda prompt: prompt.startswith("held")) as gate,
-        StalledGate(hold=lambda prompt: False) as stalled,
-    ):
-        agents = {
-            **json.loads(gate.settings("gated")["agents"]),
-            **json.loads(stalled.settings("stalled")["agents"]),
-        }
-        with (
-            served(
-                tmp_path_factory.mktemp("console"),
-                CARRYOVER_APPROVAL_REQUIRED="wait",
-                CARRYOVER_AGENTS=json.dumps(agents),
-            ) as url,
-            httpx.Client(base_url=url, timeout=HANG_GUARD_SECONDS) as client,
-        ):
-            yield Site(url, gate, stalled, client)
-
-
-def answers(page: Page) -> Any:
-    return page.get_by_role("article", name="assistant message", exact=True)
-
-
-def message_box(page: Page) -> Any:
-    return page.get_by_role("textbox", name="Message", exact=True)
-
-
-def opened_id(page: Page) -> str:
-    return unquote(page.url.split("#/c/", 1)[1])
+from ..helpers import HANG_GUARD_SECONDS, user, user_texts
+from .conftest import Site, answers, browsing, message_box, opened_id
 
 
 def test_a_new_conversation_is_carried_over_two_messages_typed_into_the_page(

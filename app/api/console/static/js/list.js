@@ -107,13 +107,16 @@ export class ConversationList {
     }
   }
 
+  /** Read the first page (again), or the next one (`more`). A newer read supersedes an older
+   * one still on its way (its answer is dropped). */
   async load({ more = false } = {}) {
-    if (this.loading) return;
+    if (more && this.loading) return;
+    const generation = (this.generation = (this.generation || 0) + 1);
     this.loading = true;
     this.list.setAttribute("aria-busy", "true");
     try {
       if (this.idSearch) {
-        await this.loadOne(this.idSearch);
+        await this.loadOne(this.idSearch, generation);
         return;
       }
       const params = { limit: PAGE, cursor: more ? this.cursor : undefined };
@@ -121,6 +124,7 @@ export class ConversationList {
       if (this.view === "active") params.active = "true";
       for (const [key, value] of this.filters) params[`metadata.${key}`] = value;
       const { body } = await api.get(api.query("/conversations", params));
+      if (generation !== this.generation) return;
       if (!more) this.list.replaceChildren();
       for (const item of body.items) this.list.append(this.item(item));
       this.cursor = body.next_cursor;
@@ -128,21 +132,25 @@ export class ConversationList {
       const shown = this.list.childElementCount;
       this.status.textContent = shown ? `${plural(shown, "conversation")} shown${this.cursor ? " (more to load)" : ""}` : "No conversations match.";
     } catch (error) {
-      this.onError(error);
+      if (generation === this.generation) this.onError(error);
     } finally {
-      this.loading = false;
-      this.list.setAttribute("aria-busy", "false");
+      if (generation === this.generation) {
+        this.loading = false;
+        this.list.setAttribute("aria-busy", "false");
+      }
     }
   }
 
-  async loadOne(id) {
+  async loadOne(id, generation) {
     this.more.hidden = true;
     try {
       const { body } = await api.get(api.conversationPath(id));
+      if (generation !== this.generation) return;
       fill(this.list, this.item(body));
       this.status.textContent = "1 conversation found by its id.";
     } catch (error) {
       if (error.status !== 404) throw error;
+      if (generation !== this.generation) return;
       this.list.replaceChildren();
       this.status.textContent = `No conversation with the id ${id}.`;
     }

@@ -21,7 +21,7 @@ function dl(pairs) {
   return h(
     "dl",
     { class: "facts" },
-    pairs.filter(Boolean).flatMap(([term, value]) => [h("dt", {}, term), h("dd", {}, value)]),
+    pairs.filter(Boolean).map(([term, value]) => h("div", {}, h("dt", {}, term), h("dd", {}, value))),
   );
 }
 
@@ -36,7 +36,7 @@ export class RunsPanel {
     this.stale = true;
     this.list = h("ol", { class: "runs", "aria-label": "Runs" });
     this.more = h("button", { type: "button", class: "quiet", hidden: true, onclick: () => this.load(true) }, "Load more runs");
-    this.note = h("p", { class: "muted" }, "Oldest first.");
+    this.note = h("p", { class: "muted panel-note" }, "Oldest first.");
     this.element = h("div", { class: "panel-scroll" }, this.note, this.list, this.more);
   }
 
@@ -132,7 +132,7 @@ export class VersionsPanel {
       empty: "This version has no messages.",
     });
     this.viewer = h("section", { class: "version-view", hidden: true, "aria-label": "A stored version" }, this.viewTitle, this.viewNote, this.feed.element);
-    this.element = h("div", { class: "versions-panel" }, h("div", { class: "panel-scroll versions-list" }, h("p", { class: "muted" }, "Newest first."), this.list, this.more), this.viewer);
+    this.element = h("div", { class: "versions-panel" }, h("div", { class: "panel-scroll versions-list" }, h("p", { class: "muted panel-note" }, "Newest first."), this.list, this.more), this.viewer);
   }
 
   /** Whether this server keeps versions: a probe of the first page (404: no such route). */

@@ -165,7 +165,7 @@ function decorate(article, head, opts) {
     head.append(h("span", { class: "muted run-ref", title: `run ${opts.runId}` }, `run ${shortId(opts.runId)}`));
   }
   if (opts.when) head.append(timeElement(opts.when));
-  if (opts.actions?.length) article.append(h("footer", { class: "msg-actions" }, opts.actions));
+  if (opts.actions?.length) head.append(h("span", { class: "msg-actions" }, opts.actions));
 }
 
 /** The context's summary: the messages compaction folded, as the model sees them now. */
@@ -187,25 +187,36 @@ export function systemArticle(prompt) {
   );
 }
 
-/** A compaction record (transcript, run records): why, the summary, what it folded. */
+/**
+ * A compaction record: why, the summary, what it folded — the folded messages themselves (a
+ * run record's or a run event's compaction), or their range (a transcript entry's: the
+ * messages are earlier in the transcript).
+ */
 export function compactionArticle(record, opts = {}) {
-  const folded = record.folded || [];
-  const list = h("ol", { class: "folded" });
-  const details = h(
-    "details",
-    {
-      class: "folded-list",
-      ontoggle: () => {
-        // the folded messages are drawn when opened (a compaction may fold thousands)
-        if (details.open && !list.childElementCount) {
-          for (const message of folded.slice(0, 500)) list.append(h("li", {}, foldedLine(message)));
-          if (folded.length > 500) list.append(h("li", { class: "muted" }, `… and ${count(folded.length - 500)} more`));
-        }
+  const folded = record.folded;
+  let what;
+  if (Array.isArray(folded)) {
+    const list = h("ol", { class: "folded" });
+    const details = h(
+      "details",
+      {
+        class: "folded-list",
+        ontoggle: () => {
+          // drawn when opened (a compaction may fold thousands)
+          if (details.open && !list.childElementCount) {
+            for (const message of folded.slice(0, 500)) list.append(h("li", {}, foldedLine(message)));
+            if (folded.length > 500) list.append(h("li", { class: "muted" }, `… and ${count(folded.length - 500)} more`));
+          }
+        },
       },
-    },
-    h("summary", {}, `Folded ${plural(folded.length, "message")}`),
-    list,
-  );
+      h("summary", {}, `Folded ${plural(folded.length, "message")}`),
+      list,
+    );
+    what = details;
+  } else if (folded && typeof folded === "object") {
+    const range = folded.count ? ` (context positions ${folded.from_position}–${folded.to_position - 1})` : "";
+    what = h("p", { class: "muted" }, `Folded ${plural(folded.count ?? 0, "message")}${range}`);
+  }
   const article = h(
     "article",
     { class: "msg msg-compaction", "aria-label": LABELS.compaction },
@@ -216,7 +227,12 @@ export function compactionArticle(record, opts = {}) {
       record.reason ? badge(record.reason) : null,
       h("span", { class: "muted" }, `${count(record.tokens_before)} → ${count(record.tokens_after)} tokens`),
     ),
-    h("div", { class: "msg-body" }, record.summary ? textBlock(record.summary) : h("p", { class: "muted" }, "(empty summary)"), details),
+    h(
+      "div",
+      { class: "msg-body" },
+      record.summary ? textBlock(record.summary) : h("p", { class: "muted" }, "(empty summary)"),
+      what,
+    ),
   );
   decorate(article, article.querySelector("header"), opts);
   return article;
