@@ -37,6 +37,11 @@ export class Composer {
     this.agent.closest(".field").hidden = names.length < 2;
   }
 
+  /** Choose this agent for the next run, when the server has it. */
+  selectAgent(name) {
+    if ([...this.agent.options].some((option) => option.value === name)) this.agent.value = name;
+  }
+
   /** A run is in progress (ours or another's): Send waits, Cancel shows. */
   setRunning(running, cancellable) {
     this.running = running;

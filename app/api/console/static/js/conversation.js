@@ -25,7 +25,6 @@ export class ConversationView {
     this.timer = 0;
     this.polling = false;
     this.versions = null; // this server keeps versions: null until probed
-    this.lastAgent = "default";
     this.queued = null; // a message typed while a run was in progress
 
     this.title = h("h2", { id: "conversation-title", tabIndex: -1 });
@@ -70,7 +69,7 @@ export class ConversationView {
     this.tablist.addEventListener("keydown", (event) => this.tabKey(event));
     this.transcriptOpened = false;
 
-    this.pending = new PendingCalls({ onAnswer: (results, approvals) => this.run(results, approvals, this.composer.agent.value || this.lastAgent) });
+    this.pending = new PendingCalls({ onAnswer: (results, approvals) => this.run(results, approvals, this.composer.agent.value || "default") });
     this.composer = new Composer({ onSend: (text, agent) => this.run([text], [], agent), onCancel: () => this.cancel() });
 
     this.element = h(
@@ -147,7 +146,7 @@ export class ConversationView {
       calls.length ? [" ", badge(`${calls.length} pending`, "warn")] : "",
     );
     this.pending.set(this.sending || this.watching ? [] : calls);
-    this.composer.setBlocked(calls.length ? "Answer the pending tool calls first (below)." : "");
+    this.composer.setBlocked(calls.length ? "Answer the pending tool calls above first." : "");
     this.details.show(conversation);
   }
 
@@ -200,7 +199,6 @@ export class ConversationView {
     }
     this.hideError();
     this.sending = true;
-    this.lastAgent = agent;
     this.pending.set([]);
     const body = { prompts, agent };
     if (approvals.length) body.approvals = approvals;
@@ -273,7 +271,7 @@ export class ConversationView {
     this.live = null;
     this.abort = null;
     this.composer.setRunning(false, false);
-    if (live.record?.agent) this.lastAgent = live.record.agent;
+    if (live.record?.agent) this.composer.selectAgent(live.record.agent); // answers go to it too
     await this.refresh(false, live.record);
     this.runs.stale = true;
     this.versionsPanel.stale = true;
@@ -359,6 +357,7 @@ export class ConversationView {
       const { body: created } = await api.post(api.conversationPath(this.id, "fork"), body);
       this.app.toast(`Forked into ${created.id}`);
       await this.app.list.load();
+      this.select("context"); // the fork opens on what it holds
       this.app.open(created.id);
     } catch (error) {
       this.showError(error);

@@ -164,6 +164,7 @@ export class VersionsPanel {
       const { body } = await api.get(url);
       if (id !== this.id) return;
       if (!more) this.list.replaceChildren();
+      this.current = body.current_version;
       for (const version of body.items) this.list.append(this.item(version));
       if (!this.list.childElementCount) this.list.append(h("li", { class: "muted" }, "No versions kept."));
       this.cursor = body.next_cursor;
@@ -182,6 +183,7 @@ export class VersionsPanel {
         "div",
         { class: "run-head" },
         h("strong", {}, `Version ${version.version}`),
+        version.version === this.current ? badge("current", "good") : null,
         version.kind ? badge(version.kind) : null,
         h("span", { class: "muted" }, plural(version.message_count ?? 0, "message")),
         timeElement(version.created_at),

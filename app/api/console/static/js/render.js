@@ -319,6 +319,8 @@ export function transcriptArticle(entry, opts = {}) {
       }
       return article;
     }
+    case "item_deleted":
+      return noteArticle("item deleted", "Item deleted", [body.item_id ? `item ${body.item_id}` : null, JSON.stringify(body)], meta);
     default:
       return noteArticle(entry.kind, entry.kind, [JSON.stringify(body)], meta);
   }
