@@ -338,9 +338,10 @@ export class ConversationView {
   async cancel(runId = null) {
     const target = runId || this.live?.runId || this.conversation?.active_run_id;
     if (!target) return;
+    const live = this.live;
+    if (live && live.runId === target) this.status.textContent = "Cancel asked…";
     try {
       await api.post(api.conversationPath(this.id, "runs", target, "cancel"));
-      this.status.textContent = "Cancel asked…";
       if (runId) {
         this.runs.stale = true;
         await this.runs.show();
