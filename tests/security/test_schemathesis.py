@@ -88,6 +88,9 @@ DOCUMENT = openapi_document()
 #: run that has none any more (e.g. one restored by an import, whose events are not exported).
 CONFIG = SchemathesisConfig.from_dict(
     {
+        # a request is the app in process: 60 s, not schemathesis's 10, before it counts as
+        # hanging (on a loaded machine a waiting run's request took longer than 10 s)
+        "request-timeout": 60,
         "auth": {"openapi": {"HTTPBearer": {"bearer": ACME_KEY}}},
         "checks": {
             "positive_data_acceptance": {"expected-statuses": [*ACCEPTED, "410", "412", "428"]},

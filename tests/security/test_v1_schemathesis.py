@@ -49,7 +49,10 @@ class DeferredApp:
 
 
 APP = DeferredApp()
-CONFIG = SchemathesisConfig.from_dict({"auth": {"openapi": {"HTTPBearer": {"bearer": ACME_KEY}}}})
+#: 60 s before a request of the app in process counts as hanging (schemathesis's default is 10)
+CONFIG = SchemathesisConfig.from_dict(
+    {"request-timeout": 60, "auth": {"openapi": {"HTTPBearer": {"bearer": ACME_KEY}}}}
+)
 schema = schemathesis.openapi.from_dict(v1_document(), config=CONFIG)
 schema.app = APP
 
