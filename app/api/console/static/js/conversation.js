@@ -396,6 +396,7 @@ export class ConversationView {
       this.app.toast(`Deleted ${id}`);
       await this.app.list.load();
       this.app.open(null);
+      this.app.list.element.querySelector("button")?.focus(); // focus was on the view just removed
     } catch (error) {
       this.showError(error);
     }

@@ -25,8 +25,7 @@ export function parseFilters(text) {
 }
 
 export class ConversationList {
-  constructor({ onOpen, onCreate, onError }) {
-    this.onOpen = onOpen;
+  constructor({ onCreate, onError }) {
     this.onCreate = onCreate;
     this.onError = onError;
     this.view = "recent";

@@ -64,7 +64,6 @@ class App {
     if (this.started) return;
     this.started = true;
     this.list = new ConversationList({
-      onOpen: (id) => this.open(id),
       onCreate: () => this.create(),
       onError: (error) => this.toast(error.message),
     });

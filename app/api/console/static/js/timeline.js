@@ -5,7 +5,6 @@
 
 import * as api from "./api.js";
 import { h } from "./dom.js";
-import { plural } from "./format.js";
 import {
   compactionArticle,
   failedAttempt,
@@ -76,10 +75,11 @@ export class LiveRun {
 
   /** The rows to draw after the stored context. */
   rows() {
-    const rows = this.messages.map((row) => ({ ...row, live: true, running: this.running }));
+    const runningKey = [...this.running].join(",");
+    const rows = this.messages.map((row) => ({ ...row, live: true, running: this.running, runningKey }));
     if (this.partial?.size) {
       const content = [...this.partial.entries()].sort((a, b) => a[0] - b[0]).map(([, block]) => ({ ...block }));
-      rows.push({ kind: "message", live: true, streaming: true, message: { type: "assistant", content } });
+      rows.push({ kind: "message", live: true, streaming: true, runningKey, message: { type: "assistant", content } });
     }
     return rows;
   }
@@ -162,7 +162,7 @@ export class ContextTimeline {
       this.base = rows.length;
       this.liveRows = [];
       const follow = fresh || this.feed.atEnd();
-      this.feed.setItems(rows, { toEnd: follow });
+      this.feed.setItems(rows, { toEnd: follow, keepScroll: !follow });
     } finally {
       this.feed.busy(false);
     }
@@ -216,7 +216,8 @@ export class ContextTimeline {
     for (let j = 0; j < rows.length; j += 1) {
       const index = this.base + j;
       if (j < this.liveRows.length) {
-        if (rows[j].streaming || rows[j].kind !== this.liveRows[j].kind || rows[j].message !== this.liveRows[j].message || live.running.size) {
+        const before = this.liveRows[j];
+        if (rows[j].streaming || rows[j].kind !== before.kind || rows[j].message !== before.message || rows[j].runningKey !== before.runningKey) {
           this.feed.replace(index, rows[j]);
         }
       } else {
@@ -297,9 +298,5 @@ export class TranscriptTimeline {
       this.done = false;
       await this.more();
     }
-  }
-
-  describe() {
-    return plural(this.feed.length, "entry", "entries");
   }
 }

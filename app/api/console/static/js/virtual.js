@@ -56,8 +56,10 @@ export class VirtualFeed {
 
   // --- the items ------------------------------------------------------------------------
 
-  /** Replace every item; `toEnd` shows the last ones (and follows new ones). */
-  setItems(items, { toEnd = false } = {}) {
+  /** Replace every item; `toEnd` shows the last ones (and follows new ones), `keepScroll`
+   * stays about where the reader was. */
+  setItems(items, { toEnd = false, keepScroll = false } = {}) {
+    const scrolled = this.element.scrollTop;
     for (const node of this.nodes.values()) node.remove();
     this.nodes.clear();
     this.items = items.slice();
@@ -65,7 +67,7 @@ export class VirtualFeed {
     this.dirty = true;
     this.active = toEnd ? Math.max(0, items.length - 1) : 0;
     this.stick = toEnd;
-    this.element.scrollTop = 0;
+    this.element.scrollTop = keepScroll ? scrolled : 0;
     this.update();
     if (toEnd) this.scrollToEnd();
   }
