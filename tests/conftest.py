@@ -370,6 +370,7 @@ def clock() -> ManualClock:
 #: the end; in this order, the rest keeps its order
 SLOW_FIRST = (
     "tests/frame/test_wheel.py",
+    "tests/console/",
     "tests/client/",
     "tests/security/test_schemathesis.py",
     "tests/faults/",

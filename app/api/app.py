@@ -27,7 +27,9 @@ from app.store.keys import KeyStore
 from app.store.stores import Stores
 
 from .auth import Authenticator, AuthMiddleware, announce_access
+from .console import install_console
 from .deps import Services
+from .docs_pages import install_docs_pages
 from .handlers import install_problem_handlers
 from .limits import BodyLimitMiddleware
 from .links import install_links
@@ -182,6 +184,8 @@ def create_app(
         description=DESCRIPTION,
         lifespan=lifespan,
         generate_unique_id_function=_operation_id,
+        docs_url=None,  # /docs and /redoc come from the package, not a CDN (docs_pages.py)
+        redoc_url=None,
     )
     install_problem_handlers(app)
     install_method_not_allowed(app)
@@ -190,6 +194,8 @@ def create_app(
 
     for module in (conversations, runs, events, transcript, health, usage):
         app.include_router(module.router)
+    install_docs_pages(app)
+    install_console(app)  # GET /console (docs/console.md), outside the document
     v1 = create_v1_app()  # OpenAI's Responses and Conversations API (its own document)
     app.mount(V1_PREFIX, v1)
 

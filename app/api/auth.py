@@ -18,8 +18,10 @@ keys never opens a server up.
 :class:`AuthMiddleware` runs before routing, body parsing and the body-size check, so an
 unauthenticated caller learns nothing about routes, ids or validation rules, and costs no more
 than reading its headers. Public without a key: ``/healthz``, ``/readyz``, the OpenAPI document
-and its viewers (``/openapi.json``, ``/docs``, ``/redoc``), and ``/metrics`` only when
-``CARRYOVER_PUBLIC_METRICS`` is set. Without keys configured every request belongs to the tenant
+and its viewers (``/openapi.json``, ``/docs``, ``/redoc`` and their files under ``/docs/assets/``),
+the console's page and files (``/console``, ``/console/static/``: they hold no data; the page
+asks for a key before it reads any), and ``/metrics`` only when ``CARRYOVER_PUBLIC_METRICS`` is
+set. Without keys configured every request belongs to the tenant
 ``default``.
 """
 
@@ -45,8 +47,19 @@ DEFAULT_TENANT = "default"
 #: where the middleware leaves the authenticated tenant for the ``tenant`` dependency
 TENANT_SCOPE_KEY = "carryover.tenant"
 PUBLIC_PATHS = frozenset(
-    {"/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+    {
+        "/healthz",
+        "/readyz",
+        "/openapi.json",
+        "/docs",
+        "/docs/oauth2-redirect",
+        "/redoc",
+        "/console",
+        "/console/",
+    }
 )
+#: public folders: static files that hold nothing of a tenant (the viewers', the console's)
+PUBLIC_PREFIXES = ("/docs/assets/", "/console/static/")
 METRICS_PATH = "/metrics"
 #: a presented key longer than this is refused without a lookup
 MAX_KEY_LENGTH = 512
@@ -232,7 +245,8 @@ class AuthMiddleware:
         self.public = PUBLIC_PATHS | ({METRICS_PATH} if public_metrics else frozenset())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.public:
+        path = scope["path"] if scope["type"] == "http" else ""
+        if scope["type"] != "http" or path in self.public or path.startswith(PUBLIC_PREFIXES):
             await self.app(scope, receive, send)
             return
         authorization = None

@@ -189,6 +189,18 @@ def test_carryover_serve_in_an_empty_directory_migrates_and_serves(
             seen.append(line)
         ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=10)
         assert ready.status_code == 200, ready.text
+        # the console's page and files ship in the wheel (package data), and the viewers' files
+        # come from their package
+        for path in (
+            "/console",
+            "/console/static/console.css",
+            "/console/static/js/main.js",
+            "/console/static/js/virtual.js",
+            "/docs",
+            "/docs/assets/swagger-ui-bundle.js",
+        ):
+            page = httpx.get(f"http://127.0.0.1:{port}{path}", timeout=10)
+            assert page.status_code == 200, (path, page.text)
     finally:
         server.terminate()
         server.wait(timeout=30)
