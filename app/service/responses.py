@@ -180,7 +180,7 @@ class ResponseService:
         and its tokens count in the tenant's usage (:meth:`admit_unstored` first)."""
         agent = self.agents.for_run(request)
         agent_input = pending.run_input(context, request, size_bounds(self.runs.settings))
-        pending.checker(agent, request)(context)
+        pending.checker(agent, request)(context, None)
         with telemetry.agent_span(request.agent, "", run_id) as span:
             task = asyncio.ensure_future(agent.run(agent_input, on_event=on_event))
             with RunDeadline(self.runs.settings.run_deadline_seconds, task.cancel) as deadline:

@@ -334,7 +334,7 @@ async def unstored(
 
     schema = run_request.settings.output_schema
     # refusals (an unanswered call, bad tools, a spent quota) are answered before anything runs
-    pending.checker(svc.agents.for_run(run_request), run_request)(context)
+    pending.checker(svc.agents.for_run(run_request), run_request)(context, None)
     await responses.admit_unstored(tenant)
     if not body.stream:
         result = await responses.run_unstored(tenant, run_id, run_request, context)

@@ -1,0 +1,253 @@
+"""Talking to MCP servers over streamable HTTP (the ``mcp`` package's client).
+
+Every listing and every call opens its own connection and session (connect, ``initialize``,
+the request, close): a session holds nothing a later call needs, a cancelled call closes its
+connection (the server sees its request end, and a session-keeping server gets the
+``notifications/cancelled`` the client sends), and there is no pool of half-dead sessions to
+keep. The cost is the handshake (two more requests) per call; listings are cached
+(:mod:`app.agent.mcp.cache`).
+
+Timeouts (:class:`~app.agent.mcp.servers.McpTimeouts`): ``connect`` bounds the TCP/TLS
+connection, ``list`` a whole listing and ``call`` a whole call, handshake included. Every
+failure is an :class:`McpFailure` naming the server (its label and host, never its headers or
+its full URL) and what failed.
+
+A server whose URL a request gave (``check_addresses``) is connected to only after its host's
+addresses were checked (app/addresses.py), and at the address checked, so a name that resolves
+differently a moment later cannot redirect the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx2
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.types import (
+    CallToolResult,
+    ImageContent,
+    ListToolsResult,
+    PaginatedRequestParams,
+    TextContent,
+)
+
+from app.addresses import IPAddress, PrivateTarget, Resolver, Target, check_url, resolve
+from app.tls import client_context
+
+from ..messages import Base64Source, ImageBlock, TextBlock, ToolResultBlock
+from .cache import ListedTool, Listing, ListingCache
+from .servers import McpServer
+
+#: pages of a tools/list a server may answer (a longer listing is cut here)
+MAX_LIST_PAGES = 50
+#: the text a call may return to the model, in characters (the rest is cut, and it says so)
+DEFAULT_MAX_RESULT_CHARS = 200_000
+
+
+class McpFailure(Exception):
+    """A listing or a call that failed: ``server`` names the server, ``what`` the request,
+    ``reason`` why (a timeout, a refused connection, an error answer, a refused address)."""
+
+    def __init__(self, server: McpServer, what: str, reason: str, *, timeout: bool = False):
+        self.label = server.label
+        self.host = urlsplit(server.url).netloc.rsplit("@", 1)[-1]
+        self.what = what
+        self.reason = reason
+        self.timeout = timeout
+        super().__init__(f"MCP server {self.label!r} ({self.host}): {what} {reason}")
+
+
+class _Pinned(httpx2.AsyncBaseTransport):
+    """Sends every request to the address its host was checked at (``Host`` and TLS server
+    name stay the name's)."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport, target: Target) -> None:
+        self.inner = inner
+        self.target = target
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        ip: IPAddress = self.target.addresses[0]
+        if request.url.host == self.target.host:
+            host_header = request.url.netloc.decode("ascii")
+            request.url = request.url.copy_with(host=str(ip))
+            request.headers["host"] = host_header
+            if request.url.scheme == "https":
+                request.extensions = {**request.extensions, "sni_hostname": self.target.host}
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _first_cause(exc: BaseException) -> BaseException:
+    """The exception that explains a failure (task groups wrap it in exception groups)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _reason(exc: BaseException) -> str:
+    cause = _first_cause(exc)
+    if isinstance(cause, httpx2.ConnectError):
+        return f"could not connect ({cause or 'connection refused'})"
+    if isinstance(cause, httpx2.HTTPStatusError):
+        return f"answered HTTP {cause.response.status_code}"
+    text = str(cause).strip() or type(cause).__name__
+    return f"{type(cause).__name__}: {text}" if type(cause).__name__ not in text else text
+
+
+class McpClient:
+    """Lists and calls the tools of MCP servers; one per process, shared by every agent."""
+
+    def __init__(
+        self,
+        *,
+        cache: ListingCache | None = None,
+        resolver: Resolver = resolve,
+        max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
+    ) -> None:
+        self.cache = cache if cache is not None else ListingCache()
+        #: how request-given hosts are resolved for the address check (tests replace it)
+        self.resolver = resolver
+        self.max_result_chars = max_result_chars
+
+    # --- connections ---------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def session(self, server: McpServer) -> AsyncIterator[ClientSession]:
+        """An initialized session with ``server``, closed on the way out."""
+        transport: httpx2.AsyncBaseTransport = httpx2.AsyncHTTPTransport(
+            verify=client_context(), trust_env=False
+        )
+        if server.check_addresses:
+            target = await check_url(server.url, allow_private=False, resolver=self.resolver)
+            transport = _Pinned(transport, target)
+        connect = server.timeouts.connect
+        timeout = httpx2.Timeout(connect=connect, read=None, write=connect, pool=connect)
+        async with (
+            httpx2.AsyncClient(
+                headers=dict(server.headers),
+                timeout=timeout,
+                transport=transport,
+                follow_redirects=False,
+                trust_env=False,
+            ) as http,
+            streamable_http_client(server.url, http_client=http) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            yield session
+
+    # --- listings --------------------------------------------------------------------------
+
+    async def list_tools(self, server: McpServer) -> Listing:
+        """What ``server`` lists, from the cache when it holds it; :class:`McpFailure`."""
+        return await self.cache.listing(server.identity, lambda: self.fetch_tools(server))
+
+    async def fetch_tools(self, server: McpServer) -> Listing:
+        """What ``server`` lists now (no cache); :class:`McpFailure` when it cannot say."""
+        limit = server.timeouts.list
+        try:
+            async with asyncio.timeout(limit):
+                return await self._list(server)
+        except TimeoutError:
+            raise McpFailure(
+                server, "tools/list", f"timed out after {limit:g}s", timeout=True
+            ) from None
+        except PrivateTarget as exc:
+            raise McpFailure(server, "tools/list", f"refused: {exc}") from None
+        except McpFailure:
+            raise
+        except Exception as exc:  # the transport's and the protocol's errors alike
+            raise McpFailure(server, "tools/list", _reason(exc)) from None
+
+    async def _list(self, server: McpServer) -> Listing:
+        tools: list[ListedTool] = []
+        async with self.session(server) as session:
+            cursor: str | None = None
+            for _ in range(MAX_LIST_PAGES):
+                if cursor is None:
+                    page: ListToolsResult = await session.list_tools()
+                else:
+                    page = await session.list_tools(params=PaginatedRequestParams(cursor=cursor))
+                for tool in page.tools:
+                    annotations = (
+                        tool.annotations.model_dump(mode="json", exclude_none=True)
+                        if tool.annotations is not None
+                        else None
+                    )
+                    tools.append(
+                        ListedTool(
+                            name=tool.name,
+                            description=tool.description or "",
+                            input_schema=dict(tool.input_schema),
+                            annotations=annotations,
+                        )
+                    )
+                cursor = page.next_cursor
+                if not cursor:
+                    break
+        return Listing.of(tuple(tools))
+
+    # --- calls ------------------------------------------------------------------------------
+
+    async def call_tool(
+        self, server: McpServer, name: str, arguments: Mapping[str, Any]
+    ) -> tuple[tuple[ToolResultBlock, ...], bool]:
+        """Call ``name`` on ``server``: the result's blocks and whether the server marked it an
+        error. :class:`McpFailure` when the call could not be made or did not finish in time;
+        cancelling the caller closes the connection (the server sees the call end)."""
+        limit = server.timeouts.call
+        what = f"tools/call {name!r}"
+        try:
+            async with asyncio.timeout(limit):
+                async with self.session(server) as session:
+                    result = await session.call_tool(name, dict(arguments))
+        except TimeoutError:
+            raise McpFailure(server, what, f"timed out after {limit:g}s", timeout=True) from None
+        except PrivateTarget as exc:
+            raise McpFailure(server, what, f"refused: {exc}") from None
+        except Exception as exc:
+            raise McpFailure(server, what, _reason(exc)) from None
+        return self._blocks(result), bool(result.is_error)
+
+    def _blocks(self, result: CallToolResult) -> tuple[ToolResultBlock, ...]:
+        """The result as the model sees it: text and images as they are; anything else (audio,
+        resources, a structured result without content) as its JSON; bounded in text."""
+        blocks: list[ToolResultBlock] = []
+        budget = self.max_result_chars
+        for item in result.content:
+            if isinstance(item, ImageContent):
+                blocks.append(
+                    ImageBlock(source=Base64Source(media_type=item.mime_type, data=item.data))
+                )
+                continue
+            text = (
+                item.text
+                if isinstance(item, TextContent)
+                else json.dumps(item.model_dump(mode="json", exclude_none=True), default=str)
+            )
+            if len(text) > budget:
+                text = text[:budget] + f"\n[cut: the tool's output passed {self.max_result_chars} "
+                text += "characters]"
+                budget = 0
+            else:
+                budget -= len(text)
+            if text:
+                blocks.append(TextBlock(text=text))
+            if budget <= 0:
+                break
+        if not blocks and result.structured_content is not None:
+            blocks.append(TextBlock(text=json.dumps(result.structured_content, default=str)))
+        if not blocks:  # providers refuse an empty result
+            blocks.append(TextBlock(text="(the tool returned no content)"))
+        return tuple(blocks)
+
+
+__all__ = ["McpClient", "McpFailure"]
