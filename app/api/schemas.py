@@ -444,10 +444,25 @@ class Health(BaseModel):
     status: Literal["ok"]
 
 
+class McpServerReadiness(BaseModel):
+    reachable: bool
+    reason: str | None = Field(
+        default=None, description="Why its tools could not be listed (null when they were)"
+    )
+
+
 class ProfileReadiness(BaseModel):
     ready: bool
     reason: str | None = Field(
         default=None, description="Why the profile cannot run (null when it can)"
+    )
+    mcp_servers: dict[str, McpServerReadiness] = Field(
+        default_factory=dict,
+        exclude_if=lambda servers: not servers,
+        description="The profile's MCP servers by label (left out when it has none): whether "
+        "each lists its tools now (a "
+        "listing kept from a run counts). Reported, not part of `ready`: a run whose server "
+        "cannot be listed fails on its own, naming it",
     )
 
 

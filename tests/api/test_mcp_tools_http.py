@@ -370,3 +370,19 @@ async def test_listings_are_cached_between_runs(
             await run(client, conv, f'/tool lookup {{"word": "{word}"}}')
         cache = client.app.state.services.runs.state.mcp.client.cache
         assert cache.fetches == 1
+
+
+async def test_readyz_reports_each_profiles_mcp_servers_without_failing_readiness(
+    app_factory: Callable[..., Any], fake: FakeMcp
+) -> None:
+    down = f"http://127.0.0.1:{free_port()}/mcp"
+    servers = [*profile_server(fake.url), *profile_server(down, label="gone", connect_timeout=2)]
+    async with app_factory(mcp_servers=servers) as client:
+        got = await client.get("/readyz")
+        assert got.status_code == 200, got.text
+        body = got.json()
+        assert body["status"] == "ready"
+        reported = body["profiles"]["default"]["mcp_servers"]
+        assert reported["dict"] == {"reachable": True, "reason": None}
+        assert reported["gone"]["reachable"] is False
+        assert "could not connect" in reported["gone"]["reason"]

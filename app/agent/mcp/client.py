@@ -20,29 +20,20 @@ differently a moment later cannot redirect the connection.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import httpx2
-from mcp.client.session import ClientSession
-from mcp.client.streamable_http import streamable_http_client
-from mcp.types import (
-    CallToolResult,
-    ImageContent,
-    ListToolsResult,
-    PaginatedRequestParams,
-    TextContent,
-)
+from app.addresses import PrivateTarget, Resolver, resolve
 
-from app.addresses import IPAddress, PrivateTarget, Resolver, Target, check_url, resolve
-from app.tls import client_context
-
-from ..messages import Base64Source, ImageBlock, TextBlock, ToolResultBlock
+from ..messages import ToolResultBlock
 from .cache import ListedTool, Listing, ListingCache
 from .servers import McpServer
+
+if TYPE_CHECKING:
+    from mcp.client.session import ClientSession
+    from mcp.types import CallToolResult, ListToolsResult
 
 #: pages of a tools/list a server may answer (a longer listing is cut here)
 MAX_LIST_PAGES = 50
@@ -63,43 +54,10 @@ class McpFailure(Exception):
         super().__init__(f"MCP server {self.label!r} ({self.host}): {what} {reason}")
 
 
-class _Pinned(httpx2.AsyncBaseTransport):
-    """Sends every request to the address its host was checked at (``Host`` and TLS server
-    name stay the name's)."""
-
-    def __init__(self, inner: httpx2.AsyncBaseTransport, target: Target) -> None:
-        self.inner = inner
-        self.target = target
-
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        ip: IPAddress = self.target.addresses[0]
-        if request.url.host == self.target.host:
-            host_header = request.url.netloc.decode("ascii")
-            request.url = request.url.copy_with(host=str(ip))
-            request.headers["host"] = host_header
-            if request.url.scheme == "https":
-                request.extensions = {**request.extensions, "sni_hostname": self.target.host}
-        return await self.inner.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
-def _first_cause(exc: BaseException) -> BaseException:
-    """The exception that explains a failure (task groups wrap it in exception groups)."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc
-
-
 def _reason(exc: BaseException) -> str:
-    cause = _first_cause(exc)
-    if isinstance(cause, httpx2.ConnectError):
-        return f"could not connect ({cause or 'connection refused'})"
-    if isinstance(cause, httpx2.HTTPStatusError):
-        return f"answered HTTP {cause.response.status_code}"
-    text = str(cause).strip() or type(cause).__name__
-    return f"{type(cause).__name__}: {text}" if type(cause).__name__ not in text else text
+    from . import _wire
+
+    return _wire.reason(exc)
 
 
 class McpClient:
@@ -122,26 +80,9 @@ class McpClient:
     @asynccontextmanager
     async def session(self, server: McpServer) -> AsyncIterator[ClientSession]:
         """An initialized session with ``server``, closed on the way out."""
-        transport: httpx2.AsyncBaseTransport = httpx2.AsyncHTTPTransport(
-            verify=client_context(), trust_env=False
-        )
-        if server.check_addresses:
-            target = await check_url(server.url, allow_private=False, resolver=self.resolver)
-            transport = _Pinned(transport, target)
-        connect = server.timeouts.connect
-        timeout = httpx2.Timeout(connect=connect, read=None, write=connect, pool=connect)
-        async with (
-            httpx2.AsyncClient(
-                headers=dict(server.headers),
-                timeout=timeout,
-                transport=transport,
-                follow_redirects=False,
-                trust_env=False,
-            ) as http,
-            streamable_http_client(server.url, http_client=http) as (read, write),
-            ClientSession(read, write) as session,
-        ):
-            await session.initialize()
+        from . import _wire  # the mcp package: imported on first use, not with the app
+
+        async with _wire.session(server, self.resolver) as session:
             yield session
 
     # --- listings --------------------------------------------------------------------------
@@ -168,14 +109,13 @@ class McpClient:
             raise McpFailure(server, "tools/list", _reason(exc)) from None
 
     async def _list(self, server: McpServer) -> Listing:
+        from . import _wire
+
         tools: list[ListedTool] = []
         async with self.session(server) as session:
             cursor: str | None = None
             for _ in range(MAX_LIST_PAGES):
-                if cursor is None:
-                    page: ListToolsResult = await session.list_tools()
-                else:
-                    page = await session.list_tools(params=PaginatedRequestParams(cursor=cursor))
+                page: ListToolsResult = await _wire.list_page(session, cursor)
                 for tool in page.tools:
                     annotations = (
                         tool.annotations.model_dump(mode="json", exclude_none=True)
@@ -218,36 +158,9 @@ class McpClient:
         return self._blocks(result), bool(result.is_error)
 
     def _blocks(self, result: CallToolResult) -> tuple[ToolResultBlock, ...]:
-        """The result as the model sees it: text and images as they are; anything else (audio,
-        resources, a structured result without content) as its JSON; bounded in text."""
-        blocks: list[ToolResultBlock] = []
-        budget = self.max_result_chars
-        for item in result.content:
-            if isinstance(item, ImageContent):
-                blocks.append(
-                    ImageBlock(source=Base64Source(media_type=item.mime_type, data=item.data))
-                )
-                continue
-            text = (
-                item.text
-                if isinstance(item, TextContent)
-                else json.dumps(item.model_dump(mode="json", exclude_none=True), default=str)
-            )
-            if len(text) > budget:
-                text = text[:budget] + f"\n[cut: the tool's output passed {self.max_result_chars} "
-                text += "characters]"
-                budget = 0
-            else:
-                budget -= len(text)
-            if text:
-                blocks.append(TextBlock(text=text))
-            if budget <= 0:
-                break
-        if not blocks and result.structured_content is not None:
-            blocks.append(TextBlock(text=json.dumps(result.structured_content, default=str)))
-        if not blocks:  # providers refuse an empty result
-            blocks.append(TextBlock(text="(the tool returned no content)"))
-        return tuple(blocks)
+        from . import _wire
+
+        return _wire.blocks(result, self.max_result_chars)
 
 
 __all__ = ["McpClient", "McpFailure"]
