@@ -12,15 +12,41 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    WithJsonSchema,
+    model_validator,
+)
 
-from app.agent.mcp import NAME, ApprovalPolicy, McpServer, McpTimeouts
+from app.agent.mcp import BUILTIN_LABEL, NAME, ApprovalPolicy, McpServer, McpTimeouts
 from app.agent.pending import ClientTool
 from app.config import Settings
 from app.config.mcp import header_problem, url_problem
 
 #: MCP servers one request may name (each is listed before the run starts)
 MAX_MCP_SERVERS = 8
+
+#: a header's name (an RFC 9110 token) and value (visible characters, spaces and tabs)
+_HEADER_NAME = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$"
+_HEADER_VALUE = r"^[\t\x20-\x7e\x80-\xff]*$"
+HeaderName = Annotated[str, Field(pattern=_HEADER_NAME)]
+HeaderValue = Annotated[str, Field(max_length=8192, pattern=_HEADER_VALUE)]
+Headers = Annotated[
+    dict[HeaderName, HeaderValue],
+    Field(max_length=32),
+    WithJsonSchema(
+        {
+            "type": "object",
+            "maxProperties": 32,
+            "propertyNames": {"pattern": _HEADER_NAME},
+            "additionalProperties": {"type": "string", "maxLength": 8192, "pattern": _HEADER_VALUE},
+        }
+    ),
+]
 
 
 class FunctionToolBody(BaseModel):
@@ -64,7 +90,11 @@ class McpToolBody(BaseModel):
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
     type: Literal["mcp"]
-    server_label: str = Field(pattern=NAME.pattern, description="The server's name in this run")
+    server_label: str = Field(
+        pattern=NAME.pattern,
+        description="The server's name in this run (not `carryover`: the agent's own tools)",
+        json_schema_extra={"not": {"enum": [BUILTIN_LABEL]}},
+    )
     server_url: str = Field(
         min_length=1,
         max_length=2048,
@@ -81,9 +111,8 @@ class McpToolBody(BaseModel):
         description="Which calls wait for the application's decision; left out: every call "
         '("always", OpenAI\'s default)',
     )
-    headers: dict[str, Annotated[str, Field(max_length=8192)]] | None = Field(
+    headers: Headers | None = Field(
         default=None,
-        max_length=32,
         description="Sent to the server with every request (authorization): never stored, "
         "logged or echoed; a queued or background run cannot carry them (422)",
     )
@@ -102,8 +131,8 @@ class McpToolBody(BaseModel):
 
     def policy(self) -> ApprovalPolicy:
         value = self.require_approval
-        if isinstance(value, _ApprovalFilter):
-            return ApprovalPolicy.parse(value.model_dump(exclude_none=True))
+        if isinstance(value, _ApprovalFilter):  # an empty filter: the default, every call asks
+            return ApprovalPolicy.parse(value.model_dump(exclude_none=True) or None)
         return ApprovalPolicy.parse(value)
 
     def server(self, settings: Settings) -> McpServer:

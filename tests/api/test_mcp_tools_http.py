@@ -18,9 +18,11 @@ from typing import Any
 
 import pytest
 
+from app.config import AgentProfile
+
 from ..fakes.mcp_server import ConnectionProbe, FakeMcp, wait_for
 from ..helpers import assert_problem, free_port, until
-from .conftest import AppClient
+from .conftest import AppClient, SettingsFactory, start_client
 
 SECRET = "Bearer mcp-secret-7f3a9c"
 
@@ -386,3 +388,38 @@ async def test_readyz_reports_each_profiles_mcp_servers_without_failing_readines
         assert reported["dict"] == {"reachable": True, "reason": None}
         assert reported["gone"]["reachable"] is False
         assert "could not connect" in reported["gone"]["reason"]
+
+
+async def test_a_pending_calls_kind_is_stored_with_it_not_inferred_from_the_profile(
+    make_settings: SettingsFactory,
+) -> None:
+    # profile "bare" has no server tools, so a client tool may be called time_now; the default
+    # profile has a server tool time_now: inferred from it, the call would await an approval
+    app, client = await start_client(make_settings(agents={"bare": AgentProfile(tools=())}))
+    async with app.router.lifespan_context(app), client:
+        conv = await created(client)
+        paused = await run(
+            client,
+            conv,
+            "/tool time_now {}",
+            agent="bare",
+            tools=[{"name": "time_now", "parameters": {"type": "object"}}],
+        )
+        [call] = paused["required_action"]["tool_calls"]
+        assert call["kind"] == "client"
+        answered = await client.post(
+            f"/conversations/{conv}/runs",
+            json={
+                "prompts": [
+                    {
+                        "type": "tool_result",
+                        "tool_call_id": call["id"],
+                        "tool_name": "time_now",
+                        "content": [{"type": "text", "text": "noon"}],
+                    }
+                ],
+                "agent": "default",
+            },
+        )
+        assert answered.status_code == 201, answered.text
+        assert final_text(answered.json()) == 'Tool time_now returned: "noon"'

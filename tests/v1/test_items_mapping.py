@@ -154,7 +154,11 @@ def test_a_server_call_awaiting_approval_is_an_approval_request() -> None:
     parsed = messages_of(
         [
             request,
-            {"type": "mcp_approval_response", "approval_request_id": request["id"], "approve": True},
+            {
+                "type": "mcp_approval_response",
+                "approval_request_id": request["id"],
+                "approve": True,
+            },
         ],
         {}.get,
     )

@@ -46,9 +46,7 @@ def mcp(fake: FakeMcp, **overrides: Any) -> Any:
     }
 
 
-def test_a_server_call_is_an_mcp_call_item_with_its_output(
-    server: Server, fake: FakeMcp
-) -> None:
+def test_a_server_call_is_an_mcp_call_item_with_its_output(server: Server, fake: FakeMcp) -> None:
     client = server.client()
     conversation = client.conversations.create()
     response = client.responses.create(
@@ -59,7 +57,7 @@ def test_a_server_call_is_an_mcp_call_item_with_its_output(
     )
     assert response.status == "completed"
     call, message = response.output
-    assert call.type == "mcp_call"
+    assert call.type == "mcp_call" and message.type == "message"
     assert (call.server_label, call.name, call.arguments) == ("dict", "lookup", '{"word": "carry"}')
     assert call.output == "definition of carry"
     assert call.error is None
