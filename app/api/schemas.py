@@ -460,8 +460,8 @@ class ProfileReadiness(BaseModel):
         default_factory=dict,
         exclude_if=lambda servers: not servers,
         description="The profile's MCP servers by label (left out when it has none): whether "
-        "each lists its tools now (a "
-        "listing kept from a run counts). Reported, not part of `ready`: a run whose server "
+        "each lists its tools now (the "
+        "listing a run kept counts). Reported, not part of `ready`: a run whose server "
         "cannot be listed fails on its own, naming it",
     )
 

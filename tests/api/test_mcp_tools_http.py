@@ -216,7 +216,7 @@ async def test_a_server_url_that_is_not_allowed_is_refused_without_a_connection(
             assert body["errors"][0]["path"] == "body.tools[0].server_url"
             runs = (await client.get(f"/conversations/{conv}/runs")).json()["items"]
             assert runs == []
-        assert probe.connections == 0
+        assert probe.settled() == 0
 
 
 async def test_a_private_server_url_is_refused_unless_its_allowed_entry_names_it(
@@ -237,7 +237,7 @@ async def test_a_private_server_url_is_refused_unless_its_allowed_entry_names_it
             )
             body = assert_problem(response, 422, "validation-error")
             assert "loopback" in body["detail"]
-            assert probe.connections == 0
+            assert probe.settled() == 0
             # an allowed entry that names the private address itself is the operator's yes
             answer = await run(
                 client,
@@ -247,7 +247,7 @@ async def test_a_private_server_url_is_refused_unless_its_allowed_entry_names_it
             )
             assert answer["status"] == "failed"  # the probe answers nothing: not listable
             assert "MCP server 'p'" in answer["error"]["detail"]
-            assert probe.connections > 0
+            assert probe.settled() > 0
 
 
 async def _resolves_to_loopback(host: str, port: int) -> list[Any]:

@@ -166,10 +166,18 @@ async def wait_for(event: threading.Event, what: str) -> None:
 
 
 class ConnectionProbe:
-    """A TCP listener that counts the connections made to it (and answers nothing)."""
+    """A TCP listener that counts the connections made to it (and answers nothing).
+
+    :meth:`settled` makes the count a fact, not a race: it connects to the listener itself and
+    waits until that connection is accepted — connections are accepted in order, so every one
+    made before it has been counted (the ``Listener`` of tests/security/test_limits.py does the
+    same)."""
 
     def __init__(self) -> None:
         self.connections = 0
+        self._peers: list[Any] = []  # the address of each connection accepted, in order
+        self._own: set[Any] = set()  # those :meth:`settled` made
+        self._seen = threading.Condition()
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", 0))
@@ -182,11 +190,24 @@ class ConnectionProbe:
     def _accept(self) -> None:
         while not self._stop.is_set():
             try:
-                conn, _ = self._sock.accept()
+                conn, peer = self._sock.accept()
             except (TimeoutError, OSError):
                 continue
-            self.connections += 1
+            with self._seen:
+                self.connections += 1
+                self._peers.append(peer)
+                self._seen.notify_all()
             conn.close()
+
+    def settled(self) -> int:
+        """The connections made to it so far by others (see the class)."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=HANG_GUARD_SECONDS) as own:
+            mine = own.getsockname()
+            with self._seen:
+                if not self._seen.wait_for(lambda: mine in self._peers, HANG_GUARD_SECONDS):
+                    raise AssertionError("the probe's own connection was never accepted")
+                self._own.add(mine)
+                return sum(1 for p in self._peers if p not in self._own)
 
     def url(self, host: str = "127.0.0.1") -> str:
         return f"http://{host}:{self.port}/mcp"
