@@ -165,6 +165,12 @@ async def wait_for(event: threading.Event, what: str) -> None:
         raise AssertionError(f"{what} never happened")
 
 
+def wait_for_thread(event: threading.Event, what: str) -> None:
+    """As :func:`wait_for`, for a test without an event loop (a hang guard, no timing)."""
+    if not event.wait(HANG_GUARD_SECONDS):
+        raise AssertionError(f"{what} never happened")
+
+
 class ConnectionProbe:
     """A TCP listener that counts the connections made to it (and answers nothing).
 

@@ -206,3 +206,42 @@ def test_store_false_calls_the_server_and_stores_nothing(server: Server, fake: F
     )
     assert response.output[0].type == "mcp_call"
     assert response.output_text == 'Tool lookup returned: "definition of air"'
+
+
+def test_a_tool_that_raises_is_a_failed_mcp_call_and_the_response_goes_on(
+    server: Server, fake: FakeMcp
+) -> None:
+    response = server.client().responses.create(
+        model="default", input='/tool explode {"reason": "v1"}', tools=[mcp(fake)]
+    )
+    assert response.status == "completed"
+    call = response.output[0]
+    assert call.type == "mcp_call" and call.status == "failed"
+    assert call.output is None and call.error is not None
+    assert response.output_text.startswith("Tool explode failed:")
+
+
+def test_a_server_that_is_down_fails_the_response_naming_it(server: Server, fake: FakeMcp) -> None:
+    down = f"http://127.0.0.1:{fake.port}/nothing-here"  # allowed, but no MCP server there
+    response = server.client().responses.create(
+        model="default", input="hello", tools=[mcp(fake, server_label="gone", server_url=down)]
+    )
+    assert response.status == "failed"
+    assert response.error is not None and "MCP server 'gone'" in response.error.message
+    assert response.output == []
+
+
+def test_cancelling_a_background_response_reaches_the_server(server: Server, fake: FakeMcp) -> None:
+    from ..fakes.mcp_server import wait_for_thread
+
+    fake.gate("v1-slow")
+    client = server.client()
+    started = client.responses.create(
+        model="default",
+        input='/tool hold {"label": "v1-slow"}',
+        tools=[mcp(fake)],
+        background=True,
+    )
+    wait_for_thread(fake.arrived["v1-slow"], "the call reaching the server")
+    client.responses.cancel(started.id)
+    wait_for_thread(fake.cancelled["v1-slow"], "the server seeing the cancellation")
