@@ -423,3 +423,25 @@ async def test_a_pending_calls_kind_is_stored_with_it_not_inferred_from_the_prof
         )
         assert answered.status_code == 201, answered.text
         assert final_text(answered.json()) == 'Tool time_now returned: "noon"'
+
+
+async def test_a_background_run_keeps_its_servers_without_headers_and_calls_them(
+    app_factory: Callable[..., Any], fake: FakeMcp
+) -> None:
+    async with app_factory(**allowing(fake)) as client:
+        conv = await created(client)
+        started = await client.post(
+            f"/conversations/{conv}/runs",
+            json={"prompts": ['/tool lookup {"word": "later"}'], "tools": [entry(fake)]},
+            headers={"Prefer": "respond-async"},
+        )
+        assert started.status_code == 202, started.text
+        run_id = started.json()["run_id"]
+
+        async def ended() -> dict[str, Any] | None:
+            record = (await client.get(f"/conversations/{conv}/runs/{run_id}")).json()
+            return record if record["status"] not in ("queued", "running") else None
+
+        record = await until(ended, what="the background run to end")
+        assert record["status"] == "completed", record
+        assert final_text(record) == 'Tool lookup returned: "definition of later"'
