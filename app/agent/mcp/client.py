@@ -4,8 +4,8 @@ Every listing and every call opens its own connection and session (connect, ``in
 the request, close): a session holds nothing a later call needs, a cancelled call closes its
 connection (the server sees its request end, and a session-keeping server gets the
 ``notifications/cancelled`` the client sends), and there is no pool of half-dead sessions to
-keep. The cost is the handshake (two more requests) per call; listings are cached
-(:mod:`app.agent.mcp.cache`).
+keep. The cost is the handshake (``initialize`` and its notification, and a session's closing
+``DELETE``) per call; listings are cached (:mod:`app.agent.mcp.cache`).
 
 Timeouts (:class:`~app.agent.mcp.servers.McpTimeouts`): ``connect`` bounds the TCP/TLS
 connection, ``list`` a whole listing and ``call`` a whole call, handshake included. Every
