@@ -116,9 +116,11 @@ class _State:
 
     def attempt(self, message: AssistantMessage) -> AssistantMessage:
         """Every attempt is a run record; only a replayable one joins the context. Its calls to
-        server-side tools record the server that runs them (``server_label``); the attempt as
-        recorded is returned."""
-        message = stamped(message, self.plan.labels)
+        server-side tools record the server that runs them (``server_label``: a replayable
+        attempt's, whose calls run; a failed attempt stays as the provider sent it); the
+        attempt as recorded is returned."""
+        if message.replayable:
+            message = stamped(message, self.plan.labels)
         self.final = message
         self.usage = self.usage + message.usage
         if message.replayable:

@@ -35,7 +35,7 @@ from app.agent.pending import Approval, PendingCall, RequiredAction
 from app.agent.records import Compaction, RunSettings
 from app.agent.structured import OutputSchema, schema_problem
 
-from .tools import MAX_MCP_SERVERS, McpToolBody, ToolEntry
+from .tools import MAX_MCP_SERVERS, McpTool, ToolEntry
 
 CONVERSATION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
@@ -310,7 +310,7 @@ class RunCreate(_Body):
 
     @model_validator(mode="after")
     def _few_servers(self) -> RunCreate:
-        servers = sum(1 for t in self.tools if isinstance(t, McpToolBody))
+        servers = sum(1 for t in self.tools if isinstance(t, McpTool))
         if servers > MAX_MCP_SERVERS:
             raise ValueError(f"tools: at most {MAX_MCP_SERVERS} MCP servers per run")
         return self

@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from app.agent.mcp import BUILTIN_LABEL, NAME, ApprovalPolicy, McpServer, McpTimeouts
-from app.agent.pending import ClientTool
+from app.agent.pending import ClientTool as AgentClientTool
 from app.config import Settings
 from app.config.mcp import header_problem, url_problem
 
@@ -49,7 +49,7 @@ Headers = Annotated[
 ]
 
 
-class FunctionToolBody(BaseModel):
+class ClientTool(BaseModel):
     """A client tool: offered to the model, executed by the application (a call pauses the
     run: ``requires_action``)."""
 
@@ -63,11 +63,13 @@ class FunctionToolBody(BaseModel):
         default=None, description="Accepted (OpenAI's); the schema is sent as given"
     )
 
-    def client_tool(self) -> ClientTool:
-        return ClientTool(name=self.name, description=self.description, parameters=self.parameters)
+    def client_tool(self) -> AgentClientTool:
+        return AgentClientTool(
+            name=self.name, description=self.description, parameters=self.parameters
+        )
 
 
-class _ToolNames(BaseModel):
+class McpToolNames(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tool_names: list[Annotated[str, Field(pattern=NAME.pattern)]]
@@ -76,14 +78,14 @@ class _ToolNames(BaseModel):
     )
 
 
-class _ApprovalFilter(BaseModel):
+class McpApprovalFilter(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    always: _ToolNames | None = None
-    never: _ToolNames | None = None
+    always: McpToolNames | None = None
+    never: McpToolNames | None = None
 
 
-class McpToolBody(BaseModel):
+class McpTool(BaseModel):
     """A remote MCP server whose tools this run may use, executed by the server (docs/tools.md,
     "Remote MCP tools")."""
 
@@ -101,12 +103,12 @@ class McpToolBody(BaseModel):
         description="Must start with an entry of CARRYOVER_MCP_ALLOWED_URLS (else 422, and no "
         "connection is made)",
     )
-    allowed_tools: list[Annotated[str, Field(pattern=NAME.pattern)]] | _ToolNames | None = Field(
+    allowed_tools: list[Annotated[str, Field(pattern=NAME.pattern)]] | McpToolNames | None = Field(
         default=None,
         description="The only tools the model sees and the server is called with (default: "
         "every tool it lists)",
     )
-    require_approval: Literal["always", "never"] | _ApprovalFilter | None = Field(
+    require_approval: Literal["always", "never"] | McpApprovalFilter | None = Field(
         default=None,
         description="Which calls wait for the application's decision; left out: every call "
         '("always", OpenAI\'s default)',
@@ -119,7 +121,7 @@ class McpToolBody(BaseModel):
     server_description: str | None = Field(default=None, max_length=4096)
 
     @model_validator(mode="after")
-    def _checked(self) -> McpToolBody:
+    def _checked(self) -> McpTool:
         problem = url_problem(self.server_url)
         if problem is not None:
             raise ValueError(f"server_url: {problem}")
@@ -131,13 +133,13 @@ class McpToolBody(BaseModel):
 
     def policy(self) -> ApprovalPolicy:
         value = self.require_approval
-        if isinstance(value, _ApprovalFilter):  # an empty filter: the default, every call asks
+        if isinstance(value, McpApprovalFilter):  # an empty filter: the default, every call asks
             return ApprovalPolicy.parse(value.model_dump(exclude_none=True) or None)
         return ApprovalPolicy.parse(value)
 
     def server(self, settings: Settings) -> McpServer:
         allowed = self.allowed_tools
-        names = allowed.tool_names if isinstance(allowed, _ToolNames) else allowed
+        names = allowed.tool_names if isinstance(allowed, McpToolNames) else allowed
         return McpServer(
             label=self.server_label,
             url=self.server_url,
@@ -164,21 +166,21 @@ def _tool_type(value: Any) -> str:
 
 
 ToolEntry = Annotated[
-    Annotated[FunctionToolBody, Tag("function")] | Annotated[McpToolBody, Tag("mcp")],
+    Annotated[ClientTool, Tag("function")] | Annotated[McpTool, Tag("mcp")],
     Discriminator(_tool_type),
 ]
 
 
 def split_tools(
-    entries: Sequence[FunctionToolBody | McpToolBody], settings: Settings
-) -> tuple[tuple[ClientTool, ...], tuple[int, ...], tuple[McpServer, ...], tuple[int, ...]]:
+    entries: Sequence[ClientTool | McpTool], settings: Settings
+) -> tuple[tuple[AgentClientTool, ...], tuple[int, ...], tuple[McpServer, ...], tuple[int, ...]]:
     """The client tools and MCP servers of ``tools``, each with its place in the list."""
-    client: list[ClientTool] = []
+    client: list[AgentClientTool] = []
     client_at: list[int] = []
     servers: list[McpServer] = []
     servers_at: list[int] = []
     for i, entry in enumerate(entries):
-        if isinstance(entry, McpToolBody):
+        if isinstance(entry, McpTool):
             servers.append(entry.server(settings))
             servers_at.append(i)
         else:
@@ -187,4 +189,4 @@ def split_tools(
     return tuple(client), tuple(client_at), tuple(servers), tuple(servers_at)
 
 
-__all__ = ["MAX_MCP_SERVERS", "FunctionToolBody", "McpToolBody", "ToolEntry", "split_tools"]
+__all__ = ["MAX_MCP_SERVERS", "ClientTool", "McpTool", "ToolEntry", "split_tools"]

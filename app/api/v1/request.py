@@ -18,7 +18,7 @@ from app.agent.structured import OutputSchema, schema_problem
 from app.config import Settings
 from app.service.runs import RunRequest
 
-from ..tools import McpToolBody
+from ..tools import McpTool as McpToolBody
 from .errors import bad_request
 from .mcp_items import Approved
 from .schemas import McpTool, ResponseCreate

@@ -11,7 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from app.agent.mcp import McpServer
 from app.config import Settings
 
-from ..tools import MAX_MCP_SERVERS, McpToolBody
+from ..tools import MAX_MCP_SERVERS
+from ..tools import McpTool as McpToolBody
 
 Metadata = dict[str, str]
 
