@@ -251,15 +251,17 @@ def record_response(attempt: Attempt, message: Any) -> None:
     current.set_attributes(_clean(attributes))
 
 
-def tool_span(name: str, call_id: str) -> Any:
-    """One tool call: ``execute_tool {name}``."""
+def tool_span(name: str, call_id: str, server: str | None = None) -> Any:
+    """One tool call: ``execute_tool {name}``; ``server``: the label of the server that runs
+    it (``carryover`` for the agent's own tools, an MCP server's label for a remote one)."""
     return span(
         f"execute_tool {name}",
         {
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": name,
             "gen_ai.tool.call.id": call_id,
-            "gen_ai.tool.type": "function",
+            "gen_ai.tool.type": "function" if server in (None, "carryover") else "extension",
+            "carryover.tool.server": server,
         },
     )
 

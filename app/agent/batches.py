@@ -35,7 +35,7 @@ class _ToolBatches:
             for call in approved:
                 await emit(ToolStarted(call))
             if approved:
-                await run_batch(self.config.tools, approved, on_done)
+                await run_batch(state.plan.runner or self.config.tools, approved, on_done)
         finally:
             answered = [
                 answer
@@ -80,7 +80,7 @@ class _ToolBatches:
         for call in calls:
             await emit(ToolStarted(call))
         try:
-            await run_batch(self.config.tools, calls, on_done)
+            await run_batch(state.plan.runner or self.config.tools, calls, on_done)
         finally:
             # Results arrive in any order; they are recorded in call order. On cancellation the
             # finished ones stay (contract §3.4) and the unfinished ones are closed as interrupted,

@@ -1,7 +1,8 @@
 """Lossless JSON codec for contexts and messages (contract §1).
 
 ``dump_*`` gives plain JSON values in which every field is present (empty strings stay empty
-strings); ``load_*`` rebuilds the immutable values and refuses anything it does not know with a
+strings; the one exception is a tool call's ``server_label``, left out when it has none);
+``load_*`` rebuilds the immutable values and refuses anything it does not know with a
 :class:`CodecError` naming the path of the bad element, e.g. ``messages[3].content[0].type``.
 """
 

@@ -107,12 +107,25 @@ class RedactedThinkingBlock(_Value):
 
 
 class ToolCallBlock(_Value):
-    """A tool call. ``arguments`` is the raw string the model produced, never re-serialized."""
+    """A tool call. ``arguments`` is the raw string the model produced, never re-serialized.
+
+    ``server_label``: which server executed the call (a remote MCP server's label, or
+    ``carryover`` for the agent's own server tools); absent for a client tool and for any call
+    stored before it was recorded. The one field of the wire format that is left out rather
+    than written as null, so every call stored without it reads and writes as it was."""
 
     type: Literal["tool_call"] = "tool_call"
     id: str = Field(min_length=1)
     name: str = Field(min_length=1)
     arguments: str
+    server_label: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        exclude_if=lambda value: value is None,
+        description="The server that executes the call: an MCP server's label, or `carryover` "
+        "for the agent's own server tools; absent for client tools",
+    )
 
 
 UserBlock = Annotated[TextBlock | ImageBlock, Field(discriminator="type")]

@@ -8,9 +8,12 @@ Pure functions and values; :mod:`app.agent.run` applies them.
 - When an attempt calls either kind, the other calls of its batch run; the run then ends
   ``requires_action``. The context it returns ends with the assistant message and the results
   of the calls that ran: its unanswered calls are the **pending calls**.
-- Which kind a pending call is follows from the stored context and the agent alone, so it
-  survives a restart: a call whose name is a server tool of the agent awaits an **approval**,
-  any other name is a **client** call (client tool names never clash with server tools).
+- A pending call's kind is decided by the run that paused: a call to a client tool of that
+  run is a **client** call, any other held call (an approval-gated server tool or MCP tool)
+  awaits an **approval**. The run service stores the kind with the call; given those kinds
+  (``kinds``), they are what counts. Without them (a context written by hand, or stored before
+  kinds were), a call that records a ``server_label`` or whose name is a server tool of the
+  agent awaits an approval, any other is a client call.
 - The next run must answer every pending call before anything else (:func:`plan_resume`):
   a result per client call, a decision per approval call. Anything else is refused before the
   run starts, with :class:`ToolResultsRequired` or :class:`UnexpectedAnswer`.
@@ -19,7 +22,7 @@ Pure functions and values; :mod:`app.agent.run` applies them.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -67,13 +70,22 @@ class Approval(_Value):
 
 
 class PendingCall(_Value):
-    """A tool call of the context's last assistant message that has no result yet."""
+    """A tool call of the context's last assistant message that has no result yet.
+
+    ``server_label``: the server that runs the call once approved (an MCP server's label, or
+    ``carryover``); absent for a client call."""
 
     id: str
     name: str
     #: the raw string the model produced, verbatim
     arguments: str
     kind: PendingKind
+    server_label: str | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="The server that runs the call once approved (an MCP server's label, or "
+        "`carryover` for the agent's own tools); absent for client calls",
+    )
 
 
 class RequiredAction(_Value):
@@ -126,10 +138,13 @@ class ToolResultsRequired(Exception):
 
 
 def validate_client_tools(
-    tools: Sequence[ClientTool], server_tools: Collection[str]
+    tools: Sequence[ClientTool],
+    server_tools: Collection[str],
+    others: Mapping[str, str] | None = None,
 ) -> tuple[ClientTool, ...]:
-    """Check a run's client tools: valid unique names, no clash with a server tool, object
-    schemas. Raise :class:`InvalidTools` for the first problem."""
+    """Check a run's client tools: valid unique names, no clash with a server tool (or with
+    ``others``: the run's MCP tools, each name with what offers it), object schemas. Raise
+    :class:`InvalidTools` for the first problem."""
     seen: set[str] = set()
     for i, tool in enumerate(tools):
         if not TOOL_NAME.fullmatch(tool.name):
@@ -140,6 +155,8 @@ def validate_client_tools(
             raise InvalidTools(
                 f"tools[{i}].name", f"{tool.name!r} is already a server tool of this agent"
             )
+        if others is not None and tool.name in others:
+            raise InvalidTools(f"tools[{i}].name", f"{tool.name!r} is already {others[tool.name]}")
         if tool.name in seen:
             raise InvalidTools(f"tools[{i}].name", f"two client tools are named {tool.name!r}")
         seen.add(tool.name)
@@ -184,29 +201,42 @@ def open_calls(messages: Sequence[AnyMessage]) -> tuple[ToolCallBlock, ...]:
     return tuple(call for call in owner.tool_calls if call.id in unanswered)
 
 
+Kinds = Mapping[str, PendingKind]
+"""The kind of each pending call, by call id, as the run that paused decided it."""
+
+
+def kind_of(call: ToolCallBlock, server_tools: Collection[str], kinds: Kinds | None) -> PendingKind:
+    """A pending call's kind: the one stored with it, else approval for a call that records a
+    server or names a server tool of the agent, else client."""
+    if kinds is not None and call.id in kinds:
+        return kinds[call.id]
+    if call.server_label is not None or call.name in server_tools:
+        return "approval"
+    return "client"
+
+
 def classify(
-    calls: Iterable[ToolCallBlock], server_tools: Collection[str]
+    calls: Iterable[ToolCallBlock], server_tools: Collection[str], kinds: Kinds | None = None
 ) -> tuple[PendingCall, ...]:
-    """Pending calls with their kind: a call to a server tool of the agent awaits approval;
-    any other name is a client call."""
+    """Pending calls with their kind (:func:`kind_of`)."""
     return tuple(
         PendingCall(
             id=call.id,
             name=call.name,
             arguments=call.arguments,
-            kind="approval" if call.name in server_tools else "client",
+            kind=kind_of(call, server_tools, kinds),
+            server_label=call.server_label,
         )
         for call in calls
     )
 
 
-def pending_calls(context: Context, server_tools: Collection[str]) -> tuple[PendingCall, ...]:
-    """The calls of the last assistant message that have no result, in call order.
-
-    A call to a server tool of the agent awaits approval; any other name is a client call.
-    Costs O(size of the last batch), not O(history).
-    """
-    return classify(open_calls(context.messages), server_tools)
+def pending_calls(
+    context: Context, server_tools: Collection[str], kinds: Kinds | None = None
+) -> tuple[PendingCall, ...]:
+    """The calls of the last assistant message that have no result, in call order, with their
+    kind (:func:`kind_of`). Costs O(size of the last batch), not O(history)."""
+    return classify(open_calls(context.messages), server_tools, kinds)
 
 
 def required_action(pending: Sequence[PendingCall]) -> RequiredAction | None:
@@ -247,6 +277,7 @@ def plan_resume(
     tool_results: Sequence[ToolResultMessage],
     approvals: Sequence[Approval],
     server_tools: Collection[str],
+    kinds: Kinds | None = None,
 ) -> Resume | None:
     """Match a run's answers to the context's pending calls; ``None`` when nothing is pending.
 
@@ -255,7 +286,7 @@ def plan_resume(
     :class:`UnexpectedAnswer`; then a pending call left unanswered raises
     :class:`ToolResultsRequired`. Answers may come in any order.
     """
-    pending = pending_calls(context, server_tools)
+    pending = pending_calls(context, server_tools, kinds)
     by_id = {c.id: c for c in pending}
     answers: dict[str, ToolResultMessage | ToolCallBlock] = {}
 

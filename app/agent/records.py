@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, Strict
+from pydantic import BeforeValidator, ConfigDict, Field, Strict
 
+from .mcp import McpServer, McpToolset
 from .messages import (
     AssistantMessage,
     AttemptError,
@@ -22,7 +23,7 @@ from .messages import (
     _Value,
     whole_number,
 )
-from .pending import Approval, ClientTool, RequiredAction
+from .pending import Approval, ClientTool, PendingKind, RequiredAction
 from .sizes import ContextSize, SizeBounds
 from .structured import OutputSchema
 from .tokens import TokenTally
@@ -85,7 +86,19 @@ class Input(_Value):
     - ``approvals``: decisions for pending approval calls, in any order.
 
     ``settings``: this run's own model, temperature, token limit and output schema.
+
+    Remote MCP tools (docs/tools.md, "Remote MCP tools"): ``mcp_servers`` are the run's own
+    servers (besides the agent's); ``mcp_tools``, when given, is what they and the agent's
+    servers list (:meth:`Agent.list_tools`: the run then does not list them again);
+    ``pending_kinds`` the kinds stored with the context's pending calls (by call id).
     """
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        json_schema_serialization_defaults_required=True,
+        arbitrary_types_allowed=True,
+    )
 
     context: Context
     prompts: tuple[UserMessage, ...] = ()
@@ -94,6 +107,9 @@ class Input(_Value):
     tool_results: tuple[ToolResultMessage, ...] = ()
     approvals: tuple[Approval, ...] = ()
     settings: RunSettings = RunSettings()
+    mcp_servers: tuple[McpServer, ...] = ()
+    mcp_tools: McpToolset | None = None
+    pending_kinds: dict[str, PendingKind] | None = None
     tokens: TokenTally | None = None
     bounds: SizeBounds | None = None
     size: ContextSize | None = None

@@ -41,6 +41,9 @@ from .assembly import AttemptBuilder
 from .batches import _ToolBatches
 from .compaction_stage import _Folding
 from .events import Delta, EventSink, MessageCompleted
+from .mcp import McpToolset, RunTools, list_servers
+from .mcp import build as build_toolset
+from .mcp.servers import check_labels
 from .messages import (
     AnyMessage,
     AssistantMessage,
@@ -53,7 +56,9 @@ from .messages import (
 from .offload import offload, offload_text
 from .opaque import for_provider, prepare, view_of
 from .pending import (
+    Kinds,
     PendingCall,
+    UnexpectedAnswer,
     classify,
     pending_calls,
     plan_resume,
@@ -69,6 +74,7 @@ from .sizes import ContextSize, SizeBounds, passed_reason, size_of, too_large
 from .state import CANCELLED, AgentConfig, RunPlan, _Emitter, _error, _RunFailed, _shielded, _State
 from .structured import NOT_RETRIED, answer_violation, correction
 from .tokens import TokenTally, estimate_with, heuristic_text_tokens, tally_of
+from .tools import BUILTIN_LABEL, CallRunner
 
 __all__ = ["Agent", "AgentConfig", "RunPlan", "for_provider"]
 
@@ -94,6 +100,8 @@ class Agent(_ToolBatches, _Folding):
         Raises the refusals of :meth:`check` before anything runs; every other way a run can
         end is a Result.
         """
+        if input.mcp_tools is None and (self.config.mcp_servers or input.mcp_servers):
+            input = input.model_copy(update={"mcp_tools": await self.list_tools(input)})
         plan = self.check(input)
         return await self._guarded(
             input.context,
@@ -109,32 +117,87 @@ class Agent(_ToolBatches, _Folding):
     def check(self, input: Input) -> RunPlan:
         """Validate an input without running it (pure, cheap: O(the last tool batch)).
 
-        Raises :class:`~app.agent.pending.InvalidTools` for bad client tools or approval
-        names, :class:`~app.agent.pending.UnexpectedAnswer` for an answer to a call that is not
-        pending (or a second one), :class:`~app.agent.pending.ToolResultsRequired` when a
-        pending call is left unanswered.
+        Raises :class:`~app.agent.pending.InvalidTools` for bad client tools, approval names or
+        MCP server labels (and, when ``input.mcp_tools`` is given, a client tool named like an
+        MCP tool), :class:`~app.agent.pending.UnexpectedAnswer` for an answer to a call that is
+        not pending (or a second one, or an approval of a call to an MCP server this run does
+        not declare), :class:`~app.agent.pending.ToolResultsRequired` when a pending call is
+        left unanswered.
         """
         server = self.config.tools.tools
-        client = validate_client_tools(input.client_tools, server)
+        check_labels(input.mcp_servers, "mcp_servers", self.config.mcp_servers)
+        toolset = input.mcp_tools
+        remote = (
+            {n: f"a tool of MCP server {t.server.label!r}" for n, t in toolset.tools.items()}
+            if toolset is not None
+            else None
+        )
+        client = validate_client_tools(input.client_tools, server, remote)
         gated = validate_approval_names(input.require_approval, server)
-        resume = plan_resume(input.context, input.tool_results, input.approvals, server)
+        kinds = input.pending_kinds
+        resume = plan_resume(input.context, input.tool_results, input.approvals, server, kinds)
+        if resume is not None:
+            declared = {s.label for s in (*self.config.mcp_servers, *input.mcp_servers)}
+            for call in resume.approved:
+                label = call.server_label
+                if label is not None and label != BUILTIN_LABEL and label not in declared:
+                    raise UnexpectedAnswer(
+                        call.id,
+                        f"is a call to MCP server {label!r}, which this run does not name: "
+                        "send its tools entry again to run it (or deny it)",
+                    )
         specs = self.config.tools.specs
+        labels = dict.fromkeys(server, BUILTIN_LABEL)
+        holds = frozenset(t.name for t in client) | gated | self.config.approval_required
+        runner: CallRunner = self.config.tools
+        if toolset is not None:
+            specs = (*specs, *toolset.specs)
+            labels.update((n, t.server.label) for n, t in toolset.tools.items())
+            holds |= toolset.gated
+            runner = RunTools(self.config.tools, toolset, self.config.mcp)
         return RunPlan(
             tools=(*specs, *(t.spec for t in client)) if client else specs,
-            holds=frozenset(t.name for t in client) | gated | self.config.approval_required,
+            holds=holds,
             resume=resume,
             settings=input.settings,
+            runner=runner,
+            client_names=frozenset(t.name for t in client),
+            labels=labels,
+            kinds=kinds,
+            mcp=toolset,
         )
 
-    def pending_calls(self, context: Context) -> tuple[PendingCall, ...]:
-        """The calls ``context`` is waiting on, with their kind (see :mod:`app.agent.pending`)."""
-        return pending_calls(context, self.config.tools.tools)
+    async def list_tools(self, input: Input) -> McpToolset | None:
+        """What the MCP servers of the agent and of ``input`` offer this run (None: there are
+        none), from the listing cache or listed now, concurrently. A server that cannot be
+        listed is the toolset's ``failure`` (a run on it fails before admission); a tool name
+        found twice (two servers, or a server and a tool of the agent or of the run) raises
+        :class:`~app.agent.pending.InvalidTools` (``mcp_servers[i]`` for the run's own
+        servers)."""
+        servers = (*self.config.mcp_servers, *input.mcp_servers)
+        if not servers:
+            return None
+        check_labels(input.mcp_servers, "mcp_servers", self.config.mcp_servers)
+        if self.config.mcp is None:
+            raise RuntimeError("MCP servers are named, but the agent has no MCP client")
+        listed = await list_servers(self.config.mcp, servers)
+        taken = dict.fromkeys(self.config.tools.tools, "a server tool of this agent")
+        taken.update((t.name, "a client tool of this run") for t in input.client_tools)
+        where = {s.label: f"mcp_servers[{i}]" for i, s in enumerate(input.mcp_servers)}
+        return build_toolset(servers, listed, taken, where)
 
-    def classify(self, calls: Iterable[ToolCallBlock]) -> tuple[PendingCall, ...]:
-        """Pending calls (as a conversation row keeps them, without a kind) with their kind
-        for this agent: a call to one of its server tools awaits approval, any other is a
-        client call (see :mod:`app.agent.pending`)."""
-        return classify(calls, self.config.tools.tools)
+    def pending_calls(
+        self, context: Context, kinds: Kinds | None = None
+    ) -> tuple[PendingCall, ...]:
+        """The calls ``context`` is waiting on, with their kind (see :mod:`app.agent.pending`)."""
+        return pending_calls(context, self.config.tools.tools, kinds)
+
+    def classify(
+        self, calls: Iterable[ToolCallBlock], kinds: Kinds | None = None
+    ) -> tuple[PendingCall, ...]:
+        """Pending calls (as a conversation row keeps them) with their kind: the one stored
+        with them (``kinds``), else the rule of :func:`app.agent.pending.kind_of`."""
+        return classify(calls, self.config.tools.tools, kinds)
 
     async def compact(
         self,
@@ -173,6 +236,7 @@ class Agent(_ToolBatches, _Folding):
             bounds=bounds,
             size=size if bounds is not None else None,
         )
+        state.kinds.update(state.plan.kinds or {})
         try:
             if tokens is None:
                 state.tally = await offload(len(context.messages), tally_of, context.messages)
@@ -208,13 +272,16 @@ class Agent(_ToolBatches, _Folding):
         self, state: _State, status: RunStatus | None, error: AttemptError | None = None
     ) -> Result:
         """``status`` None: the run ended by itself, paused if calls are pending."""
-        pending = pending_calls(state.context, self.config.tools.tools)
+        pending = pending_calls(state.context, self.config.tools.tools, state.kinds)
         if status is None:
             status = "requires_action" if pending else "completed"
         return state.result(status, error, required_action(pending))
 
     async def _run(self, state: _State, prompts: tuple[UserMessage, ...], emit: _Emitter) -> None:
         cfg = self.config
+        unlisted = state.plan.mcp.failure_error() if state.plan.mcp is not None else None
+        if unlisted is not None:  # before anything is admitted: nothing of the run is stored
+            raise _RunFailed(unlisted)
         resume = state.plan.resume
         if prompts or resume is not None:
             ctx = state.context
@@ -383,12 +450,16 @@ class Agent(_ToolBatches, _Folding):
                 await asyncio.sleep(delay)
                 continue
             if state is not None:
-                await self._record(state, emit, message)
+                message = await self._record(state, emit, message)
             return message
 
-    async def _record(self, state: _State, emit: _Emitter, message: AssistantMessage) -> None:
-        state.attempt(message)
+    async def _record(
+        self, state: _State, emit: _Emitter, message: AssistantMessage
+    ) -> AssistantMessage:
+        """Record an attempt; the attempt as recorded (its calls naming their servers)."""
+        message = state.attempt(message)
         await emit(MessageCompleted(message))
+        return message
 
 
 def _near(state: _State, incoming: tuple[AnyMessage, ...] = ()) -> bool:

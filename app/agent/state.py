@@ -5,19 +5,21 @@ helpers every stage shares (the failure that ends a run, the event emitter)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 
 from .events import EventSink, RunEvent
-from .messages import AnyMessage, AssistantMessage, AttemptError, Context, Usage
+from .mcp import McpClient, McpServer, McpToolset
+from .mcp.servers import check_labels
+from .messages import AnyMessage, AssistantMessage, AttemptError, Context, ToolCallBlock, Usage
 from .opaque import carry_over
-from .pending import RequiredAction, Resume, validate_approval_names
+from .pending import Kinds, PendingKind, RequiredAction, Resume, validate_approval_names
 from .providers.base import Provider, ProviderError, ToolSpec
 from .records import Compaction, Result, RunSettings, RunStatus
 from .retry import RetryPolicy
 from .sizes import ContextSize, SizeBounds
 from .tokens import TokenTally
-from .tools import ToolRegistry
+from .tools import CallRunner, ToolRegistry
 
 
 @dataclass(frozen=True)
@@ -40,9 +42,15 @@ class AgentConfig:
     #: how many times an answer that does not match the run's output schema is sent back
     #: to the model with the violation (docs/runs.md, "Structured outputs")
     output_retries: int = 1
+    #: remote MCP servers of every run (docs/tools.md, "Remote MCP tools")
+    mcp_servers: tuple[McpServer, ...] = ()
+    #: lists and calls MCP tools (one per process, with its listing cache); needed as soon as
+    #: the config or a run names an MCP server
+    mcp: McpClient | None = None
 
     def __post_init__(self) -> None:
         validate_approval_names(self.approval_required, self.tools.tools, field="approval_required")
+        check_labels(self.mcp_servers, "mcp_servers")
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,17 @@ class RunPlan:
     holds: frozenset[str] = frozenset()
     resume: Resume | None = None
     settings: RunSettings = field(default_factory=RunSettings)
+    #: runs a call: the agent's tools, and the run's MCP tools when it has any
+    runner: CallRunner | None = None
+    #: the run's client tools (a held call to one of them is a client call; any other held
+    #: call awaits an approval)
+    client_names: frozenset[str] = frozenset()
+    #: the server that executes each server-side tool, recorded on its calls (``server_label``)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    #: the kinds of the context's pending calls, as stored with them
+    kinds: Kinds | None = None
+    #: the run's MCP tools (None: it has no MCP server)
+    mcp: McpToolset | None = None
 
 
 class _RunFailed(Exception):
@@ -82,6 +101,8 @@ class _State:
     closable: set[str] = field(default_factory=set)
     #: answers sent back for not matching the run's output schema (app.agent.structured)
     corrections: int = 0
+    #: the kind of each call this run held (and of the pending calls it was given)
+    kinds: dict[str, PendingKind] = field(default_factory=dict)
 
     def append(self, *messages: AnyMessage) -> None:
         """Messages that join both the continuation state and the run record."""
@@ -93,15 +114,26 @@ class _State:
             self.size = self.size.extend(messages)
         self.new_messages.extend(messages)
 
-    def attempt(self, message: AssistantMessage) -> None:
-        """Every attempt is a run record; only a replayable one joins the context."""
+    def attempt(self, message: AssistantMessage) -> AssistantMessage:
+        """Every attempt is a run record; only a replayable one joins the context. Its calls to
+        server-side tools record the server that runs them (``server_label``: a replayable
+        attempt's, whose calls run; a failed attempt stays as the provider sent it); the
+        attempt as recorded is returned."""
+        if message.replayable:
+            message = stamped(message, self.plan.labels)
         self.final = message
         self.usage = self.usage + message.usage
         if message.replayable:
             self.append(message)
-            self.closable.update(c.id for c in message.tool_calls if c.name not in self.plan.holds)
+            holds = self.plan.holds
+            self.closable.update(c.id for c in message.tool_calls if c.name not in holds)
+            for call in message.tool_calls:
+                if call.name in holds:
+                    client = call.name in self.plan.client_names
+                    self.kinds[call.id] = "client" if client else "approval"
         else:
             self.new_messages.append(message)
+        return message
 
     def result(
         self,
@@ -123,6 +155,23 @@ class _State:
 
 
 CANCELLED = AttemptError(kind="aborted", message="the run was cancelled")
+
+
+def stamped(message: AssistantMessage, labels: Mapping[str, str]) -> AssistantMessage:
+    """``message`` with each call to a server-side tool recording its server (O(its blocks);
+    the message itself when nothing changes)."""
+    if not labels or not any(
+        isinstance(b, ToolCallBlock) and b.server_label is None and b.name in labels
+        for b in message.content
+    ):
+        return message
+    content = tuple(
+        b.model_copy(update={"server_label": labels[b.name]})
+        if isinstance(b, ToolCallBlock) and b.server_label is None and b.name in labels
+        else b
+        for b in message.content
+    )
+    return message.model_copy(update={"content": content})
 
 
 def _error(exc: ProviderError, prefix: str = "") -> AttemptError:
@@ -148,7 +197,7 @@ class _Emitter:
             self._sink = None
 
 
-async def _shielded(awaitable: Awaitable[None]) -> None:
+async def _shielded(awaitable: Awaitable[object]) -> None:
     """Finish a bookkeeping await while the run is being cancelled."""
     try:
         await awaitable

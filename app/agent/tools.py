@@ -14,7 +14,7 @@ import inspect
 import json
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, get_type_hints
+from typing import Any, Protocol, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
@@ -24,6 +24,10 @@ from .messages import TextBlock, ToolCallBlock, ToolResultMessage
 from .providers.base import ToolSpec
 
 ToolFn = Callable[..., Awaitable[Any]]
+
+#: the label of the agent's own server tools (on ``/v1`` ``mcp_call`` items, and in the
+#: ``server_label`` of their calls); no MCP server may take it
+BUILTIN_LABEL = "carryover"
 
 
 class ToolLoadError(ValueError):
@@ -105,6 +109,10 @@ class ToolRegistry:
     def specs(self) -> tuple[ToolSpec, ...]:
         return self._specs
 
+    def server_of(self, name: str) -> str | None:
+        """``carryover`` for a tool of this registry (the agent's own), else None."""
+        return BUILTIN_LABEL if name in self.tools else None
+
     async def call(self, call: ToolCallBlock) -> ToolResultMessage:
         """Run one call to completion; every failure becomes an ``is_error`` result."""
         tool = self.tools.get(call.name)
@@ -163,12 +171,22 @@ def interrupted_result(call: ToolCallBlock) -> ToolResultMessage:
     )
 
 
+class CallRunner(Protocol):
+    """What runs one call of a batch: the agent's :class:`ToolRegistry`, or a run's tools with
+    its MCP servers (:class:`app.agent.mcp.RunTools`)."""
+
+    async def call(self, call: ToolCallBlock) -> ToolResultMessage: ...
+
+    def server_of(self, name: str) -> str | None: ...
+
+
 async def run_batch(
-    registry: ToolRegistry,
+    runner: CallRunner,
     calls: Sequence[ToolCallBlock],
     on_done: Callable[[int, ToolResultMessage], Awaitable[None]],
 ) -> list[ToolResultMessage]:
-    """Run a batch concurrently; ``on_done`` sees each result as it completes.
+    """Run a batch concurrently; ``on_done`` sees each result as it completes. Each call is one
+    ``execute_tool`` span (naming its MCP server, for a remote tool).
 
     If the task is cancelled, the unfinished calls are cancelled too and the cancellation
     propagates; results delivered through ``on_done`` before that stay with the caller.
@@ -176,8 +194,8 @@ async def run_batch(
     results: list[ToolResultMessage | None] = [None] * len(calls)
 
     async def one(i: int, call: ToolCallBlock) -> None:
-        with telemetry.tool_span(call.name, call.id) as span:
-            result = await registry.call(call)
+        with telemetry.tool_span(call.name, call.id, runner.server_of(call.name)) as span:
+            result = await runner.call(call)
             telemetry.record_tool_result(span, result.is_error)
         results[i] = result
         await on_done(i, result)

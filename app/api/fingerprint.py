@@ -63,6 +63,13 @@ def legacy_fingerprint(body: BaseModel) -> str:
     the :data:`LATER_FIELDS` it leaves unset)."""
     unset = {name for name in LATER_FIELDS if getattr(body, name, None) is None}
     dumped = body.model_dump(mode="json", exclude=unset)
+    if isinstance(dumped.get("tools"), list):  # client tools as they were dumped then
+        dumped["tools"] = [
+            {k: t[k] for k in ("name", "description", "parameters") if k in t}
+            if t.get("type") == "function" and t.get("strict") is None
+            else t
+            for t in dumped["tools"]
+        ]
     canonical = json.dumps(dumped, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 

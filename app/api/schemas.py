@@ -31,9 +31,11 @@ from app.agent.messages import (
     UserMessage,
     whole_number,
 )
-from app.agent.pending import Approval, ClientTool, PendingCall, RequiredAction
+from app.agent.pending import Approval, PendingCall, RequiredAction
 from app.agent.records import Compaction, RunSettings
 from app.agent.structured import OutputSchema, schema_problem
+
+from .tools import MAX_MCP_SERVERS, McpTool, ToolEntry
 
 CONVERSATION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
@@ -236,11 +238,13 @@ class RunCreate(_Body):
         description="The tool_result messages for the pending client calls, then the user "
         "messages. Empty only when the run answers pending calls",
     )
-    tools: list[ClientTool] = Field(
+    tools: list[ToolEntry] = Field(
         default_factory=list,
         max_length=128,
-        description="Client tools: offered to the model with the profile's server tools for "
-        "this run, executed by the application (a call pauses the run: requires_action)",
+        description="Client tools (`type` `function`, the default): offered to the model with "
+        "the profile's server tools for this run, executed by the application (a call pauses "
+        "the run: requires_action); and remote MCP servers (`type` `mcp`, at most 8): their "
+        "tools are executed by the server (docs/tools.md)",
     )
     require_approval: list[str] = Field(
         default_factory=list,
@@ -303,6 +307,13 @@ class RunCreate(_Body):
         description="A system prompt for this run only, the stored one unchanged (profiles "
         "allow `instructions` unless their allowed_run_settings leave it out)",
     )
+
+    @model_validator(mode="after")
+    def _few_servers(self) -> RunCreate:
+        servers = sum(1 for t in self.tools if isinstance(t, McpTool))
+        if servers > MAX_MCP_SERVERS:
+            raise ValueError(f"tools: at most {MAX_MCP_SERVERS} MCP servers per run")
+        return self
 
     def settings(self) -> RunSettings:
         """This run's own settings (the profile decides which it may set)."""
@@ -433,10 +444,25 @@ class Health(BaseModel):
     status: Literal["ok"]
 
 
+class McpServerReadiness(BaseModel):
+    reachable: bool
+    reason: str | None = Field(
+        default=None, description="Why its tools could not be listed (null when they were)"
+    )
+
+
 class ProfileReadiness(BaseModel):
     ready: bool
     reason: str | None = Field(
         default=None, description="Why the profile cannot run (null when it can)"
+    )
+    mcp_servers: dict[str, McpServerReadiness] = Field(
+        default_factory=dict,
+        exclude_if=lambda servers: not servers,
+        description="The profile's MCP servers by label (left out when it has none): whether "
+        "each lists its tools now (the "
+        "listing a run kept counts). Reported, not part of `ready`: a run whose server "
+        "cannot be listed fails on its own, naming it",
     )
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from app.agent.codec import MessageList, dumps_json, in_field_order, model_value
 from app.agent.messages import AssistantMessage, AttemptError, Usage, UserMessage
 from app.agent.structured import parsed_output
+from app.config import Settings
 from app.service.conversations import ConversationInfo
 from app.service.pending import output_schema_of, split_prompts
 from app.service.runs import FinishedRun, RunRequest
@@ -19,6 +20,7 @@ from app.store.tables import Run
 from .problems import CODED_RUN_PROBLEMS, PROBLEM_TYPES, run_problem_type
 from .schemas import Conversation, RunCreate, RunProblem
 from .schemas import Run as RunBody
+from .tools import split_tools
 
 _STATUS_DETAIL = {
     "conflicted": "the stored context changed while the run was going (e.g. a PUT of the "
@@ -199,21 +201,26 @@ def conversation_body(info: ConversationInfo) -> Conversation:
     )
 
 
-def run_request(body: RunCreate) -> RunRequest:
+def run_request(body: RunCreate, settings: Settings) -> RunRequest:
     """The service's request from the HTTP body: ``prompts`` splits into the leading tool
-    results and the user messages (422 ``unexpected-tool-answer`` for a result after them)."""
+    results and the user messages (422 ``unexpected-tool-answer`` for a result after them);
+    ``tools`` into client tools and MCP servers."""
     tool_results, prompts = split_prompts(body.messages())
+    client, client_at, servers, servers_at = split_tools(body.tools, settings)
     return RunRequest(
         prompts=prompts,
         agent=body.agent,
         on_failure=body.on_failure,
         if_busy=body.if_busy,
-        client_tools=tuple(body.tools),
+        client_tools=client,
         require_approval=tuple(body.require_approval),
         tool_results=tool_results,
         approvals=tuple(body.approvals),
         instructions=body.instructions,
         settings=body.settings(),
+        mcp_servers=servers,
+        tool_positions=client_at,
+        mcp_positions=servers_at,
     )
 
 

@@ -23,7 +23,7 @@
   JSON (sorted keys, two-space indent, trailing newline), or checks the committed one.
 - ``carryover conversations …`` (``app/cli/conversations.py``), ``carryover config`` and
   ``carryover quotas …`` (``app/cli/ops.py``), ``carryover check`` (damaged stored messages,
-  ``app/cli/check.py``).
+  ``app/cli/check.py``), ``carryover mcp list`` (what an MCP server offers, ``app/cli/mcp.py``).
 
 What the subcommands share (:class:`CliError`, the settings, the migration) is in
 ``app/cli/common.py``; this module holds the parser, ``migrate``, ``openapi`` and the dispatch.
@@ -47,7 +47,7 @@ from app import chat
 from app.config import Settings, default_settings
 from app.observability import banner_line, configure_logging
 
-from . import check, conversations, ops
+from . import check, conversations, mcp, ops
 from .common import APP_FACTORY, CliError, load_settings, migrate_database, version
 from .keys import add_keys_parser, keys_command
 from .serve import add_serve_parser, serve_command
@@ -99,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     conversations.add_parser(commands)
     ops.add_parsers(commands)
     check.add_parser(commands)
+    mcp.add_parser(commands)
     return parser
 
 
@@ -186,6 +187,7 @@ COMMANDS = {
     "conversations": conversations.command,
     **ops.COMMANDS,
     **check.COMMANDS,
+    **mcp.COMMANDS,
 }
 
 

@@ -2,7 +2,8 @@
 
 - ``carryover config [--json]``: the effective configuration, secrets masked, each value with
   where it came from (``env``, ``toml``, ``default``), then what ``serve`` would say of it —
-  its errors (exit status 2, as ``serve``), unready profiles and warnings.
+  its errors (exit status 2, as ``serve``), unready profiles and warnings — and whether each
+  profile's MCP servers answer (listed now, a few seconds each at most).
 - ``carryover quotas set --tenant T [--tokens-per-day N] [--runs-per-minute M]
   [--concurrent-runs K]`` sets a tenant's quotas (the limits not given are kept; 0 removes
   one); ``quotas show [--tenant T]`` lists them; ``quotas clear --tenant T`` removes them.
@@ -21,6 +22,7 @@ from app.config.check import check, effective
 from app.observability import configure_logging
 
 from .common import CliError, load_settings, open_database, tenant
+from .mcp import reachability
 
 
 def add_parsers(commands: Any) -> None:
@@ -68,12 +70,14 @@ def config_command(args: argparse.Namespace) -> int:
     settings = load_settings()
     rows = effective(settings)
     found = check(settings)
+    servers = reachability(settings) if not found.errors else {}
     if args.json:
         document = {
             "settings": [{"name": n, "value": v, "source": s} for n, v, s in rows],
             "errors": found.errors,
             "unready_profiles": found.unready,
             "warnings": found.warnings,
+            "mcp_servers": servers,
         }
         print(json.dumps(document, indent=2))
     else:
@@ -83,6 +87,9 @@ def config_command(args: argparse.Namespace) -> int:
             print(f"{name.ljust(width)}  {value.ljust(value_width)}  {source}".rstrip())
         for name, why in sorted(found.unready.items()):
             print(f"not ready: agent profile {name!r}: {why}")
+        for name, states in servers.items():
+            for label, state in states.items():
+                print(f"mcp: agent profile {name!r}, server {label!r}: {state}")
         for warning in found.warnings:
             print(f"warning: {warning}")
     if found.errors:

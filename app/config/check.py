@@ -212,8 +212,27 @@ def _approval_errors(origin: str, name: str, profile: AgentProfile) -> list[str]
     ]
 
 
+def _mcp_errors(
+    origin: str, name: str, profile: AgentProfile, environ: Mapping[str, str]
+) -> list[str]:
+    """A profile's MCP servers whose header variables are unset (labels, URLs and timeouts
+    were checked when the settings were read). Whether a server answers is checked when a run
+    uses it, and reported by ``/readyz`` and ``carryover config``."""
+    errors = []
+    where = "CARRYOVER_MCP_SERVERS" if origin == "environment" else f"{origin}.mcp_servers"
+    for i, server in enumerate(profile.mcp_servers):
+        for header, variable in server.header_env.items():
+            if not environ.get(variable, "").strip():
+                errors.append(
+                    f"{where}[{i}] (server {server.label!r} of profile {name!r}): header "
+                    f"{header!r} is read from {variable}, which is not set"
+                )
+    return errors
+
+
 def check(settings: Settings, environ: Mapping[str, str] | None = None) -> Check:
-    """Resolve every profile's tools and key, and look for unknown variables."""
+    """Resolve every profile's tools, key and MCP servers' header variables, and look for
+    unknown variables."""
     environ = os.environ if environ is None else environ
     found = Check()
     origins = profile_origins(settings)
@@ -222,6 +241,7 @@ def check(settings: Settings, environ: Mapping[str, str] | None = None) -> Check
         where = "CARRYOVER_TOOLS" if origin == "environment" else f"{origin}.tools"
         tool_errors = _tool_errors(where, profile)
         found.errors += tool_errors
+        found.errors += _mcp_errors(origin, name, profile, environ)
         if not tool_errors:
             found.errors += _approval_errors(origin, name, profile)
         variable = key_variable(profile)
@@ -294,6 +314,16 @@ def _display(name: str, value: Any) -> str:
         )
     if name == "database_url":
         return _mask_url(str(value)) + _sqlite_file(str(value))
+    if name == "mcp_servers":  # the headers' names only: their values may be secrets
+        return "; ".join(
+            f"{s.label}={s.url}"
+            + (
+                f" (headers: {', '.join(sorted({*s.headers, *s.header_env}))})"
+                if s.headers or s.header_env
+                else ""
+            )
+            for s in value
+        )
     if isinstance(value, tuple | list):
         return ",".join(str(v) for v in value)
     return str(value)

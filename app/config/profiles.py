@@ -25,6 +25,7 @@ from pydantic import (
 from pydantic_settings import NoDecode
 
 from .keys import _NAME
+from .mcp import McpServerConfig, unique_labels
 
 ProviderName = Literal["echo", "openai", "openai-responses", "anthropic"]
 
@@ -98,6 +99,8 @@ class _ProfileFields(BaseModel):
     #: how many times an answer that does not match a run's output schema is sent back to the
     #: model with the violation before the run fails
     output_retries: int = Field(default=1, ge=0, le=5)
+    #: remote MCP servers whose tools every run of the profile may use (docs/tools.md)
+    mcp_servers: Annotated[tuple[McpServerConfig, ...], NoDecode] = ()
 
     def allows(self, setting: str) -> bool:
         """May a run of this profile set ``setting`` (one of :data:`RUN_SETTINGS`)?"""
@@ -147,6 +150,23 @@ class _ProfileFields(BaseModel):
     @classmethod
     def _split_tools(cls, value: Any) -> Any:
         return _split_list(value)
+
+    @field_validator("mcp_servers", mode="before")
+    @classmethod
+    def _servers_json(cls, value: Any) -> Any:
+        """As a variable: a JSON array of server objects."""
+        if isinstance(value, str):
+            try:
+                return json.loads(value) if value.strip() else ()
+            except ValueError as exc:
+                raise ValueError(f"mcp_servers must be a JSON array of objects: {exc}") from None
+        return value
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _server_labels(cls, value: tuple[McpServerConfig, ...]) -> tuple[McpServerConfig, ...]:
+        unique_labels(value)
+        return value
 
     @field_validator("approval_required")
     @classmethod

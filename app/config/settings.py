@@ -34,6 +34,7 @@ from pydantic_settings import (
 )
 
 from .keys import _NAME, ApiKeys
+from .mcp import allowed_prefixes
 from .profiles import (
     DEFAULT_PROFILE,
     AgentProfile,
@@ -160,6 +161,19 @@ class Settings(_ProfileFields, BaseSettings):
     #: its context first (0: never for its size; a run that would pass a bound then fails)
     size_compact_at: float = Field(default=0.9, ge=0, le=1)
 
+    # --- remote MCP tools (docs/tools.md) ------------------------------------------------------
+    #: URL prefixes a request's own MCP server (``server_url``) must start with; none by default,
+    #: so requests cannot name MCP servers until the operator allows some
+    mcp_allowed_urls: Annotated[tuple[str, ...], NoDecode] = ()
+    #: how long a server's tool listing is kept, and how many listings / bytes at most
+    mcp_list_cache_seconds: float = Field(default=60.0, ge=0)
+    mcp_list_cache_entries: int = Field(default=256, ge=0)
+    mcp_list_cache_bytes: int = Field(default=8 * MiB, ge=0)
+    #: timeouts of a request's own MCP servers (seconds): connect, a listing, one call
+    mcp_connect_timeout: float = Field(default=10.0, gt=0, le=600)
+    mcp_list_timeout: float = Field(default=30.0, gt=0, le=3600)
+    mcp_call_timeout: float = Field(default=60.0, gt=0, le=3600)
+
     # --- access --------------------------------------------------------------------------------
     api_keys: Annotated[ApiKeys, NoDecode] = Field(default_factory=ApiKeys)
     #: how long a database key lookup (and "are there keys at all") is remembered: a revoked
@@ -209,10 +223,15 @@ class Settings(_ProfileFields, BaseSettings):
             raise ValueError("host must not be empty")
         return value.strip()
 
-    @field_validator("cors_origins", mode="before")
+    @field_validator("cors_origins", "mcp_allowed_urls", mode="before")
     @classmethod
     def _split_origins(cls, value: Any) -> Any:
         return _split_list(value)
+
+    @field_validator("mcp_allowed_urls")
+    @classmethod
+    def _mcp_prefixes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return allowed_prefixes(value)
 
     @field_validator("cors_origins")
     @classmethod
@@ -302,6 +321,8 @@ class Settings(_ProfileFields, BaseSettings):
         for profile in self.profiles().values():
             if profile.api_key is not None:
                 values.append(profile.api_key.get_secret_value())
+            for server in profile.mcp_servers:  # MCP headers: configured, or read from variables
+                values.extend(server.server().headers.values())
         password = re.match(r"^[A-Za-z][\w+.-]*://[^:/@]*:([^@/]+)@", self.database_url)
         if password:
             values.append(password.group(1))

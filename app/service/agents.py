@@ -10,6 +10,7 @@ import os
 
 from pydantic import SecretStr
 
+from app.agent.mcp import ListingCache, McpClient, McpServer
 from app.agent.providers.base import Provider, Timeouts
 from app.agent.providers.echo import EchoProvider
 from app.agent.retry import RetryPolicy
@@ -131,10 +132,15 @@ def build_provider(profile: AgentProfile) -> Provider:
 
 
 def build_agent(
-    profile: AgentProfile, provider: Provider | None = None, *, max_answer_chars: int | None = None
+    profile: AgentProfile,
+    provider: Provider | None = None,
+    *,
+    max_answer_chars: int | None = None,
+    mcp: McpClient | None = None,
 ) -> Agent:
     """The agent of a profile; ``max_answer_chars`` bounds its provider's answers
-    (:class:`~app.service.bounds.BoundedProvider`)."""
+    (:class:`~app.service.bounds.BoundedProvider`); ``mcp``: the process's MCP client (a new
+    one when not given), for the profile's MCP servers and those runs name."""
     tools = ToolRegistry.from_paths(profile.tools, default_timeout=profile.tool_timeout)
     unknown = sorted(set(profile.approval_required) - set(tools.tools))
     if unknown:
@@ -158,8 +164,20 @@ def build_agent(
             retry=RetryPolicy(max_retries=profile.max_retries),
             approval_required=frozenset(profile.approval_required),
             output_retries=profile.output_retries,
+            mcp_servers=tuple(server.server() for server in profile.mcp_servers),
+            mcp=mcp if mcp is not None else McpClient(),
         )
     )
+
+
+def mcp_client(settings: Settings) -> McpClient:
+    """The process's MCP client: its listing cache as the settings bound it."""
+    cache = ListingCache(
+        ttl=settings.mcp_list_cache_seconds,
+        max_entries=settings.mcp_list_cache_entries,
+        max_bytes=settings.mcp_list_cache_bytes,
+    )
+    return McpClient(cache=cache, max_result_chars=settings.answer_limit)
 
 
 class AgentPool:
@@ -172,6 +190,8 @@ class AgentPool:
         }
         self._agents: dict[str, Agent] = {}
         self._max_answer_chars = settings.answer_limit
+        #: lists and calls MCP tools for every agent of the pool (one listing cache)
+        self.mcp = mcp_client(settings)
 
     @property
     def names(self) -> list[str]:
@@ -184,7 +204,7 @@ class AgentPool:
             if profile is None:
                 raise UnknownAgent(name, self.names)
             agent = self._agents[name] = build_agent(
-                profile, max_answer_chars=self._max_answer_chars
+                profile, max_answer_chars=self._max_answer_chars, mcp=self.mcp
             )
         return agent
 
@@ -216,6 +236,14 @@ class AgentPool:
             if problem is not None:
                 found[name] = problem
         return found
+
+    def mcp_servers(self) -> dict[str, tuple[McpServer, ...]]:
+        """Each profile's MCP servers (those without any left out)."""
+        return {
+            name: tuple(server.server() for server in profile.mcp_servers)
+            for name, profile in self._profiles.items()
+            if profile.mcp_servers
+        }
 
     def put(self, name: str, agent: Agent) -> None:
         """Install a ready agent under a profile name (tests use fakes this way)."""

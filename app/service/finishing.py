@@ -229,4 +229,14 @@ def internal_result(context: Context, exc: Exception) -> Result:
     )
 
 
-__all__ = ["Finisher", "cancelled_result", "internal_result", "settle"]
+def refused_result(context: Context, exc: Exception) -> Result:
+    """The Result of a run whose tools turned out unusable when it listed them (a queued run:
+    its request was accepted before), failed before anything was admitted."""
+    return Result(
+        status="failed",
+        context=context,
+        error=AttemptError(kind="fatal", message=str(exc), code="invalid_tools"),
+    )
+
+
+__all__ = ["Finisher", "cancelled_result", "internal_result", "refused_result", "settle"]

@@ -20,15 +20,18 @@ service:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from app.agent.codec import dump_messages, load_messages
+from app.agent.mcp import McpServer, McpToolset
 from app.agent.messages import AnyMessage, Context, ToolResultMessage, UserMessage
 from app.agent.pending import (
     Approval,
     ClientTool,
     InvalidTools,
+    Kinds,
     PendingCall,
     ToolResultsRequired,
     UnexpectedAnswer,
@@ -40,7 +43,7 @@ from app.agent.run import Agent
 from app.agent.sizes import ContextSize, SizeBounds
 from app.agent.tokens import TokenTally
 from app.errors import CarryoverError
-from app.store.changes import Answered, pending_blocks
+from app.store.changes import Answered, StoredPending, pending_blocks, stored_kinds
 from app.store.stores import Loaded
 from app.store.tables import Conversation, Run
 
@@ -91,14 +94,28 @@ def dump_call(call: PendingCall) -> dict[str, Any]:
     return call.model_dump(mode="json")
 
 
-def refusal(exc: Exception) -> CarryoverError | None:
+_TOOL_FIELD = re.compile(r"^(tools|mcp_servers)\[(\d+)\](.*)$")
+
+
+def request_field(field: str, request: RunRequest | None) -> str:
+    """An agent's field (``tools[i]…`` of its client tools, ``mcp_servers[i]…`` of the run's
+    MCP servers) as the place in the request's ``tools`` it came from."""
+    found = _TOOL_FIELD.match(field)
+    if found is None or request is None:
+        return field
+    kind, index, rest = found.group(1), int(found.group(2)), found.group(3)
+    position = request.tool_position(index) if kind == "tools" else request.mcp_position(index)
+    return f"tools[{position}]{rest}"
+
+
+def refusal(exc: Exception, request: RunRequest | None = None) -> CarryoverError | None:
     """The service's refusal for one of the agent's, or None for any other exception."""
     if isinstance(exc, ToolResultsRequired):
         return PendingCallsUnanswered(exc)
     if isinstance(exc, UnexpectedAnswer):
         return AnswerNotPending(exc)
     if isinstance(exc, InvalidTools):
-        return BadClientTools(exc.field, exc.reason)
+        return BadClientTools(request_field(exc.field, request), exc.reason)
     return None
 
 
@@ -113,8 +130,21 @@ def split_prompts(
         raise AnswerNotPending(exc) from None
 
 
-def agent_input(loaded: Loaded, request: RunRequest, bounds: SizeBounds | None = None) -> Input:
-    return run_input(loaded.context, request, bounds, tokens=loaded.tokens, size=loaded.size)
+def agent_input(
+    loaded: Loaded,
+    request: RunRequest,
+    bounds: SizeBounds | None = None,
+    toolset: McpToolset | None = None,
+) -> Input:
+    return run_input(
+        loaded.context,
+        request,
+        bounds,
+        tokens=loaded.tokens,
+        size=loaded.size,
+        toolset=toolset,
+        kinds=stored_kinds(loaded.pending_calls),
+    )
 
 
 def run_input(
@@ -124,8 +154,12 @@ def run_input(
     *,
     tokens: TokenTally | None = None,
     size: ContextSize | None = None,
+    toolset: McpToolset | None = None,
+    kinds: Kinds | None = None,
 ) -> Input:
-    """The agent's Input for a request on ``context`` (stored, or sent whole by a client)."""
+    """The agent's Input for a request on ``context`` (stored, or sent whole by a client).
+    ``toolset``: its MCP tools when listed already; ``kinds``: those stored with the
+    context's pending calls."""
     if request.instructions is not None:  # this run only: the stored one is not changed
         context = context.model_copy(update={"system_prompt": request.instructions})
     return Input(
@@ -139,14 +173,19 @@ def run_input(
         tool_results=request.tool_results,
         approvals=request.approvals,
         settings=request.settings,
+        mcp_servers=request.mcp_servers,
+        mcp_tools=toolset,
+        pending_kinds=dict(kinds) if kinds else None,
     )
 
 
-def checker(agent: Agent, request: RunRequest) -> Callable[[Context], None]:
+def checker(
+    agent: Agent, request: RunRequest, toolset: McpToolset | None = None
+) -> Callable[[Context, StoredPending], None]:
     """The pre-check of a run, on a context that ends like the stored one (the store gives its
-    last batch alone; pure, O(last batch))."""
+    last batch alone; pure, O(last batch)) and its pending calls as the row stores them."""
 
-    def check(context: Context) -> None:
+    def check(context: Context, stored: StoredPending = None) -> None:
         if request.append:
             check_append(context, request.append)
             return
@@ -159,10 +198,13 @@ def checker(agent: Agent, request: RunRequest) -> Callable[[Context], None]:
                     require_approval=request.require_approval,
                     tool_results=request.tool_results,
                     approvals=request.approvals,
+                    mcp_servers=request.mcp_servers,
+                    mcp_tools=toolset,
+                    pending_kinds=stored_kinds(stored) or None,
                 )
             )
         except (InvalidTools, UnexpectedAnswer, ToolResultsRequired) as exc:
-            found = refusal(exc)
+            found = refusal(exc, request)
             assert found is not None
             raise found from None
         if plan.resume is None and not request.prompts:
@@ -199,10 +241,11 @@ def check_on_arrival(agent: Agent, request: RunRequest) -> None:
                 context=Context(),
                 client_tools=request.client_tools,
                 require_approval=request.require_approval,
+                mcp_servers=request.mcp_servers,
             )
         )
     except InvalidTools as exc:
-        raise BadClientTools(exc.field, exc.reason) from None
+        raise BadClientTools(request_field(exc.field, request), exc.reason) from None
 
 
 def kept_inputs(request: RunRequest) -> dict[str, Any] | None:
@@ -228,14 +271,21 @@ def tool_inputs(request: RunRequest) -> dict[str, Any] | None:
         or request.require_approval
         or request.tool_results
         or request.approvals
+        or request.mcp_servers
     ):
         return kept or None
+    assert not request.mcp_headers  # refused before (app/service/mcp.py): never stored
     return {
         **kept,
         "client_tools": [t.model_dump(mode="json") for t in request.client_tools],
         "require_approval": list(request.require_approval),
         "tool_results": dump_messages(request.tool_results),
         "approvals": [a.model_dump(mode="json") for a in request.approvals],
+        "mcp_servers": [
+            s.model_dump(mode="json", exclude={"headers"}) for s in request.mcp_servers
+        ],
+        "tool_positions": list(request.tool_positions),
+        "mcp_positions": list(request.mcp_positions),
     }
 
 
@@ -256,6 +306,9 @@ def queued_request(run: Run) -> RunRequest:
         instructions=inputs.get("instructions"),
         settings=RunSettings.model_validate(inputs.get("settings") or {}),
         response=inputs.get("response"),
+        mcp_servers=tuple(McpServer.model_validate(m) for m in inputs.get("mcp_servers", ())),
+        tool_positions=tuple(inputs.get("tool_positions", ())),
+        mcp_positions=tuple(inputs.get("mcp_positions", ())),
     )
 
 
@@ -269,16 +322,17 @@ def stored_pending_calls(
     agents: AgentPool, conv: Conversation, agent_name: str | None
 ) -> tuple[PendingCall, ...]:
     """The pending calls of a stored context, from its row alone (``pending_calls``, written by
-    every write of the context). Their kind follows the agent profile ``agent_name`` of the
-    conversation's latest run (``default`` without one, or when that profile is gone) as it
-    is configured now — which is why the row keeps the calls without their kind."""
+    every write of the context), each with the kind stored with it. A call stored without one
+    (a context written by PUT or import, or before kinds were stored) is classified by the
+    agent profile ``agent_name`` of the conversation's latest run (``default`` without one, or
+    when that profile is gone) as it is configured now."""
     if not conv.pending_calls:
         return ()
     try:
         agent = agents.get(agent_name or "default")
     except UnknownAgent:
         agent = agents.get("default")
-    return agent.classify(pending_blocks(conv.pending_calls))
+    return agent.classify(pending_blocks(conv.pending_calls), stored_kinds(conv.pending_calls))
 
 
 def required_action(result: Result) -> dict[str, Any] | None:

@@ -34,6 +34,7 @@ from app.agent.messages import Context
 from app.agent.run import Agent
 from app.etag import IfMatch
 from app.observability import observe_quota_refusal
+from app.store.changes import StoredPending
 from app.store.errors import conversation_not_found
 from app.store.quotas import QuotaExceeded
 from app.store.stores import IdempotencyClaim, RunRecord, StartedRun, Stores
@@ -155,13 +156,13 @@ class RunQueue:
         self._refused(started)
         return None
 
-    def _claim_check(self, run: Run, context: Context) -> None:
+    def _claim_check(self, run: Run, context: Context, stored: StoredPending) -> None:
         """The pre-check of a queued run when its turn comes (as :func:`pending.checker` on
-        a direct start), on the context it would run on."""
+        a direct start), on the context it would run on and its stored pending calls."""
         agent = self.state.agent_or_none(run.agent)
         if agent is None:
             return  # no such profile here: it starts and fails, saying so (as before)
-        pending.checker(agent, pending.queued_request(run))(context)
+        pending.checker(agent, pending.queued_request(run))(context, stored)
 
     def _refused(self, started: StartedRun) -> None:
         """Say what a claim refused: a background run (recorded ``failed``) is logged and

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from app import telemetry
 from app.agent.codec import load_message
 from app.agent.events import EventSink
+from app.agent.mcp import McpToolset
 from app.agent.messages import AnyMessage, Context
 from app.agent.records import Result
 from app.errors import CarryoverError
@@ -167,6 +168,18 @@ class ResponseService:
             return context
         return context.model_copy(update={"messages": context.messages[:keep]})
 
+    async def prepare_unstored(
+        self, request: RunRequest, context: Context
+    ) -> tuple[RunRequest, McpToolset | None]:
+        """What a run that stores nothing checks before anything runs, as a stored run does:
+        its own MCP servers (allowed, public), their listings (a name found twice: 422), and
+        its tools and answers on ``context``. The request as checked, and its MCP tools."""
+        agent = self.agents.for_run(request)
+        request = await self.runs.state.mcp.admit(request, queued=False)
+        toolset = await self.runs.state.mcp.prelist(agent, request)
+        pending.checker(agent, request, toolset)(context, None)
+        return request, toolset
+
     async def run_unstored(
         self,
         tenant: str,
@@ -174,13 +187,18 @@ class ResponseService:
         request: RunRequest,
         context: Context,
         on_event: EventSink | None = None,
+        *,
+        toolset: McpToolset | None = None,
     ) -> Result:
         """Run the agent on ``context`` and store nothing (``store: false``): no conversation,
         so no lease to take; the same agent, checks, bounds, deadline and span as a stored run,
-        and its tokens count in the tenant's usage (:meth:`admit_unstored` first)."""
+        and its tokens count in the tenant's usage (:meth:`admit_unstored` first).
+        :meth:`prepare_unstored` first: ``toolset`` is what it listed."""
         agent = self.agents.for_run(request)
-        agent_input = pending.run_input(context, request, size_bounds(self.runs.settings))
-        pending.checker(agent, request)(context)
+        agent_input = pending.run_input(
+            context, request, size_bounds(self.runs.settings), toolset=toolset
+        )
+        pending.checker(agent, request, toolset)(context, None)
         with telemetry.agent_span(request.agent, "", run_id) as span:
             task = asyncio.ensure_future(agent.run(agent_input, on_event=on_event))
             with RunDeadline(self.runs.settings.run_deadline_seconds, task.cancel) as deadline:

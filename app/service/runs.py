@@ -25,6 +25,7 @@ from typing import Any
 
 from app import telemetry
 from app.agent.events import RunEvent
+from app.agent.pending import InvalidTools
 from app.agent.records import Result
 from app.agent.run import Agent
 from app.clock import SYSTEM_CLOCK, Clock
@@ -43,7 +44,7 @@ from .cache import BodyCache, ContextCache
 from .compaction import Compactor
 from .errors import Busy, ShuttingDown
 from .faults import OutcomeNotStored
-from .finishing import Finisher, cancelled_result, internal_result, settle
+from .finishing import Finisher, cancelled_result, internal_result, refused_result, settle
 from .leases import LeaseKeeper
 from .live import LiveStream
 from .pages import Page
@@ -173,6 +174,11 @@ class RunManager:
         if self.state.closing:
             raise ShuttingDown
         agent = self.state.agents.for_run(request)
+        queued = request.if_busy != "reject" or respond_async
+        # the request's own MCP servers (no connection), then every server's listing: a tool
+        # name found twice is refused here, before anything is stored (app/service/mcp.py)
+        request = await self.state.mcp.admit(request, queued=queued)
+        toolset = await self.state.mcp.prelist(agent, request)
         claim = None
         if idempotency is not None:
             claim = IdempotencyClaim(
@@ -182,7 +188,7 @@ class RunManager:
                 ttl_seconds=self.state.settings.idempotency_ttl_seconds,
             )
         run_id = str(uuid.uuid4())
-        if request.if_busy != "reject" or respond_async:
+        if queued:
             # Queued runs, background runs and fair waiting: app/service/queue.py
             turn = await self.queue.start(
                 tenant,
@@ -210,7 +216,7 @@ class RunManager:
                 lease_seconds=self.state.settings.lease_seconds,
                 idempotency=claim,
                 cached=self.state.contexts.lookup,
-                check=pending.checker(agent, request),
+                check=pending.checker(agent, request, toolset),
                 trace_id=telemetry.current_trace_id(),
                 tool_inputs=pending.kept_inputs(request),
             )
@@ -233,6 +239,7 @@ class RunManager:
                 if stream and not respond_async
                 else None
             ),
+            toolset=toolset,
         )
         self._spawn(active, agent, request, idempotency)
         return active
@@ -338,11 +345,16 @@ class RunManager:
             if active.recorder is not None:
                 await active.recorder.record(event)  # numbered, stored, and streamed live
 
-        agent_input = pending.agent_input(loaded, request, size_bounds(self.state.settings))
+        agent_input = pending.agent_input(
+            loaded, request, size_bounds(self.state.settings), active.toolset
+        )
         with RunDeadline(
             self.state.settings.run_deadline_seconds, lambda: self.stop(active)
         ) as deadline:
-            result = await agent.run(agent_input, on_event=on_event)
+            try:
+                result = await agent.run(agent_input, on_event=on_event)
+            except InvalidTools as exc:  # listed when its turn came (a queued run): a clash
+                result = refused_result(loaded.context, pending.refusal(exc, request) or exc)
         result = deadline.settle(result)
         if request.instructions is not None:  # they were for this run only
             stored = loaded.context.system_prompt

@@ -26,6 +26,7 @@ from . import runlog
 from .agents import AgentPool
 from .cache import BodyCache, ContextCache
 from .events import EventRecorder
+from .mcp import McpService
 from .types import ActiveRun
 
 #: recent finished runs whose durations give a busy conversation's Retry-After
@@ -65,6 +66,8 @@ class RunState:
         self.contexts = ContextCache(settings.context_cache_messages, settings.context_cache_bytes)
         self.bodies = BodyCache(settings.context_body_cache_bytes)
         self.problem_slug = problem_slug
+        #: the request's own MCP servers checked, the run's tools listed (app/service/mcp.py)
+        self.mcp = McpService(settings, agents.mcp)
 
     @property
     def tick(self) -> float:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from app.agent.mcp import McpServer, McpToolset
 from app.agent.messages import AnyMessage, ToolResultMessage, UserMessage
 from app.agent.pending import Approval, ClientTool
 from app.agent.records import Result, RunSettings
@@ -30,7 +31,10 @@ class RunRequest:
     ``append``: messages to add to the context as they are, without calling the model (the
     ``/v1`` surface's items added without a response); the run then has no prompts.
     ``response``: what the ``/v1`` surface keeps of a response's request (its metadata,
-    instructions, tools), kept with the run row and given back with its record."""
+    instructions, tools), kept with the run row and given back with its record.
+    ``mcp_servers``: the request's own MCP servers (docs/tools.md, "Remote MCP tools").
+    ``tool_positions`` / ``mcp_positions``: where each client tool and each MCP server stood in
+    the request's ``tools`` (a problem with one names that place)."""
 
     prompts: tuple[UserMessage, ...]
     agent: str = "default"
@@ -44,6 +48,27 @@ class RunRequest:
     settings: RunSettings = field(default_factory=RunSettings)
     append: tuple[AnyMessage, ...] = ()
     response: dict[str, Any] | None = None
+    mcp_servers: tuple[McpServer, ...] = ()
+    tool_positions: tuple[int, ...] = ()
+    mcp_positions: tuple[int, ...] = ()
+
+    def tool_position(self, index: int) -> int:
+        """Where client tool ``index`` stood in the request's ``tools``."""
+        found = self.tool_positions
+        return found[index] if index < len(found) else index
+
+    def mcp_position(self, index: int) -> int:
+        """Where MCP server ``index`` stood in the request's ``tools``."""
+        found = self.mcp_positions
+        return found[index] if index < len(found) else len(self.client_tools) + index
+
+    def with_mcp_servers(self, servers: tuple[McpServer, ...]) -> RunRequest:
+        return replace(self, mcp_servers=servers)
+
+    @property
+    def mcp_headers(self) -> bool:
+        """Does a server of the request carry headers (secrets that are never stored)?"""
+        return any(s.headers for s in self.mcp_servers)
 
 
 @dataclass(frozen=True)
@@ -89,6 +114,8 @@ class ActiveRun:
     stop_requested: bool = False  # asked to stop before the task began
     finishing: bool = False  # the outcome is being written: cancelling now changes nothing
     recorder: EventRecorder | None = None  # its events, stored (app/service/events.py)
+    #: its MCP tools, listed before it started (None: listed when it runs, if it has any)
+    toolset: McpToolset | None = None
 
 
 @dataclass(frozen=True)

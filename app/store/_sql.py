@@ -56,6 +56,8 @@ class Loaded:
     next_position: int  # position the next appended message gets
     tokens: TokenTally | None = None  # the running tally of context.messages, when known
     size: ContextSize | None = None  # the running size of context (app.agent.sizes), when known
+    #: the conversation row's ``pending_calls`` at this version (their kinds, when stored)
+    pending_calls: list[dict[str, str]] | None = None
 
 
 def context_body(system_prompt: str, summary: str, joined: str | bytes) -> bytes:
@@ -137,6 +139,7 @@ class StoredRows:
             next_position=conv.next_position,
             tokens=tokens,
             size=size,
+            pending_calls=conv.pending_calls,
         )
 
 

@@ -26,7 +26,7 @@ from app.agent.messages import (
     ToolResultMessage,
     UserMessage,
 )
-from app.agent.pending import open_calls
+from app.agent.pending import PendingKind, open_calls
 from app.agent.records import Compaction, Result
 
 from .tables import Dumped
@@ -157,19 +157,48 @@ def _last_batch(items: Sequence[T], load: Callable[[T], AnyMessage]) -> tuple[An
     return tuple(reversed(tail))
 
 
-def stored_pending(messages: Sequence[AnyMessage]) -> list[dict[str, str]] | None:
+StoredPending = list[dict[str, str]] | None
+"""A ``conversations.pending_calls`` value (see :func:`stored_pending`)."""
+
+
+def stored_pending(
+    messages: Sequence[AnyMessage], kinds: Mapping[str, str] | None = None
+) -> list[dict[str, str]] | None:
     """``conversations.pending_calls`` for a context whose messages end with ``messages`` (the
-    whole context or its last batch alone): its unanswered calls without their kind, or None
-    when it awaits nothing. O(last batch)."""
-    calls = open_calls(messages)
-    return [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls] or None
+    whole context or its last batch alone): its unanswered calls, or None when it awaits
+    nothing. O(last batch). Each is ``{"id", "name", "arguments"}``, with ``server_label`` when
+    the call records one and ``kind`` (client or approval) when ``kinds`` (by call id: what
+    the run that paused decided) has it; a context written without a run (PUT, import, a
+    fork's prefix) stores no kind, and its calls' kind is read as the agent infers it."""
+    out = []
+    for call in open_calls(messages):
+        entry = {"id": call.id, "name": call.name, "arguments": call.arguments}
+        if call.server_label is not None:
+            entry["server_label"] = call.server_label
+        kind = (kinds or {}).get(call.id)
+        if kind is not None:
+            entry["kind"] = kind
+        out.append(entry)
+    return out or None
 
 
 def pending_blocks(stored: Sequence[Mapping[str, str]] | None) -> tuple[ToolCallBlock, ...]:
     """The calls a ``conversations.pending_calls`` value holds."""
     return tuple(
-        ToolCallBlock(id=c["id"], name=c["name"], arguments=c["arguments"]) for c in stored or ()
+        ToolCallBlock(
+            id=c["id"], name=c["name"], arguments=c["arguments"], server_label=c.get("server_label")
+        )
+        for c in stored or ()
     )
+
+
+def stored_kinds(stored: Sequence[Mapping[str, str]] | None) -> dict[str, PendingKind]:
+    """The kinds a ``conversations.pending_calls`` value stores, by call id."""
+    return {
+        c["id"]: "approval" if c["kind"] == "approval" else "client"
+        for c in stored or ()
+        if c.get("kind") in ("client", "approval")
+    }
 
 
 @dataclass(frozen=True)

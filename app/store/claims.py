@@ -18,15 +18,16 @@ from app.errors import CarryoverError
 
 from ._sql import child_key, conversation_key, read_context
 from ._turns import answer_async, drop_queued, fail_queued, queued, take_free
+from .changes import StoredPending
 from .errors import StoredDataDamaged
 from .quotas import QuotaExceeded, count_start, refusal
 from .runs import Refusal, StartedRun
 from .tables import Conversation, Run, conversations, runs
 
-ClaimCheck = Callable[[Run, Context], None]
-"""The pre-check of a queued run when its turn comes: the run's row and the context it would
-run on; what it raises (a :class:`CarryoverError`) refuses the run (client tools and approvals:
-app/service/pending.py)."""
+ClaimCheck = Callable[[Run, Context, StoredPending], None]
+"""The pre-check of a queued run when its turn comes: the run's row, the context it would run
+on and its pending calls as the conversation row stores them; what it raises (a
+:class:`CarryoverError`) refuses the run (client tools and approvals: app/service/pending.py)."""
 
 
 async def lock_conversation(
@@ -110,7 +111,7 @@ async def claim_head(
         if error is None and check is not None:
             assert loaded is not None
             try:
-                check(Run.model_construct(**head), loaded.context)
+                check(Run.model_construct(**head), loaded.context, conv.pending_calls)
             except CarryoverError as exc:
                 error = exc
         if error is None:

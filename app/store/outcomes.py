@@ -169,7 +169,12 @@ class FinishingStore(StoreBase):
         stats = None
         if store:
             assert size is not None
-            stats = ContextStats(tokens, size, stored_pending(result.context.messages))
+            kinds = (
+                {c.id: c.kind for c in result.required_action.tool_calls}
+                if result.required_action is not None
+                else None
+            )
+            stats = ContextStats(tokens, size, stored_pending(result.context.messages, kinds))
         async with write_transaction(self.engine) as conn:
             row = None
             if stats is not None:
@@ -252,6 +257,7 @@ class FinishingStore(StoreBase):
                 next_position=plan.next_position,
                 tokens=tokens,
                 size=size,
+                pending_calls=stats.pending if stats is not None else None,
             )
         return RunOutcome(
             status=status,

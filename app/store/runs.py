@@ -30,7 +30,7 @@ from app.etag import IfMatch, if_match_holds
 
 from ._sql import Loaded, StoredRows, child_key, decode, read_rows
 from ._turns import cancel_queued, queue_head_by_parameters, take_free
-from .changes import Answered, last_batch_of, plan_context_write, run_transcript
+from .changes import Answered, StoredPending, last_batch_of, plan_context_write, run_transcript
 from .db import read_transaction, write_transaction
 from .errors import Conflict, PreconditionFailed, conversation_not_found, run_not_found
 from .events import EventRow
@@ -160,7 +160,7 @@ class RunStore(FinishingStore):
         lease_seconds: float,
         idempotency: IdempotencyClaim | None = None,
         cached: CachedContext | None = None,
-        check: Callable[[Context], None] | None = None,
+        check: Callable[[Context, StoredPending], None] | None = None,
         trace_id: str | None = None,
         tool_inputs: dict[str, Any] | None = None,
     ) -> StartedRun:
@@ -169,8 +169,9 @@ class RunStore(FinishingStore):
 
         ``check`` is called before the transaction commits on a context that ends like the
         stored one — the cached context, or the stored context's last batch alone (decoded
-        from its rows: O(last batch)); what it raises rolls everything back (no run row, no
-        lease, no idempotency key) and propagates (client tools, docs/tools.md).
+        from its rows: O(last batch)) — and the row's ``pending_calls`` (their stored kinds);
+        what it raises rolls everything back (no run row, no lease, no idempotency key) and
+        propagates (client tools, docs/tools.md).
 
         In order: :class:`NotFound`; an idempotency key seen before (the stored answer, or
         :class:`IdempotencyMismatch` / :class:`IdempotencyInFlight`); :class:`PreconditionFailed`
@@ -252,9 +253,9 @@ class RunStore(FinishingStore):
                 rows = await read_rows(conn, conv)
             if check is not None:
                 if hit is not None:
-                    check(hit.context)
+                    check(hit.context, conv.pending_calls)
                 elif rows is not None:
-                    check(last_batch_of(rows.texts))
+                    check(last_batch_of(rows.texts), conv.pending_calls)
         loaded = hit if hit is not None else await decode(rows)
         return StartedRun(run=Run.model_construct(**values), loaded=loaded, interrupted=interrupted)
 

@@ -115,9 +115,11 @@ class Conversation(SQLModel, table=True):
     #: when the retention sweeper deletes it (None: the deployment default, if any, applies)
     expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     #: the pending calls of the stored context — the unanswered calls of its last batch, each
-    #: ``{"id", "name", "arguments"}`` in call order — or None when it awaits nothing; written
-    #: by every write of the context (:func:`app.store.changes.stored_pending`). Their kind is
-    #: not stored: it follows the agent profile when read (docs/tools.md)
+    #: ``{"id", "name", "arguments"}`` in call order, with ``server_label`` when the call records
+    #: one and ``kind`` (client | approval) when a run decided it (migration 0016) — or None
+    #: when it awaits nothing; written by every write of the context
+    #: (:func:`app.store.changes.stored_pending`). A call without a stored kind (a context
+    #: written by PUT or import) is read as the agent infers it (docs/tools.md)
     pending_calls: list[dict[str, str]] | None = Field(default=None, sa_type=JSONText)
 
     @property

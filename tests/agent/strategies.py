@@ -282,7 +282,11 @@ def tool_call_blocks(
 @functools.cache
 def _any_tool_call_blocks() -> st.SearchStrategy[ToolCallBlock]:
     return st.builds(
-        ToolCallBlock, id=tool_call_ids(), name=tool_names(), arguments=raw_arguments()
+        ToolCallBlock,
+        id=tool_call_ids(),
+        name=tool_names(),
+        arguments=raw_arguments(),
+        server_label=st.none() | st.sampled_from(["carryover", "docs", "wiki-2"]),
     )
 
 

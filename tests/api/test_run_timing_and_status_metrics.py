@@ -32,9 +32,11 @@ async def scraped(client: AppClient, name: str, **labels: str) -> float:
 
 
 async def test_a_paused_run_counts_as_requires_action(client: AppClient) -> None:
+    # the counters are the process's: other modules' runs (of other profiles) count in them too
+    mine = {"agent": "default"}
     await client.post("/conversations", json={"id": "c"})
-    before = await scraped(client, "carryover_runs_total", status="requires_action")
-    other = await scraped(client, "carryover_runs_total", status="other")
+    before = await scraped(client, "carryover_runs_total", status="requires_action", **mine)
+    other = await scraped(client, "carryover_runs_total", status="other", **mine)
     paused = await client.post(
         "/conversations/c/runs",
         json={
@@ -45,8 +47,9 @@ async def test_a_paused_run_counts_as_requires_action(client: AppClient) -> None
         },
     )
     assert paused.status_code == 201 and paused.json()["status"] == "requires_action"
-    assert await scraped(client, "carryover_runs_total", status="requires_action") == before + 1
-    assert await scraped(client, "carryover_runs_total", status="other") == other
+    after = await scraped(client, "carryover_runs_total", status="requires_action", **mine)
+    assert after == before + 1
+    assert await scraped(client, "carryover_runs_total", status="other", **mine) == other
 
 
 @asynccontextmanager

@@ -49,6 +49,7 @@ from app.api.app import create_app, openapi_document
 from app.api.exports import ConversationExport
 from app.config import Settings
 from tests.conftest import _copy_sqlite
+from tests.fakes.mcp_server import FakeMcp
 
 from .conftest import ACME_KEY, API_KEYS
 
@@ -139,7 +140,7 @@ def map_case(context: Any, case: Any) -> Any:
         if isinstance(case.body, dict) and isinstance(case.body.get("agent"), str):
             case.body["agent"] = "default"
         if case.operation.label == "POST /conversations/{conversation_id}/runs":
-            fit_run_to_the_conversation(case.body)
+            fit_run_to_the_conversation(case.body, case.headers)
         if case.operation.label == "POST /conversations/{conversation_id}/fork" and isinstance(
             case.body, dict
         ):
@@ -164,7 +165,7 @@ _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _SERVER_TOOLS = {"time_now", "wait", "fail"}
 
 
-def fit_run_to_the_conversation(body: Any) -> None:
+def fit_run_to_the_conversation(body: Any, headers: Any = None) -> None:
     """A run's answers to pending tool calls (``tool_result`` prompts, ``approvals``) and its
     ``require_approval`` names are checked against the stored context and the agent's tools,
     which a schema cannot state (422 ``unexpected-tool-answer`` / ``validation-error``, as the
@@ -173,6 +174,8 @@ def fit_run_to_the_conversation(body: Any) -> None:
     tools that fit the rules, and at least one prompt (a run without answers needs one)."""
     if not isinstance(body, dict):
         return
+    prefer = str((headers or {}).get("Prefer", ""))
+    queued = "respond-async" in prefer or body.get("if_busy") in ("wait", "enqueue")
     schema = body.get("output_schema")
     if isinstance(schema, dict) and schema_problem(schema.get("schema")) is not None:
         # a JSON object that is no JSON Schema is refused (422 validation-error, as documented);
@@ -189,12 +192,18 @@ def fit_run_to_the_conversation(body: Any) -> None:
     seen: set[str] = set()
     tools = []
     for tool in body.get("tools") or []:
+        if isinstance(tool, dict) and tool.get("type") == "mcp":
+            first = not any(t.get("type") == "mcp" for t in tools)
+            fitted = fit_mcp_server(tool, body, first=first, queued=queued)
+            if fitted is not None:
+                tools.append(fitted)
+            continue
         name = tool.get("name") if isinstance(tool, dict) else None
         parameters = tool.get("parameters", {"type": "object"}) if isinstance(tool, dict) else None
         if (
             isinstance(name, str)
             and _TOOL_NAME.match(name)
-            and name not in _SERVER_TOOLS | seen
+            and name not in _SERVER_TOOLS | _MCP_TOOLS | seen
             and isinstance(parameters, dict)
             and parameters.get("type") == "object"
             and isinstance(parameters.get("properties", {}), dict)
@@ -203,6 +212,28 @@ def fit_run_to_the_conversation(body: Any) -> None:
             tools.append(tool)
     if "tools" in body:
         body["tools"] = tools
+
+
+#: the MCP server the fuzzed runs may name (tests/fakes/mcp_server.py), and the names of its
+#: tools (a client tool may not share one)
+MCP: dict[str, str] = {}
+_MCP_TOOLS = {"lookup", "add", "explode", "hold"}
+
+
+def fit_mcp_server(tool: dict[str, Any], body: dict[str, Any], *, first: bool, queued: bool) -> Any:
+    """An MCP entry meant to be valid, as the service can take it: at the one server this
+    deployment allows (CARRYOVER_MCP_ALLOWED_URLS), one per run (a second one on that server
+    offers the same names: 422, as documented), approval lists that do not both name a tool,
+    and no headers on a run that goes through the queue (they are never stored: 422)."""
+    if not first or "url" not in MCP:
+        return None
+    fitted = {**tool, "server_url": MCP["url"]}
+    approval = fitted.get("require_approval")
+    if isinstance(approval, dict) and approval.get("always") and approval.get("never"):
+        fitted["require_approval"] = {"never": approval["never"]}
+    if queued:
+        fitted.pop("headers", None)
+    return fitted
 
 
 #: operations whose body may be JSON ``null`` (or left out), as the document says
@@ -279,10 +310,21 @@ def database(tmp_path_factory: pytest.TempPathFactory, _sqlite_template: Path) -
 
 
 @pytest.fixture(scope="module")
-def fuzzed_app(database: Path) -> Any:
+def mcp_server() -> Iterator[FakeMcp]:
+    with FakeMcp("fuzzed") as fake:
+        MCP["url"] = fake.url
+        try:
+            yield fake
+        finally:
+            MCP.clear()
+
+
+@pytest.fixture(scope="module")
+def fuzzed_app(database: Path, mcp_server: FakeMcp) -> Any:
     return create_app(
         Settings(
             database_url=f"sqlite:///{database}",
+            mcp_allowed_urls=(f"http://127.0.0.1:{mcp_server.port}/",),
             api_keys=API_KEYS,
             lease_seconds=2.0,
             busy_wait_seconds=1.0,

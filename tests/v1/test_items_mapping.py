@@ -12,12 +12,15 @@ from app.agent.messages import (
     AnyMessage,
     AssistantMessage,
     ImageBlock,
+    TextBlock,
+    ToolCallBlock,
     ToolResultMessage,
     UrlSource,
     UserMessage,
 )
 from app.api.v1.errors import OpenAIError
 from app.api.v1.items import ItemKey, item_id, items_of, messages_of, parse_item_id
+from app.api.v1.mcp_items import ItemView
 
 from ..agent.strategies import assistant_messages, tool_result_messages, user_messages
 
@@ -51,6 +54,8 @@ def test_a_message_comes_back_from_its_items(message: AnyMessage, index: int) ->
     # a URL image whose URL is itself a data: URL comes back as the bytes it holds (OpenAI's
     # input_image has one field for both): the one case where the source's form changes
     assume(not any(_data_url(b) for b in message.content))
+    # a call a server executes is one mcp_call item with its result: its own test, below
+    assume(not any(isinstance(b, ToolCallBlock) and b.server_label for b in message.content))
     items = items_of(message, RUN, index)
     assert items, "every message is at least one item"
     names = (
@@ -98,3 +103,66 @@ def test_an_item_that_cannot_be_a_message_is_a_400_naming_it(item: dict, param: 
         messages_of([item], {}.get)
     assert refused.value.status == 400
     assert refused.value.param == param
+
+
+def _server_turn(is_error: bool = False) -> tuple[AssistantMessage, ToolResultMessage]:
+    call = ToolCallBlock(id="call_1", name="lookup", arguments='{"w": 1}', server_label="dict")
+    asked = AssistantMessage(content=(TextBlock(text="checking"), call))
+    result = ToolResultMessage(
+        tool_call_id="call_1",
+        tool_name="lookup",
+        content=(TextBlock(text="boom" if is_error else "found"),),
+        is_error=is_error,
+    )
+    return asked, result
+
+
+@pytest.mark.parametrize("is_error", [False, True])
+def test_a_server_call_is_one_mcp_call_item_with_its_result(is_error: bool) -> None:
+    asked, result = _server_turn(is_error)
+    view = ItemView.of([asked, result])
+    items = items_of(asked, RUN, 4, view) + items_of(result, RUN, 5, view)
+    assert [i["type"] for i in items] == ["message", "mcp_call"]
+    call = items[1]
+    assert call["id"] == item_id("mcp", RUN, 4, 1)
+    assert (call["server_label"], call["name"], call["arguments"]) == ("dict", "lookup", '{"w": 1}')
+    if is_error:
+        assert call["status"] == "failed" and call["output"] is None
+        assert call["error"]["content"] == [{"type": "text", "text": "boom"}]
+    else:
+        assert call["status"] == "completed" and call["output"] == "found"
+    # sent back (a client that keeps its own history): the call and its result again
+    back = messages_of(items, {}.get).messages
+    assert len(back) == 2
+    assert isinstance(back[0], AssistantMessage) and isinstance(back[1], ToolResultMessage)
+    [again] = back[0].tool_calls
+    assert (again.name, again.arguments, again.server_label) == ("lookup", '{"w": 1}', "dict")
+    assert back[1].tool_call_id == again.id and back[1].is_error is is_error
+
+
+def test_a_server_call_awaiting_approval_is_an_approval_request() -> None:
+    asked, _ = _server_turn()
+    items = items_of(asked, RUN, 2, ItemView(pending=frozenset({"call_1"})))
+    request = items[1]
+    assert request == {
+        "type": "mcp_approval_request",
+        "id": item_id("mcpr", RUN, 2, 1),
+        "server_label": "dict",
+        "name": "lookup",
+        "arguments": '{"w": 1}',
+    }
+    parsed = messages_of(
+        [
+            request,
+            {
+                "type": "mcp_approval_response",
+                "approval_request_id": request["id"],
+                "approve": True,
+            },
+        ],
+        {}.get,
+    )
+    [message] = parsed.messages
+    assert isinstance(message, AssistantMessage) and message.tool_calls[0].id == request["id"]
+    [decision] = parsed.approvals
+    assert (decision.approval_request_id, decision.approve) == (request["id"], True)

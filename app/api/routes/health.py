@@ -10,7 +10,7 @@ from app.service.metrics import observe_queue
 from app.store.migrate import current_revision, head_revision
 
 from ..deps import ServicesDep
-from ..schemas import Health, ProfileReadiness, Readiness
+from ..schemas import Health, McpServerReadiness, ProfileReadiness, Readiness
 
 router = APIRouter(tags=["health"])
 
@@ -30,7 +30,8 @@ async def healthz() -> Health:
 async def readyz(svc: ServicesDep) -> Response:
     """Ready when the database answers, its schema is at the head revision and at least one
     agent profile can run. Each profile is reported in `profiles`: one that cannot run (its
-    provider key is unset) makes its own runs 503, not the whole server."""
+    provider key is unset) makes its own runs 503, not the whole server; its MCP servers are
+    listed (kept listings count), each reported reachable or why not."""
     expected = head_revision()
     try:
         revision = await current_revision(svc.engine)
@@ -38,8 +39,16 @@ async def readyz(svc: ServicesDep) -> Response:
     except Exception:
         revision, reachable = None, False
     unready = svc.agents.unready()
+    servers = await svc.runs.state.mcp.reachability(svc.agents.mcp_servers())
     profiles = {
-        name: ProfileReadiness(ready=name not in unready, reason=unready.get(name))
+        name: ProfileReadiness(
+            ready=name not in unready,
+            reason=unready.get(name),
+            mcp_servers={
+                label: McpServerReadiness(reachable=why is None, reason=why)
+                for label, why in servers.get(name, {}).items()
+            },
+        )
         for name in svc.agents.names
     }
     can_run = any(p.ready for p in profiles.values())

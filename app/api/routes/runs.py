@@ -117,7 +117,7 @@ async def create_run(
     accept: AcceptHeader = None,
 ) -> Response:
     """Run the agent on new prompts and store the returned context conditionally."""
-    request_ = run_request(body)
+    request_ = run_request(body, svc.settings)
     check_prompts(svc.settings, (*request_.tool_results, *request_.prompts))
     stream = body.stream or "text/event-stream" in (accept or "")
     minimal = wants_minimal(prefer)

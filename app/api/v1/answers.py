@@ -6,7 +6,6 @@ responses and resumed streams), background starts, and ``store: false`` runs. Us
 from __future__ import annotations
 
 import asyncio
-import re
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,10 +13,9 @@ from typing import Any
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from app.agent.messages import AnyMessage, Context, ToolResultMessage, UserMessage
-from app.agent.pending import ClientTool
-from app.agent.records import Result, RunSettings
+from app.agent.pending import Approval
+from app.agent.records import Result
 from app.agent.replay import ReplayError, validate_messages
-from app.agent.structured import OutputSchema, schema_problem
 from app.errors import CarryoverError
 from app.etag import ETagCondition
 from app.service import pending
@@ -31,61 +29,19 @@ from app.store.tables import Run
 from ..deps import Services
 from ..sse import keepalive
 from .errors import OpenAIError, bad_request, openai_error
+from .request import (
+    RunTools,
+    approved_calls,
+    client_names,
+    kept_fields,
+    output_schema,
+    pending_servers,
+    run_settings,
+    tools_echo,
+)
 from .schemas import ResponseCreate
 from .stream import EventTranslator, sse
 from .views import response_object, split, timestamp
-
-
-def run_settings(body: ResponseCreate) -> RunSettings:
-    """A response's own settings: ``temperature``, ``max_output_tokens`` and ``text.format``
-    (a ``json_schema`` format is the run's output schema; 400 for one that is not valid)."""
-    return RunSettings(
-        temperature=body.temperature,
-        max_output_tokens=body.max_output_tokens,
-        output_schema=output_schema(body),
-    )
-
-
-def output_schema(body: ResponseCreate) -> OutputSchema | None:
-    found = (body.text or {}).get("format")
-    if found is None:
-        return None
-    if not isinstance(found, dict) or found.get("type") not in ("text", "json_schema"):
-        raise bad_request(
-            'Invalid value for \'text.format\': give {"type": "text"} or '
-            '{"type": "json_schema", "name", "schema", "strict"}.',
-            "text.format",
-        )
-    if found["type"] == "text":
-        return None
-    name, schema, strict = found.get("name"), found.get("schema"), found.get("strict")
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
-        raise bad_request("Invalid value for 'text.format.name'.", "text.format.name")
-    problem = schema_problem(schema)
-    if problem is not None:
-        raise bad_request(f"Invalid schema for 'text.format.schema': {problem}.", "text.format")
-    assert isinstance(schema, dict)
-    return OutputSchema(name, schema, strict is not False)
-
-
-def text_field(body: ResponseCreate) -> dict[str, Any]:
-    """The response's ``text`` as it is answered (the format as given; text by default)."""
-    found = (body.text or {}).get("format")
-    return {"format": found if isinstance(found, dict) else {"type": "text"}}
-
-
-def kept_fields(body: ResponseCreate) -> dict[str, Any]:
-    """What a stored response keeps of its request, with its run (``RunRequest.response``)."""
-    return {
-        "text": text_field(body),
-        "temperature": body.temperature,
-        "max_output_tokens": body.max_output_tokens,
-        "instructions": body.instructions,
-        "tools": [t.model_dump(exclude_none=True) for t in body.tools],
-        "metadata": body.metadata or {},
-        "previous_response_id": body.previous_response_id,
-        "background": body.background,
-    }
 
 
 def response_view(
@@ -99,18 +55,21 @@ def response_view(
         status, usage = record.outcome.status, record.result.usage.model_dump()
         failure = record.result.error
         error = {"detail": failure.message} if failure is not None else None
+        required: Any = record.result.required_action if status == "requires_action" else None
     else:
         run, messages, final = record.run, record.new_messages, record.final
         status, usage, error = run.status, run.usage, run.error
+        required = run.required_action
     kept: dict[str, Any] = (
         kept_fields(body) if body is not None else (run.tool_inputs or {}).get("response") or {}
     )
+    output = split(messages, run.run_id, pending_servers(required), approved_calls(kept)).output
     return response_object(
         run_id=run.run_id,
         status=status,
         created_at=timestamp(run.created_at),
         model=run.agent,
-        output=split(messages, run.run_id).output,
+        output=output,
         usage=usage,
         error=error,
         conversation_id=run.conversation_id,
@@ -191,7 +150,14 @@ async def stored_stream(
         conversation_id=run.conversation_id,
         background=body.background if body is not None else False,
     )
-    translator = EventTranslator(run.run_id, skeleton, pending.output_schema_of(run))
+    kept = kept_fields(body) if body is not None else (run.tool_inputs or {}).get("response") or {}
+    translator = EventTranslator(
+        run.run_id,
+        skeleton,
+        pending.output_schema_of(run),
+        client_names=client_names(kept),
+        approved=approved_calls(kept),
+    )
 
     async def events() -> AsyncIterator[bytes]:
         produced = translator.start()
@@ -230,7 +196,7 @@ def skeleton(
         conversation_id=conversation_id,
         store=body.store,
         instructions=body.instructions,
-        tools=[t.model_dump(exclude_none=True) for t in body.tools],
+        tools=tools_echo(body),
         metadata=body.metadata,
         previous_response_id=body.previous_response_id,
         settings=kept_fields(body),
@@ -256,6 +222,8 @@ async def live_events(
         active.run_id,
         skeleton(active.run_id, body, active.conversation_id, created),
         schema.schema if schema is not None else None,
+        client_names=client_names(kept_fields(body)),
+        approved=approved_calls(kept_fields(body)),
     )
     for event in translator.start():
         yield sse(event)
@@ -290,8 +258,9 @@ async def unstored(
     body: ResponseCreate,
     messages: list[AnyMessage],
     history: Context | None,
-    tools: tuple[ClientTool, ...],
+    tools: RunTools,
     instructions: str | None,
+    approvals: tuple[Approval, ...] = (),
 ) -> Response:
     """``store: false``: the agent on the input (after the context ``previous_response_id``
     continues), nothing stored."""
@@ -303,11 +272,11 @@ async def unstored(
     except ReplayError as exc:
         raise bad_request(f"Invalid input: {exc.reason}", "input") from None
     run_id = str(uuid.uuid4())
-    run_request = RunRequest(
+    run_request = tools.request(
         prompts=prompts,
         agent=body.model,
-        client_tools=tools,
         tool_results=results,
+        approvals=approvals,
         instructions=instructions,
         settings=run_settings(body),
     )
@@ -319,12 +288,17 @@ async def unstored(
             status=result.status,
             created_at=created,
             model=body.model,
-            output=split(result.new_messages, run_id).output,
+            output=split(
+                result.new_messages,
+                run_id,
+                pending_servers(result.required_action),
+                approved_calls(kept_fields(body)),
+            ).output,
             usage=result.usage.model_dump(),
             error={"detail": result.error.message} if result.error else None,
             store=False,
             instructions=body.instructions,
-            tools=[t.model_dump(exclude_none=True) for t in body.tools],
+            tools=tools_echo(body),
             metadata=body.metadata,
             previous_response_id=body.previous_response_id,
             settings=kept_fields(body),
@@ -333,11 +307,12 @@ async def unstored(
         )
 
     schema = run_request.settings.output_schema
-    # refusals (an unanswered call, bad tools, a spent quota) are answered before anything runs
-    pending.checker(svc.agents.for_run(run_request), run_request)(context)
+    # refusals (an unanswered call, bad tools, a server not allowed, a spent quota) are
+    # answered before anything runs
+    run_request, toolset = await responses.prepare_unstored(run_request, context)
     await responses.admit_unstored(tenant)
     if not body.stream:
-        result = await responses.run_unstored(tenant, run_id, run_request, context)
+        result = await responses.run_unstored(tenant, run_id, run_request, context, toolset=toolset)
         return JSONResponse(view(result))
 
     queue: asyncio.Queue[tuple[str, Any] | None] = asyncio.Queue()
@@ -349,7 +324,7 @@ async def unstored(
 
     result_task: asyncio.Task[Result] | None = None
     result_task = asyncio.ensure_future(
-        responses.run_unstored(tenant, run_id, run_request, context, on_event)
+        responses.run_unstored(tenant, run_id, run_request, context, on_event, toolset=toolset)
     )
     result_task.add_done_callback(lambda _: queue.put_nowait(None))
 
@@ -359,6 +334,8 @@ async def unstored(
             run_id,
             skeleton(run_id, body, None, created),
             schema.schema if schema is not None else None,
+            client_names=client_names(kept_fields(body)),
+            approved=approved_calls(kept_fields(body)),
         )
         for event in translator.start():
             yield sse(event)

@@ -8,14 +8,17 @@ from typing import Annotated, Any
 
 from fastapi import Depends
 
-from app.agent.messages import AnyMessage
+from app.agent.messages import AnyMessage, AssistantMessage, ToolCallBlock, ToolResultMessage
+from app.agent.pending import Approval
 from app.service.responses import ResponseService, StoredMessage
 from app.service.runs import ActiveRun, FinishedRun, RunRequest
+from app.store.changes import pending_blocks
 from app.store.errors import conversation_not_found
 
 from ..deps import Services, ServicesDep
 from .errors import OpenAIError, bad_request
-from .items import items_of, parse_item_id
+from .items import Parsed, calls_by_item, items_of, parse_item_id
+from .mcp_items import ItemView
 
 
 async def response_service(svc: ServicesDep) -> ResponseService:
@@ -57,11 +60,76 @@ async def pending_names(
 def added_items(finished: FinishedRun, messages: Sequence[AnyMessage]) -> list[dict[str, Any]]:
     """The items a run that only added ``messages`` stored, with their ids."""
     run_id = finished.run.run_id
-    return [item for i, m in enumerate(messages) for item in items_of(m, run_id, i)]
+    view = ItemView.of(messages)
+    return [item for i, m in enumerate(messages) for item in items_of(m, run_id, i, view)]
+
+
+#: messages read on either side of a page of items, for the results and calls of the server
+#: calls on it (a call and its result are next to each other: the same run, or the next)
+NEIGHBOURS = 64
+
+
+async def item_view(
+    svc: Services,
+    responses: ResponseService,
+    tenant: str,
+    conversation_id: str,
+    page: Sequence[StoredMessage],
+) -> ItemView:
+    """What rendering a page of the conversation's messages needs of the others: the results
+    of its server calls and the calls of its server results (read beside the page when they
+    are not on it), and the calls still awaiting approval."""
+    messages = [s.message for s in page if not s.failed]
+    known = ItemView.of(messages)
+    calls = {
+        c.id: s.seq
+        for s in page
+        if isinstance(s.message, AssistantMessage) and not s.failed
+        for c in s.message.tool_calls
+        if c.server_label is not None
+    }
+    unresolved = [seq for call_id, seq in calls.items() if call_id not in known.results]
+    orphans = [
+        s.seq
+        for s in page
+        if isinstance(s.message, ToolResultMessage)
+        and s.kind == "tool_result"
+        and s.message.tool_call_id not in calls
+    ]
+    extra: list[AnyMessage] = []
+    if unresolved:
+        after = await responses.messages(
+            tenant,
+            conversation_id,
+            from_seq=min(unresolved) + 1,
+            descending=False,
+            limit=NEIGHBOURS,
+        )
+        extra += [s.message for s in after if not s.failed]
+    if orphans:
+        before = await responses.messages(
+            tenant,
+            conversation_id,
+            from_seq=max(orphans) - 1,
+            descending=True,
+            limit=NEIGHBOURS,
+        )
+        extra += [s.message for s in before if not s.failed]
+    conv = await svc.stores.conversations.get_conversation(tenant, conversation_id)
+    pending = frozenset(
+        c.id
+        for c in pending_blocks(conv.pending_calls if conv is not None else None)
+        if c.server_label is not None
+    )
+    return ItemView.of([*extra, *messages], pending)
 
 
 async def find_item(
-    responses: ResponseService, tenant: str, conversation_id: str, item_id: str
+    svc: Services,
+    responses: ResponseService,
+    tenant: str,
+    conversation_id: str,
+    item_id: str,
 ) -> dict[str, Any] | None:
     """A stored item of the conversation by its id (None: no such item)."""
     key = parse_item_id(item_id)
@@ -73,11 +141,13 @@ async def find_item(
             found = stored
     if found is None:
         return None
-    items = items_of(found.message, found.run_id, found.index)
+    view = await item_view(svc, responses, tenant, conversation_id, [found])
+    items = items_of(found.message, found.run_id, found.index, view)
     return items[key.k] if key.k < len(items) and items[key.k]["id"] == item_id else None
 
 
 async def resolve_references(
+    svc: Services,
     responses: ResponseService,
     tenant: str,
     conversation_id: str | None,
@@ -90,7 +160,7 @@ async def resolve_references(
             ref = item.get("id")
             found = None
             if isinstance(ref, str) and conversation_id is not None:
-                found = await find_item(responses, tenant, conversation_id, ref)
+                found = await find_item(svc, responses, tenant, conversation_id, ref)
             if found is None:
                 raise bad_request(f"Item with id '{ref}' not found.", f"input[{i}].id")
             item = found
@@ -98,12 +168,60 @@ async def resolve_references(
     return resolved
 
 
+async def resolve_approvals(
+    svc: Services,
+    responses: ResponseService,
+    tenant: str,
+    conversation_id: str | None,
+    parsed: Parsed,
+) -> tuple[tuple[Approval, ...], list[dict[str, Any]]]:
+    """The ``mcp_approval_response`` items of ``input`` as the run's approvals, each with the
+    call it answers (kept with the run: its output shows the call's ``mcp_call`` item). The
+    request id names an ``mcp_approval_request`` item of the input (a client that keeps the
+    history), one this surface gave (``mcpr_…``), or a pending call's id; else 400."""
+    if not parsed.approvals:
+        return (), []
+    calls: dict[str, ToolCallBlock] = {}
+    for message in parsed.messages:
+        if isinstance(message, AssistantMessage):
+            calls.update((c.id, c) for c in message.tool_calls if c.server_label is not None)
+    stored: dict[str, ToolCallBlock] = {}
+    if conversation_id is not None:
+        conv = await svc.stores.conversations.get_conversation(tenant, conversation_id)
+        if conv is None:
+            raise conversation_not_found(conversation_id)
+        stored = {c.id: c for c in pending_blocks(conv.pending_calls)}
+    approvals: list[Approval] = []
+    kept: list[dict[str, Any]] = []
+    for decision in parsed.approvals:
+        request_id = decision.approval_request_id
+        call = calls.get(request_id) or stored.get(request_id)
+        key = parse_item_id(request_id)
+        if call is None and key is not None and conversation_id is not None:
+            for found in await responses.run_messages(tenant, conversation_id, key.run_id):
+                if found.index == key.index and isinstance(found.message, AssistantMessage):
+                    block = calls_by_item(found.message, key.run_id, key.index).get(request_id)
+                    call = stored.get(block.id) if block is not None else None
+        if call is None:
+            raise bad_request(
+                f"No pending approval request found with id '{request_id}'.",
+                f"{decision.where}.approval_request_id",
+            )
+        approvals.append(
+            Approval(tool_call_id=call.id, approve=decision.approve, reason=decision.reason)
+        )
+        kept.append({"approval_request_id": request_id, "call": call.model_dump(mode="json")})
+    return tuple(approvals), kept
+
+
 __all__ = [
     "ResponsesDep",
     "added_items",
     "find_item",
+    "item_view",
     "no_pending_calls",
     "pending_names",
+    "resolve_approvals",
     "resolve_references",
     "response_service",
     "run_to_end",

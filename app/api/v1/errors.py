@@ -108,6 +108,8 @@ def openai_error(exc: CarryoverError) -> tuple[int, dict[str, Any], dict[str, st
         path = str(found[0].get("path", "")) if found and isinstance(found[0], dict) else ""
         if path.removeprefix("body.") in RUN_SETTINGS:  # a setting the profile does not allow
             param, message = path.removeprefix("body."), str(found[0].get("message", message))
+        elif path.startswith("body.tools"):  # a tool or MCP server of the request
+            param, message = path.removeprefix("body."), str(found[0].get("message", message))
     code: str | None = _CODES.get(exc.slug, exc.slug.replace("-", "_"))
     if exc.slug == "not-found":
         code = None

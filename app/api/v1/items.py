@@ -40,10 +40,20 @@ from app.agent.messages import (
 )
 
 from .errors import bad_request
+from .mcp_items import (
+    APPROVAL_PREFIX,
+    CALL_PREFIX,
+    ItemView,
+    approval_item,
+    call_item,
+    result_of,
+)
+
+_NO_VIEW = ItemView()
 
 _PREFIXES = {"message": "msg", "reasoning": "rs", "function_call": "fc"}
 _OUTPUT_PREFIX = "fco"
-_ID = re.compile(r"^(msg|rs|fc|fco)_([0-9a-f]{32}|[A-Za-z0-9.:-]+)_([0-9]+)_([0-9]+)$")
+_ID = re.compile(r"^(msg|rs|fc|fco|mcp|mcpr)_([0-9a-f]{32}|[A-Za-z0-9.:-]+)_([0-9]+)_([0-9]+)$")
 _DATA_URL = re.compile(r"^data:(.+?);base64,(.*)$", re.DOTALL)
 
 
@@ -106,8 +116,19 @@ def _user_content(message: UserMessage | ToolResultMessage) -> list[dict[str, An
     return parts
 
 
-def items_of(message: AnyMessage, run_id: str, index: int) -> list[dict[str, Any]]:
-    """The items of one stored message (at least one)."""
+def items_of(
+    message: AnyMessage, run_id: str, index: int, view: ItemView | None = None
+) -> list[dict[str, Any]]:
+    """The items of one stored message: at least one, but for the result of a call executed by
+    a server, which is part of its call's ``mcp_call`` item (:mod:`app.api.v1.mcp_items`;
+    ``view`` says what is known of the other messages)."""
+    view = view or _NO_VIEW
+    if isinstance(message, ToolResultMessage) and message.tool_call_id in view.served:
+        return []
+    if isinstance(message, ToolResultMessage) and message.tool_call_id in view.approved:
+        approved = view.approved[message.tool_call_id]
+        item_id_ = item_id(CALL_PREFIX, run_id, index, 0)
+        return [call_item(approved.call, item_id_, message, approved.approval_request_id)]
     if isinstance(message, UserMessage):
         return [
             {
@@ -149,7 +170,13 @@ def items_of(message: AnyMessage, run_id: str, index: int) -> list[dict[str, Any
             continue
         text = None
         k = len(items)
-        if isinstance(block, ToolCallBlock):
+        if isinstance(block, ToolCallBlock) and block.server_label is not None:
+            if block.id in view.pending:
+                items.append(approval_item(block, item_id(APPROVAL_PREFIX, run_id, index, k)))
+            else:
+                found = view.results.get(block.id)
+                items.append(call_item(block, item_id(CALL_PREFIX, run_id, index, k), found))
+        elif isinstance(block, ToolCallBlock):
             items.append(
                 {
                     "type": "function_call",
@@ -184,16 +211,46 @@ def items_of(message: AnyMessage, run_id: str, index: int) -> list[dict[str, Any
     return items
 
 
+def calls_by_item(message: AssistantMessage, run_id: str, index: int) -> dict[str, ToolCallBlock]:
+    """The calls of a stored assistant message by the ids of the ``mcp_call`` and
+    ``mcp_approval_request`` items they are shown as (as :func:`items_of` numbers them)."""
+    found: dict[str, ToolCallBlock] = {}
+    k, in_text = 0, False
+    for block in message.content:
+        if isinstance(block, TextBlock):
+            if not in_text:
+                k, in_text = k + 1, True
+            continue
+        in_text = False
+        if isinstance(block, ToolCallBlock):
+            found[item_id(CALL_PREFIX, run_id, index, k)] = block
+            found[item_id(APPROVAL_PREFIX, run_id, index, k)] = block
+        k += 1
+    return found
+
+
 # --- in: items -> messages --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ApprovalItem:
+    """An ``mcp_approval_response``: the decision on the call its request id names."""
+
+    approval_request_id: str
+    approve: bool
+    reason: str
+    where: str
 
 
 @dataclass
 class Parsed:
-    """What an ``input`` holds: its messages, and the text of its ``system`` / ``developer``
-    messages (instructions for this response only)."""
+    """What an ``input`` holds: its messages, the text of its ``system`` / ``developer``
+    messages (instructions for this response only), and its ``mcp_approval_response`` items
+    (an ``mcp_approval_request`` item is the call awaiting it, under the request's id)."""
 
     messages: list[AnyMessage] = field(default_factory=list)
     system: list[str] = field(default_factory=list)
+    approvals: list[ApprovalItem] = field(default_factory=list)
 
 
 def _text_of(content: Any, where: str, kinds: tuple[str, ...]) -> list[str]:
@@ -273,18 +330,36 @@ def messages_of(
     blocks: list[Any] = []  # the assistant message being collected
     open_: list[bool] = []  # one assistant-side item was seen (an empty answer is a message)
     calls: dict[str, str] = {}
+    served: list[ToolResultMessage] = []  # results of mcp_call items, after their message
 
     def flush() -> None:
         if open_:
             parsed.messages.append(AssistantMessage(content=tuple(blocks)))
             blocks.clear()
             open_.clear()
+        parsed.messages.extend(served)
+        served.clear()
 
     for i, item in enumerate(items):
         at = f"{where}[{i}]"
         if not isinstance(item, dict):
             raise bad_request(f"Invalid type for '{at}': expected an object.", at)
         kind = item.get("type", "message" if "role" in item else None)
+        if served and kind not in ("mcp_call", "mcp_approval_request"):
+            flush()  # what follows a server's calls comes after their results
+        if kind in ("mcp_call", "mcp_approval_request"):
+            call = _server_call(item, at)
+            calls[call.id] = call.name
+            open_.append(True)
+            blocks.append(call)
+            if kind == "mcp_call":
+                served.append(result_of(item, call.id, call.name))
+            continue
+        if kind == "mcp_approval_response":
+            parsed.approvals.append(_approval(item, at))
+            continue
+        if kind == "mcp_list_tools":
+            continue  # what a server offered: the run lists it again
         if kind == "message":
             role = item.get("role")
             if role == "user":
@@ -342,11 +417,48 @@ def messages_of(
         else:
             raise bad_request(
                 f"Invalid value for '{at}.type': {kind!r} is not supported "
-                "(message, function_call, function_call_output, reasoning, item_reference).",
+                "(message, function_call, function_call_output, reasoning, item_reference, "
+                "mcp_call, mcp_approval_request, mcp_approval_response, mcp_list_tools).",
                 f"{at}.type",
             )
     flush()
     return parsed
 
 
-__all__ = ["ItemKey", "Parsed", "item_id", "items_of", "messages_of", "parse_item_id"]
+def _server_call(item: Mapping[str, Any], at: str) -> ToolCallBlock:
+    """The call an ``mcp_call`` / ``mcp_approval_request`` item stands for (its id is the
+    call's id)."""
+    call_id, name, label = item.get("id"), item.get("name"), item.get("server_label")
+    arguments = item.get("arguments", "")
+    if not (isinstance(call_id, str) and call_id):
+        raise bad_request(f"Missing required parameter: '{at}.id'.", f"{at}.id")
+    if not (isinstance(name, str) and name and isinstance(label, str) and label):
+        raise bad_request(f"'{at}' needs name and server_label (strings).", f"{at}.name")
+    if not isinstance(arguments, str):
+        raise bad_request(f"'{at}.arguments' must be a string.", f"{at}.arguments")
+    return ToolCallBlock(id=call_id, name=name, arguments=arguments, server_label=label[:64])
+
+
+def _approval(item: Mapping[str, Any], at: str) -> ApprovalItem:
+    request_id, approve = item.get("approval_request_id"), item.get("approve")
+    if not (isinstance(request_id, str) and request_id):
+        raise bad_request(
+            f"Missing required parameter: '{at}.approval_request_id'.",
+            f"{at}.approval_request_id",
+        )
+    if not isinstance(approve, bool):
+        raise bad_request(f"'{at}.approve' must be a boolean.", f"{at}.approve")
+    reason = item.get("reason")
+    return ApprovalItem(request_id, approve, reason if isinstance(reason, str) else "", at)
+
+
+__all__ = [
+    "ApprovalItem",
+    "ItemKey",
+    "Parsed",
+    "calls_by_item",
+    "item_id",
+    "items_of",
+    "messages_of",
+    "parse_item_id",
+]

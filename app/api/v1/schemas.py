@@ -4,9 +4,15 @@ ignored (docs/openai.md lists which)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+
+from app.agent.mcp import McpServer
+from app.config import Settings
+
+from ..tools import MAX_MCP_SERVERS
+from ..tools import McpTool as McpToolBody
 
 Metadata = dict[str, str]
 
@@ -40,6 +46,39 @@ class FunctionTool(BaseModel):
     strict: bool | None = None
 
 
+class McpTool(McpToolBody):
+    """OpenAI's MCP tool (docs/openai.md, "MCP tools"): a remote server Carryover calls.
+    ``authorization`` is sent as ``Authorization: Bearer …`` (a header: never stored);
+    ``connector_id`` and ``tunnel_id`` are not supported (give ``server_url``)."""
+
+    authorization: str | None = Field(default=None, max_length=8192)
+    defer_loading: bool | None = None
+    allowed_callers: list[str] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_connectors(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name in ("connector_id", "tunnel_id"):
+                if data.get(name) is not None:
+                    raise ValueError(f"{name} is not supported here: give server_url")
+            data = {k: v for k, v in data.items() if k not in ("connector_id", "tunnel_id")}
+        return data
+
+    def server(self, settings: Settings) -> McpServer:
+        server = super().server(settings)
+        if self.authorization:
+            headers = {**server.headers, "Authorization": f"Bearer {self.authorization}"}
+            server = server.model_copy(update={"headers": headers})
+        return server
+
+    def echo(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude={"headers", "authorization"}, exclude_none=True)
+
+
+ResponseTool = Annotated[FunctionTool | McpTool, Field(discriminator="type")]
+
+
 class ResponseCreate(_Body):
     model: str = Field(min_length=1, description="An agent profile (GET /v1/models)")
     input: str | list[dict[str, Any]] = Field(default_factory=list)
@@ -49,7 +88,7 @@ class ResponseCreate(_Body):
     store: bool = True
     stream: bool = False
     background: bool = False
-    tools: list[FunctionTool] = Field(default_factory=list)
+    tools: list[ResponseTool] = Field(default_factory=list)
     metadata: Metadata | None = None
     # per-run settings, as the agent profile allows them (docs/openai.md)
     max_output_tokens: int | None = Field(default=None, ge=1)
@@ -72,11 +111,27 @@ class ResponseCreate(_Body):
     stream_options: dict[str, Any] | None = None
     top_logprobs: int | None = None
 
+    #: the calls its ``mcp_approval_response`` items answered (set by the route, kept with
+    #: its run: ``{"approval_request_id", "call"}`` each)
+    _approved: list[dict[str, Any]] = PrivateAttr(default_factory=list)
+
+    @property
+    def approved(self) -> list[dict[str, Any]]:
+        return self._approved
+
+    @model_validator(mode="after")
+    def _few_servers(self) -> ResponseCreate:
+        servers = sum(1 for t in self.tools if isinstance(t, McpTool))
+        if servers > MAX_MCP_SERVERS:
+            raise ValueError(f"tools: at most {MAX_MCP_SERVERS} MCP servers per response")
+        return self
+
 
 __all__ = [
     "ConversationCreate",
     "ConversationUpdate",
     "FunctionTool",
     "ItemsCreate",
+    "McpTool",
     "ResponseCreate",
 ]

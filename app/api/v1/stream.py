@@ -17,14 +17,16 @@ as the response's ``output`` has it (:func:`~app.api.v1.views.response_object`).
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from app.agent.codec import load_message
-from app.agent.messages import AssistantMessage, ToolResultMessage
+from app.agent.messages import AssistantMessage, ToolCallBlock, ToolResultMessage
 from app.agent.structured import violation
 
-from .items import item_id, items_of
+from .items import calls_by_item, item_id, items_of
+from .mcp_items import CALL_PREFIX, Approved, call_item
 from .views import output_text
 
 
@@ -45,15 +47,28 @@ class EventTranslator:
     """Native run events in, OpenAI stream events out (as dicts, numbered)."""
 
     def __init__(
-        self, run_id: str, skeleton: dict[str, Any], schema: dict[str, Any] | None = None
+        self,
+        run_id: str,
+        skeleton: dict[str, Any],
+        schema: dict[str, Any] | None = None,
+        *,
+        client_names: Collection[str] = (),
+        approved: Mapping[str, Approved] | None = None,
     ) -> None:
         self.run_id = run_id
         self.schema = schema  # the run's output schema: messages held until they match
         self.skeleton = skeleton  # the response as created: status in_progress, no output
+        #: the run's client tools: their calls' arguments stream as they come (a call to any
+        #: other tool may be a server's, shown once its attempt is complete)
+        self.client_names = frozenset(client_names)
+        self.approved = dict(approved or {})  # calls the response's approvals answered
         self.seq = 0
         self.outputs = 0  # output items added so far
         self.index = 0  # the run's new messages seen so far
         self.made: set[str] = set()  # calls the model made in this run
+        self.emitted: set[str] = set()  # the ids of the items added so far
+        #: server calls of this run waiting for their result: call id → (item id, call)
+        self.waiting: dict[str, tuple[str, ToolCallBlock]] = {}
         self._blocks: dict[int, tuple[_Open, int]] = {}  # block index → (item, content index)
         self._opened: list[_Open] = []  # this attempt's items, in block order
         self._last_text: _Open | None = None
@@ -72,6 +87,7 @@ class EventTranslator:
     def _add(self, item: dict[str, Any]) -> tuple[_Open, dict[str, Any]]:
         opened = _Open(self.outputs, item)
         self.outputs += 1
+        self.emitted.add(str(item.get("id")))
         self._opened.append(opened)
         return opened, self._event(
             "response.output_item.added", output_index=opened.output_index, item=item
@@ -131,6 +147,8 @@ class EventTranslator:
             )
             return out
         self._last_text = None
+        if kind == "tool_call" and str(data.get("name", "")) not in self.client_names:
+            return []  # perhaps a server's call: shown once the attempt is complete
         if kind == "tool_call":
             item = {
                 "type": "function_call",
@@ -180,8 +198,13 @@ class EventTranslator:
                     out.extend(self._done(o, {**o.item, "status": "incomplete"}))
                 return out
             self.made.update(c.id for c in message.tool_calls)
+            served = calls_by_item(message, self.run_id, index)
             for item in items_of(message, self.run_id, index):
                 if not self._shown(item):
+                    continue
+                if item["type"] == "mcp_call":  # added with its result
+                    call = served[item["id"]]
+                    self.waiting[call.id] = (item["id"], call)
                     continue
                 found = opened.pop(item["id"], None)
                 if found is None:
@@ -192,6 +215,16 @@ class EventTranslator:
             for o in opened.values():  # streamed, then not in the message (should not happen)
                 out.extend(self._done(o, {**o.item, "status": "incomplete"}))
             return out
+        if isinstance(message, ToolResultMessage):
+            call_id = message.tool_call_id
+            if call_id in self.waiting:
+                item_id_, call = self.waiting.pop(call_id)
+                return self._server_call(call_item(call, item_id_, message))
+            if call_id in self.approved:
+                approved = self.approved[call_id]
+                item_id_ = item_id(CALL_PREFIX, self.run_id, index, 0)
+                item = call_item(approved.call, item_id_, message, approved.approval_request_id)
+                return self._server_call(item)
         if isinstance(message, ToolResultMessage) and message.tool_call_id in self.made:
             for item in items_of(message, self.run_id, index):
                 found, added = self._add({**item, "status": "in_progress"})
@@ -199,6 +232,26 @@ class EventTranslator:
                 out.append(added)
                 out.extend(self._done(found, item))
         return out
+
+    def _server_call(self, item: dict[str, Any]) -> list[dict[str, Any]]:
+        """A server-executed call, added whole once its result is in, as OpenAI streams an
+        ``mcp_call``: added, its arguments, in progress, completed (or failed), done."""
+        opened, added = self._add({**item, "output": None, "error": None, "status": "in_progress"})
+        self._opened.clear()
+        where = {"item_id": item["id"], "output_index": opened.output_index}
+        ended = (
+            "response.mcp_call.failed"
+            if item["status"] == "failed"
+            else ("response.mcp_call.completed")
+        )
+        return [
+            added,
+            self._event("response.mcp_call_arguments.delta", **where, delta=item["arguments"]),
+            self._event("response.mcp_call_arguments.done", **where, arguments=item["arguments"]),
+            self._event("response.mcp_call.in_progress", **where),
+            self._event(ended, **where),
+            self._event("response.output_item.done", output_index=opened.output_index, item=item),
+        ]
 
     def _shown(self, item: dict[str, Any]) -> bool:
         """Is the item presented? Not a message that does not match the run's schema."""
@@ -267,11 +320,26 @@ class EventTranslator:
         return out
 
     def finish(self, response: dict[str, Any]) -> list[dict[str, Any]]:
+        """The last events: the response's output items that were not streamed (calls awaiting
+        an approval, server calls the run ended before), then ``response.completed`` (or
+        ``…incomplete`` / ``…failed``)."""
+        out: list[dict[str, Any]] = []
+        for item in response.get("output") or ():
+            if str(item.get("id")) in self.emitted:
+                continue
+            opened, added = self._add(item)
+            self._opened.clear()
+            out.append(added)
+            out.append(
+                self._event(
+                    "response.output_item.done", output_index=opened.output_index, item=item
+                )
+            )
         kind = {
             "completed": "response.completed",
             "incomplete": "response.incomplete",
         }.get(response["status"], "response.failed")
-        return [self._event(kind, response=response)]
+        return [*out, self._event(kind, response=response)]
 
 
 def _empty(item: dict[str, Any]) -> dict[str, Any]:

@@ -3,7 +3,7 @@ as a ``conversation``, usage, the list envelope."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -13,6 +13,7 @@ from app.agent.structured import parsed_output, violation
 from app.service.conversations import ConversationInfo
 
 from .items import items_of
+from .mcp_items import Approved, ItemView
 
 RESPONSE_PREFIX = "resp_"
 
@@ -66,22 +67,31 @@ class Split:
     output: list[dict[str, Any]] = field(default_factory=list)
 
 
-def split(messages: Sequence[AnyMessage], run_id: str) -> Split:
+def split(
+    messages: Sequence[AnyMessage],
+    run_id: str,
+    pending: Collection[str] = frozenset(),
+    approved: Mapping[str, Approved] | None = None,
+) -> Split:
     """Input: the prompts and the results the client sent; output: the model's replayable
-    attempts and the results of the calls it made in this run (server tools). Failed attempts
-    are run records, not items."""
+    attempts and the results of the calls it made in this run (server tools; a call executed
+    by a server is one ``mcp_call`` item with its result, or an ``mcp_approval_request`` while
+    it is ``pending``), and the results of the calls its approvals answered (``approved``).
+    Failed attempts are run records, not items."""
     found = Split()
     made: set[str] = set()
+    view = ItemView.of(messages, pending, approved)
     for index, message in enumerate(messages):
         if isinstance(message, UserMessage):
-            found.input.extend(items_of(message, run_id, index))
+            found.input.extend(items_of(message, run_id, index, view))
         elif isinstance(message, AssistantMessage):
             if message.replayable:
                 made.update(c.id for c in message.tool_calls)
-                found.output.extend(items_of(message, run_id, index))
+                found.output.extend(items_of(message, run_id, index, view))
         elif isinstance(message, ToolResultMessage):
-            target = found.output if message.tool_call_id in made else found.input
-            target.extend(items_of(message, run_id, index))
+            answered = message.tool_call_id in made or message.tool_call_id in view.approved
+            target = found.output if answered else found.input
+            target.extend(items_of(message, run_id, index, view))
     return found
 
 

@@ -19,6 +19,7 @@ from ..deps import (
     ResponsesDep,
     added_items,
     find_item,
+    item_view,
     no_pending_calls,
     pending_names,
     run_to_end,
@@ -107,6 +108,7 @@ async def delete_conversation(
 
 @router.get("/conversations/{conversation_id}/items", operation_id="list_items")
 async def list_items(
+    svc: ServicesDep,
     responses: ResponsesDep,
     tenant: TenantDep,
     conversation_id: str,
@@ -132,10 +134,11 @@ async def list_items(
         page = await responses.messages(
             tenant, conversation_id, from_seq=from_seq, descending=descending, limit=limit + 2
         )
+        view = await item_view(svc, responses, tenant, conversation_id, page)
         for stored in page:
             if stored.failed:
                 continue
-            items = items_of(stored.message, stored.run_id, stored.index)
+            items = items_of(stored.message, stored.run_id, stored.index, view)
             if key is not None and (stored.run_id, stored.index) == (key.run_id, key.index):
                 items = items[key.k + 1 :] if not descending else items[: key.k]
             data.extend(reversed(items) if descending else items)
@@ -169,9 +172,13 @@ async def create_items(
 
 @router.get("/conversations/{conversation_id}/items/{item_id}", operation_id="retrieve_item")
 async def retrieve_item(
-    responses: ResponsesDep, tenant: TenantDep, conversation_id: str, item_id: str
+    svc: ServicesDep,
+    responses: ResponsesDep,
+    tenant: TenantDep,
+    conversation_id: str,
+    item_id: str,
 ) -> JSONResponse:
-    found = await find_item(responses, tenant, conversation_id, item_id)
+    found = await find_item(svc, responses, tenant, conversation_id, item_id)
     if found is None:
         raise _not_found("Item", item_id)
     return JSONResponse(found)
@@ -179,10 +186,14 @@ async def retrieve_item(
 
 @router.delete("/conversations/{conversation_id}/items/{item_id}", operation_id="delete_item")
 async def delete_item(
-    responses: ResponsesDep, tenant: TenantDep, conversation_id: str, item_id: str
+    svc: ServicesDep,
+    responses: ResponsesDep,
+    tenant: TenantDep,
+    conversation_id: str,
+    item_id: str,
 ) -> JSONResponse:
     """Not implemented yet: the transcript is append-only and a deletion needs a new version
     of the context (docs/openai.md)."""
-    if await find_item(responses, tenant, conversation_id, item_id) is None:
+    if await find_item(svc, responses, tenant, conversation_id, item_id) is None:
         raise _not_found("Item", item_id)
     raise bad_request("Deleting conversation items is not supported yet.", "item_id")

@@ -11,7 +11,6 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from app.agent.messages import AnyMessage, Context, ToolResultMessage, UserMessage
-from app.agent.pending import ClientTool
 from app.etag import parse_condition
 from app.service import pending
 from app.service.responses import ResponseNotFound, ResponseService
@@ -20,7 +19,14 @@ from app.store.tables import Run
 
 from ...deps import Services, ServicesDep, TenantDep
 from .. import answers
-from ..deps import ResponsesDep, pending_names, resolve_references, run_to_end
+from .. import request as request_
+from ..deps import (
+    ResponsesDep,
+    pending_names,
+    resolve_approvals,
+    resolve_references,
+    run_to_end,
+)
 from ..errors import OpenAIError, bad_request
 from ..items import messages_of
 from ..schemas import ResponseCreate
@@ -103,7 +109,7 @@ async def create_response(
             previous, conversation_id = run, run.conversation_id
         else:  # an older response: a new conversation forked right after it
             conversation_id = (await responses.fork_at(tenant, run)).conversation.id
-    items = await resolve_references(responses, tenant, conversation_id, items)
+    items = await resolve_references(svc, responses, tenant, conversation_id, items)
     answers_calls = any(
         isinstance(i, dict) and i.get("type") == "function_call_output" for i in items
     )
@@ -116,18 +122,13 @@ async def create_response(
         if body.instructions is not None or parsed.system
         else None
     )
-    tools = tuple(
-        ClientTool(
-            name=t.name,
-            description=t.description or "",
-            parameters=t.parameters or {"type": "object", "properties": {}},
-        )
-        for t in body.tools
-    )
+    tools = request_.run_tools(body, svc.settings)
+    approvals, approved = await resolve_approvals(svc, responses, tenant, conversation_id, parsed)
+    body.approved.extend(approved)
 
     if not body.store:
         return await answers.unstored(
-            svc, responses, tenant, body, parsed.messages, history, tools, instructions
+            svc, responses, tenant, body, parsed.messages, history, tools, instructions, approvals
         )
 
     history_items: tuple[AnyMessage, ...] = ()
@@ -136,14 +137,14 @@ async def create_response(
         pending.check_append(Context(), history_items)  # refused before anything is created
     else:
         results, prompts = _split_stored(parsed.messages)
-    run_request = RunRequest(
+    run_request = tools.request(
         prompts=prompts,
         agent=body.model,
-        client_tools=tools,
         tool_results=results,
+        approvals=approvals,
         instructions=instructions,
-        settings=answers.run_settings(body),
-        response=answers.kept_fields(body),
+        settings=request_.run_settings(body),
+        response=request_.kept_fields(body),
     )
     if conversation_id is None:  # a new conversation, listed natively
         info = await svc.conversations.create(tenant, metadata=body.metadata)
