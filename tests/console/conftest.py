@@ -200,3 +200,9 @@ def message_box(page: Page) -> Locator:
 def opened_id(page: Page) -> str:
     """The id of the conversation the page shows (from its address, #/c/<id>)."""
     return unquote(page.url.split("#/c/", 1)[1])
+
+
+def expect_run_completed(page: Page) -> None:
+    """The page says the run it followed completed: it says so on ``run.finished``, which the
+    server sends once the run's outcome is stored (an answer is on the page before that)."""
+    expect(page.get_by_role("status").filter(has_text="Run completed")).to_be_visible()

@@ -16,7 +16,7 @@ from typing import Any
 from playwright.sync_api import Browser, expect
 
 from ..helpers import HANG_GUARD_SECONDS, user, user_texts
-from .conftest import Site, answers, browsing, message_box, opened_id
+from .conftest import Site, answers, browsing, expect_run_completed, message_box, opened_id
 
 
 def test_a_new_conversation_is_carried_over_two_messages_typed_into_the_page(
@@ -41,6 +41,7 @@ def test_a_new_conversation_is_carried_over_two_messages_typed_into_the_page(
         expect(page.get_by_role("article", name="user message", exact=True)).to_have_count(2)
         conversation = opened_id(page)
         expect(page.get_by_role("list", name="Conversations")).to_contain_text(conversation)
+        expect_run_completed(page)
 
     stored = site.api.get(f"/conversations/{conversation}/context").json()
     assert user_texts(stored["messages"]) == ["What is nvim?", "How does it differ from vim?"]
@@ -64,7 +65,7 @@ def test_an_answer_streams_in_while_the_model_still_writes_it(browser: Browser, 
         site.stalled.stall.go.set()
         expect(answer).to_contain_text('Gated: You said: "stream it"')
         expect(page.get_by_role("button", name="Cancel run")).to_be_hidden()
-        expect(page.get_by_role("status").filter(has_text="Run completed")).to_be_visible()
+        expect_run_completed(page)
 
     runs = site.api.get(f"/conversations/{conversation}/runs").json()["items"]
     assert [(r["agent"], r["status"]) for r in runs] == [("stalled", "completed")]
@@ -138,6 +139,7 @@ def test_a_pending_call_is_approved_and_another_denied_from_the_page(
         result = page.get_by_role("article", name="tool result", exact=True).last
         expect(result).to_contain_text("denied: not now")
         expect(page.get_by_role("button", name="Deny")).to_have_count(0)
+        expect_run_completed(page)
 
     transcript = site.api.get(f"/conversations/{conversation}/transcript").json()["items"]
     decisions = [e["body"] for e in transcript if e["kind"] == "approval"]
@@ -165,6 +167,8 @@ def test_a_client_call_is_answered_from_a_form(browser: Browser, site: Site) -> 
         page.get_by_role("textbox", name="Result").fill("a fork of vim")
         page.get_by_role("button", name="Send result").click()
         expect(answers(page).last).to_contain_text('Tool lookup returned: "a fork of vim"')
+        # the answer streams in before the run's outcome is stored: read the context after that
+        expect_run_completed(page)
     stored = site.api.get(f"/conversations/{conversation}/context").json()["messages"]
     assert stored[-2]["type"] == "tool_result"
     assert stored[-2]["content"] == [{"type": "text", "text": "a fork of vim"}]
