@@ -38,7 +38,7 @@ from .events import EventRow, insert_events
 from .quotas import settle
 from .records import dumped_folded, insert_audit
 from .tables import Dumped, context_messages, conversations, runs
-from .texts import TextBatch
+from .texts import TextBatch, collect_garbage
 from .webhooks import enqueue_deliveries
 
 RunStatus = Literal[
@@ -201,15 +201,21 @@ class FinishingStore(StoreBase):
                 if row is None:
                     raise NotFound(f"conversation {conv_id!r} was deleted during the run")
 
+            # the texts of context rows, records, transcript and events: one statement
+            texts = TextBatch(tenant)
+            dropped: set[str] = set()  # the keys of the context rows a compaction deleted
             if stored:
                 if plan.delete_before is not None:
-                    await conn.execute(
-                        delete(context_messages).where(
+                    gone = await conn.execute(
+                        delete(context_messages)
+                        .where(
                             *child_key(context_messages, tenant, conv_id),
                             context_messages.c.position < plan.delete_before,
                         )
+                        .returning(context_messages.c.body_sha256)
                     )
-                await insert_messages(conn, tenant, conv_id, inserts)
+                    dropped = {d for d in gone.scalars().all() if d is not None}
+                await insert_messages(conn, tenant, conv_id, inserts, texts)
 
             status: RunStatus = result.status if stored or not store else "conflicted"
             etag = version_etag(base.incarnation, row.version)
@@ -236,7 +242,6 @@ class FinishingStore(StoreBase):
             if not finished.rowcount:
                 raise NotRunning  # rolls the transaction back
 
-            texts = TextBatch(tenant)  # the texts of records and transcript: one statement
             await insert_audit(conn, tenant, conv_id, run_id, result, folded, texts)
             await settle(conn, tenant, now, result.usage)
             first_seq = row.transcript_seq - len(entries) + 1
@@ -245,6 +250,8 @@ class FinishingStore(StoreBase):
                 events = paused_events  # the pause is stored: it is announced
             await insert_events(conn, events, texts)
             await texts.flush(conn)
+            if dropped:  # the folded messages' texts nothing references any more
+                await collect_garbage(conn, tenant, dropped)
             await enqueue_deliveries(conn, tenant, conv_id, run_id, status, now)
         saved = None
         if stored:

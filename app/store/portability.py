@@ -33,6 +33,7 @@ from ._sql import (
     DumpedContext,
     StoreBase,
     child_key,
+    insert_messages,
     read_conversation,
     read_joined,
 )
@@ -165,8 +166,10 @@ class PortabilityStore(StoreBase):
                 },
             )
             yield "context", {"system_prompt": conv.system_prompt, "summary": conv.summary}
-            async for row in _paged(conn, context_messages, tenant, conv_id, "position"):
-                yield "message", row["body"]
+            joined, text, digest = with_text(context_messages)
+            messages = select(context_messages.c.position, text, digest).select_from(joined)
+            async for row in _paged(conn, context_messages, tenant, conv_id, "position", messages):
+                yield "message", load(row["body_text"], row["body_sha256"])
             entries = select_transcript()
             async for row in _paged(conn, transcript, tenant, conv_id, "seq", entries):
                 entry = {f: row[f] for f in TRANSCRIPT_FIELDS if f != "body"}
@@ -235,13 +238,7 @@ class PortabilityStore(StoreBase):
             texts = TextBatch(tenant)  # the texts of its run records and transcript
             await write_metadata(conn, tenant, conv_id, conv.get("metadata") or {})
             if messages:
-                await conn.execute(
-                    insert(context_messages),
-                    [
-                        {**key, "position": p, "body": t, "body_sha256": d}
-                        for p, t, d in dumped.rows()
-                    ],
-                )
+                await insert_messages(conn, tenant, conv_id, dumped.rows(), texts)
             for run in document["runs"]:
                 await conn.execute(
                     insert(runs).values(

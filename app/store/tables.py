@@ -68,6 +68,11 @@ def _run_fk(name: str) -> ForeignKeyConstraint:
 # --- conversations and their context -------------------------------------------------------
 
 
+def _text_index(table: str, column: str = "body_sha256") -> Index:
+    """The references to texts, for the garbage collection of :mod:`app.store.texts`."""
+    return Index(f"ix_{table}_text", "tenant", column)
+
+
 class Conversation(SQLModel, table=True):
     """One conversation's metadata; its context messages live in ``context_messages``.
 
@@ -128,18 +133,26 @@ class Conversation(SQLModel, table=True):
 
 
 class ContextMessage(SQLModel, table=True):
-    """One message of a conversation's context, as ``app.agent.codec.dump_message`` gives it,
-    and the checksum of its stored text (:mod:`app.store.integrity`; null in rows written
-    before migration 0013 whose text did not parse then: such a row is verified by decoding)."""
+    """One message of a conversation's context: a reference to its text, as
+    ``app.agent.codec.dump_message`` gives it (``body_sha256``, the SHA-256 of the text, into
+    ``message_texts``; ``body`` null, migration 0015), the text its run records and transcript
+    entry reference too. A row keeps its own ``body`` only when it was written by a process
+    older than migration 0015 during a rolling upgrade, or when migration 0013 found its text
+    unparsable (then ``body_sha256`` is null and the row is verified by decoding). Readers
+    take either (:mod:`app.store.texts`)."""
 
     __tablename__ = "context_messages"
-    __table_args__ = (_conversation_fk("fk_context_messages_conversation"),)
+    __table_args__ = (
+        _conversation_fk("fk_context_messages_conversation"),
+        _text_index("context_messages"),
+    )
 
     tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
     conversation_id: str = Field(primary_key=True, max_length=CONVERSATION_ID_LEN)
     position: int = Field(primary_key=True, sa_type=BigInteger)
-    body: dict[str, Any] = Field(sa_type=JSONText)
-    #: SHA-256 of ``body`` as stored (UTF-8), in hex (app/store/integrity.py)
+    body: dict[str, Any] | None = Field(default=None, sa_type=JSONText, nullable=True)
+    #: SHA-256 of the message's text (UTF-8), in hex (app/store/integrity.py): the key of
+    #: its row in ``message_texts``
     body_sha256: str | None = Field(default=None, max_length=64)
 
 
@@ -171,11 +184,6 @@ class MessageText(SQLModel, table=True):
     tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
     sha256: str = Field(primary_key=True, max_length=64)
     body: str = Field(sa_type=Text)
-
-
-def _text_index(table: str, column: str = "body_sha256") -> Index:
-    """The references to texts, for the garbage collection of :mod:`app.store.texts`."""
-    return Index(f"ix_{table}_text", "tenant", column)
 
 
 # --- runs and their audit records -----------------------------------------------------------

@@ -1,12 +1,16 @@
 """Each message's text stored once (docs/operations.md, "Storage"): ``message_texts``, keyed
 by tenant and the SHA-256 of the text, and the references to it.
 
+The stored context (``context_messages``, migration 0015) references its messages' texts the
+same way: a run that appends a prompt and an answer writes each text once, for its context
+rows, its records, its transcript entries and its events alike.
+
 Run records (``run_new_messages``, ``run_finals``) and the transcript's message entries keep
 ``body_sha256``, the key of their text, and a null ``body``; a run that adds a prompt and an
 answer stores each text once, however many records name it, and a stateless client that
 re-sends its whole history stores no text it stored before (the texts are the same bytes,
 so the same keys). The digest is the one ``context_messages.body_sha256`` checks
-(:func:`app.store.integrity.body_sha256`), so a context can later reference the same rows.
+(:func:`app.store.integrity.body_sha256`).
 
 Writers collect a transaction's texts in a :class:`TextBatch` and write them in one
 statement (:meth:`TextBatch.flush`). Readers join the text to the referencing row in the
@@ -19,10 +23,12 @@ tenant can never tell by a write's timing or by storage figures what another sto
 
 Garbage: the texts a conversation referenced and nothing else does are deleted in the
 transaction that deletes the conversation (:func:`collect_garbage`, from
-``DELETE /conversations/{id}`` and from the retention sweeper). On PostgreSQL a writer takes
-the row lock of each text it references (``ON CONFLICT DO UPDATE``) and the collector locks
-its candidates before it looks for references in a later statement, so a text another
-transaction is about to reference is either kept or written again; SQLite has one writer.
+``DELETE /conversations/{id}`` and from the retention sweeper), and so are the texts of the
+context rows a replace (PUT) or a compaction deletes, when nothing else references them.
+On PostgreSQL a writer takes the row lock of each text it references (``ON CONFLICT DO
+UPDATE``) and the collector locks its candidates before it looks for references in a later
+statement, so a text another transaction is about to reference is either kept or written
+again; SQLite has one writer.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from .errors import StoredRecordDamaged
 from .integrity import body_sha256
 from .tables import (
     TranscriptEntry,
+    context_messages,
     dump_json,
     message_texts,
     run_events,
@@ -72,11 +79,16 @@ MESSAGE_EVENT = "message"
 
 #: the columns that reference texts (their tables are indexed on ``(tenant, column)``)
 REFERRERS: tuple[ColumnElement[str], ...] = (
+    context_messages.c.body_sha256,
     run_new_messages.c.body_sha256,
     run_finals.c.body_sha256,
     transcript.c.body_sha256,
     run_events.c.data_sha256,
 )
+
+#: texts per statement of :meth:`TextBatch.flush` (SQLAlchemy prepares an executemany's
+#: parameters on the event loop: a long context is written a chunk at a time)
+FLUSH_CHUNK = 500
 
 #: keys per statement of the garbage collection (bound parameters stay well under limits)
 GARBAGE_CHUNK = 500
@@ -98,9 +110,15 @@ class TextBatch:
         self.texts.setdefault(digest, text)
         return digest
 
+    def put(self, text: str, digest: str) -> str:
+        """Keep ``text`` (a JSON text already dumped) whose key the caller computed."""
+        self.texts.setdefault(digest, str(text))
+        return digest
+
     async def flush(self, conn: AsyncConnection) -> None:
-        """Write the texts not stored yet: one statement (none without texts), in key order
-        (two transactions writing the same texts lock them in the same order)."""
+        """Write the texts not stored yet: one statement (none without texts; one per
+        ``FLUSH_CHUNK`` texts for a long context), in key order (two transactions writing the
+        same texts lock them in the same order)."""
         if not self.texts:
             return
         rows = [
@@ -115,7 +133,8 @@ class TextBatch:
             )
         else:
             stmt = sqlite_insert(message_texts).on_conflict_do_nothing()
-        await conn.execute(stmt, rows)
+        for start in range(0, len(rows), FLUSH_CHUNK):
+            await conn.execute(stmt, rows[start : start + FLUSH_CHUNK])
 
 
 def with_text(
@@ -129,9 +148,15 @@ def with_text(
         message_texts,
         and_(message_texts.c.tenant == table.c.tenant, message_texts.c.sha256 == digest),
     )
-    own = type_coerce(table.c[column], Text)
-    value = type_coerce(func.coalesce(own, message_texts.c.body), Text).label(f"{column}_text")
+    value = text_of(table, column).label(f"{column}_text")
     return joined, value, digest
+
+
+def text_of(table: Table, column: str = "body") -> ColumnElement[str]:
+    """The text of a row of ``table`` joined as :func:`with_text` joins it: its own
+    ``column`` when it keeps one, else the referenced text (NULL when that is missing)."""
+    own = type_coerce(table.c[column], Text)
+    return type_coerce(func.coalesce(own, message_texts.c.body), Text)
 
 
 def load(text: str | None, digest: str | None) -> Any:
@@ -254,6 +279,7 @@ __all__ = [
     "referenced",
     "scan_texts",
     "select_transcript",
+    "text_of",
     "transcript_entry",
     "with_text",
 ]
