@@ -14,8 +14,16 @@ that the revision does not import the application.
 
 SQLite keeps the freed pages in the file until ``VACUUM`` (docs/operations.md, "Storage").
 
-Downgrade puts each referenced text back into its row, in batches, and makes ``body`` required
-again; the texts stay in ``message_texts`` (revision 0014 keeps the table).
+A run's prompts too: ``runs`` gets ``prompt_keys``, the keys of its prompts' texts (a JSON
+list, in order), and a run that ended keeps ``[]`` as its ``prompts`` when each of them is the
+text of one of its own ``run_new_messages`` (the prompts it admitted): its records keep those
+texts referenced, so the garbage collection of texts needs to look at no run's prompts. Runs
+queued or running keep theirs (the service converts a run when it ends), and so does a run
+whose prompts its records do not hold. Converted in batches of ``BATCH`` runs (keyset).
+
+Downgrade puts each referenced text back into its row (context rows and runs), in batches,
+makes ``body`` required again and drops ``prompt_keys``; the texts stay in ``message_texts``
+(revision 0014 keeps the table).
 
 Revision ID: 0015
 Revises: 0014
@@ -25,6 +33,7 @@ Create Date: 2026-12-06
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,6 +67,34 @@ _texts = sa.table(
 )
 
 _KEY = ("tenant", "conversation_id", "position")
+
+_runs = sa.table(
+    "runs",
+    sa.column("tenant", sa.String()),
+    sa.column("conversation_id", sa.String()),
+    sa.column("run_id", sa.String()),
+    sa.column("status", sa.String()),
+    sa.column("prompts", sa.Text()),
+    sa.column("prompt_keys", sa.Text()),
+)
+
+_news = sa.table(
+    "run_new_messages",
+    sa.column("tenant", sa.String()),
+    sa.column("conversation_id", sa.String()),
+    sa.column("run_id", sa.String()),
+    sa.column("body_sha256", sa.String()),
+)
+
+_RUN_KEY = ("tenant", "conversation_id", "run_id")
+
+#: runs still going: they keep their prompts (the service converts a run when it ends)
+_GOING = ("queued", "running")
+
+
+def _dump(value: Any) -> str:
+    """A JSON value as ``JSONText`` stores it: compact, non-ASCII as it is."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _digest(text: str) -> str:
@@ -102,6 +139,84 @@ def _convert(conn: sa.Connection) -> None:
         if len(rows) < BATCH:
             return
         after = tuple(getattr(rows[-1], k) for k in _KEY)
+
+
+def _convert_runs(conn: sa.Connection) -> None:
+    """Reference the prompts of the runs that ended, ``BATCH`` runs at a time."""
+    r, n = _runs.c, _news.c
+    pk = [r[k] for k in _RUN_KEY]
+    base = (
+        sa.select(*pk, r.prompts)
+        .where(r.prompt_keys.is_(None), r.status.not_in(_GOING))
+        .order_by(*pk)
+        .limit(BATCH)
+    )
+    write = (
+        sa.update(_runs)
+        .where(*(c == sa.bindparam(f"k_{c.name}") for c in pk))
+        .values(prompts="[]", prompt_keys=sa.bindparam("k_keys"))
+    )
+    after: tuple[Any, ...] | None = None
+    while True:
+        stmt = base if after is None else base.where(sa.tuple_(*pk) > sa.tuple_(*after))
+        rows = conn.execute(stmt).all()
+        records: dict[tuple[str, str, str], set[str]] = {}
+        if rows:
+            found = conn.execute(
+                sa.select(n.tenant, n.conversation_id, n.run_id, n.body_sha256).where(
+                    sa.tuple_(n.tenant, n.conversation_id, n.run_id).in_(
+                        [tuple(getattr(row, k) for k in _RUN_KEY) for row in rows]
+                    ),
+                    n.body_sha256.is_not(None),
+                )
+            )
+            for t, c, run, digest in found:
+                records.setdefault((t, c, run), set()).add(digest)
+        updates = []
+        for row in rows:
+            try:
+                prompts = json.loads(row.prompts)
+            except ValueError:
+                continue  # left as it is
+            if not isinstance(prompts, list) or not prompts:
+                continue
+            keys = [_digest(_dump(p)) for p in prompts]
+            if not set(keys) <= records.get((row.tenant, row.conversation_id, row.run_id), set()):
+                continue  # its records do not hold them: it keeps its own
+            updates.append({**{f"k_{k}": getattr(row, k) for k in _RUN_KEY}, "k_keys": _dump(keys)})
+        if updates:
+            conn.execute(write, updates)
+        if len(rows) < BATCH:
+            return
+        after = tuple(getattr(rows[-1], k) for k in _RUN_KEY)
+
+
+def _restore_runs(conn: sa.Connection) -> None:
+    """Put the runs' prompts back into their rows, ``BATCH`` runs at a time."""
+    r, t = _runs.c, _texts.c
+    pk = [r[k] for k in _RUN_KEY]
+    base = sa.select(*pk, r.prompt_keys).where(r.prompt_keys.is_not(None)).order_by(*pk)
+    write = (
+        sa.update(_runs)
+        .where(*(c == sa.bindparam(f"k_{c.name}") for c in pk))
+        .values(prompts=sa.bindparam("k_prompts"), prompt_keys=None)
+    )
+    while True:  # each batch clears its rows' keys, so the next read starts after them
+        rows = conn.execute(base.limit(BATCH)).all()
+        updates = []
+        for row in rows:
+            keys = json.loads(row.prompt_keys)
+            texts = dict(
+                conn.execute(
+                    sa.select(t.sha256, t.body).where(t.tenant == row.tenant, t.sha256.in_(keys))
+                ).all()
+            )
+            prompts = "[" + ",".join(texts[k] for k in keys) + "]"
+            updates.append({**{f"k_{k}": getattr(row, k) for k in _RUN_KEY}, "k_prompts": prompts})
+        if updates:
+            conn.execute(write, updates)
+        if len(rows) < BATCH:
+            return
 
 
 def _restore(conn: sa.Connection) -> None:
@@ -173,14 +288,20 @@ def upgrade() -> None:
     with _batch(upgraded=False) as batch:
         batch.alter_column("body", existing_type=sa.Text(), nullable=True)
     op.create_index("ix_context_messages_text", "context_messages", ["tenant", "body_sha256"])
+    op.add_column("runs", sa.Column("prompt_keys", sa.Text(), nullable=True))
     if context.is_offline_mode():  # `--sql` prints the DDL: there are no rows to read
         return
     _convert(op.get_bind())
+    _convert_runs(op.get_bind())
 
 
 def downgrade() -> None:
     if not context.is_offline_mode():
         _restore(op.get_bind())
+        _restore_runs(op.get_bind())
+    # plain DROP COLUMN (as in 0009): batch mode would copy ``runs`` and, dropping the old
+    # table, cascade-delete its records
+    op.drop_column("runs", "prompt_keys")
     op.drop_index("ix_context_messages_text", table_name="context_messages")
     with _batch(upgraded=True) as batch:
         batch.alter_column("body", existing_type=sa.Text(), nullable=False)

@@ -35,10 +35,11 @@ from .changes import ContextWrite, TranscriptItem, stored_pending
 from .db import write_transaction
 from .errors import NotFound, run_not_found
 from .events import EventRow, insert_events
+from .integrity import body_sha256
 from .quotas import settle
 from .records import dumped_folded, insert_audit
 from .tables import Dumped, context_messages, conversations, runs
-from .texts import TextBatch, collect_garbage
+from .texts import TextBatch, collect_garbage, prompt_keys
 from .webhooks import enqueue_deliveries
 
 RunStatus = Literal[
@@ -127,6 +128,9 @@ def _outcome_statements() -> tuple[Any, Any, Any]:
 
 
 _STORE, _RELEASE, _FINISH = _outcome_statements()
+#: the finish of a run whose prompts are all among its new messages: its row references
+#: their texts instead of keeping its own copy (app/store/texts.py, :func:`prompt_keys`)
+_FINISH_REFERENCING = _FINISH.values(prompts=[], prompt_keys=bindparam("b_prompt_keys"))
 
 
 class NotRunning(Exception):
@@ -151,6 +155,7 @@ class FinishingStore(StoreBase):
         size: ContextSize | None,
         events: Sequence[EventRow] = (),
         paused_events: Sequence[EventRow] | None = None,
+        prompts: Sequence[Any] | None = None,
     ) -> RunOutcome:
         now = self.clock.now()
         # the statements' bound parameters are named b_* (SQLAlchemy reserves column names
@@ -220,9 +225,15 @@ class FinishingStore(StoreBase):
             status: RunStatus = result.status if stored or not store else "conflicted"
             etag = version_etag(base.incarnation, row.version)
             result_etag = etag if stored else None
+            keys = (
+                prompt_keys(prompts, (body_sha256(dumps_message(m)) for m in result.new_messages))
+                if prompts
+                else None
+            )
             finished = await conn.execute(
-                _FINISH,
+                _FINISH if keys is None else _FINISH_REFERENCING,
                 {
+                    **({} if keys is None else {"b_prompt_keys": keys}),
                     "b_tenant": tenant,
                     "b_conv_id": conv_id,
                     "b_run_id": run_id,

@@ -50,7 +50,16 @@ from .tables import (
     runs,
     transcript,
 )
-from .texts import MESSAGE_KINDS, TextBatch, load, select_transcript, with_text
+from .texts import (
+    MESSAGE_KINDS,
+    TextBatch,
+    load,
+    prompt_keys,
+    run_of,
+    select_runs,
+    select_transcript,
+    with_text,
+)
 
 #: rows read per page while exporting
 EXPORT_PAGE = 500
@@ -176,7 +185,8 @@ class PortabilityStore(StoreBase):
                 entry["body"] = load(row["body_text"], row["body_sha256"])
                 entry["created_at"] = _time(row["created_at"])
                 yield "transcript", entry
-            async for row in _paged(conn, runs, tenant, conv_id, "run_id"):
+            listed = select_runs(conn.dialect.name)
+            async for row in _paged(conn, runs, tenant, conv_id, "run_id", listed):
                 yield "run", await _run_record(conn, tenant, conv_id, row)
         finally:
             await conn_cm.__aexit__(None, None, None)
@@ -240,15 +250,18 @@ class PortabilityStore(StoreBase):
             if messages:
                 await insert_messages(conn, tenant, conv_id, dumped.rows(), texts)
             for run in document["runs"]:
-                await conn.execute(
-                    insert(runs).values(
-                        **key,
-                        **{f: run[f] for f in RUN_FIELDS},
-                        started_at=run["created_at"],  # the format does not carry it
-                        lease_owner=None,
-                        lease_expires_at=None,
-                    )
-                )
+                # its prompts referenced when its new messages hold them (app/store/texts.py)
+                keys = prompt_keys(run["prompts"], (texts.add(m) for m in run["new_messages"]))
+                row = {
+                    **key,
+                    **{f: run[f] for f in RUN_FIELDS},
+                    "started_at": run["created_at"],  # the format does not carry it
+                    "lease_owner": None,
+                    "lease_expires_at": None,
+                }
+                if keys is not None:
+                    row.update(prompts=[], prompt_keys=keys)
+                await conn.execute(insert(runs).values(**row))
                 run_key = {**key, "run_id": run["run_id"]}
                 if run["new_messages"]:
                     await conn.execute(
@@ -294,6 +307,7 @@ class PortabilityStore(StoreBase):
 async def _run_record(conn: AsyncConnection, tenant: str, conv_id: str, row: Any) -> dict[str, Any]:
     run_id = row["run_id"]
     record = {f: row[f] for f in RUN_FIELDS}
+    record["prompts"] = run_of(row).prompts
     record["created_at"] = _time(row["created_at"])
     record["finished_at"] = _time(row["finished_at"])
 

@@ -216,6 +216,10 @@ class Run(SQLModel, table=True):
     agent: str = Field(max_length=128)
     base_etag: str = Field(max_length=ETAG_LEN)
     result_etag: str | None = Field(default=None, max_length=ETAG_LEN)
+    #: the prompts the request gave, in codec form, kept in the row while the run is queued
+    #: or running; ``[]`` once it ended with each of them among its ``new_messages``: then
+    #: ``prompt_keys`` references their texts (migration 0015; readers take either,
+    #: :func:`app.store.texts.run_of`)
     prompts: list[Any] = Field(sa_type=JSONText)
     usage: dict[str, Any] = Field(sa_type=JSONText)
     error: dict[str, Any] | None = Field(default=None, sa_type=JSONText)
@@ -241,6 +245,9 @@ class Run(SQLModel, table=True):
     #: (``client_tools``, ``require_approval``, ``tool_results``, ``approvals``), so that the
     #: process that claims it runs and checks the request it was given; None without any
     tool_inputs: dict[str, Any] | None = Field(default=None, sa_type=JSONText)
+    #: the keys of the prompts' texts in ``message_texts``, in order (a JSON list), when the
+    #: row does not keep ``prompts`` itself (null: it does)
+    prompt_keys: list[str] | None = Field(default=None, sa_type=JSONText)
 
 
 class RunNewMessage(SQLModel, table=True):

@@ -39,13 +39,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
+    JSON,
     ColumnElement,
     FromClause,
+    LargeBinary,
     Table,
     Text,
     and_,
+    cast,
     delete,
     func,
+    literal,
     select,
     tuple_,
     type_coerce,
@@ -60,6 +64,7 @@ from .db import read_transaction
 from .errors import StoredRecordDamaged
 from .integrity import body_sha256
 from .tables import (
+    Run,
     TranscriptEntry,
     context_messages,
     dump_json,
@@ -67,6 +72,7 @@ from .tables import (
     run_events,
     run_finals,
     run_new_messages,
+    runs,
     transcript,
 )
 
@@ -77,7 +83,9 @@ MESSAGE_KINDS = ("prompt", "attempt", "tool_result", "client_result")
 #: the event whose payload is one whole message (its text is referenced)
 MESSAGE_EVENT = "message"
 
-#: the columns that reference texts (their tables are indexed on ``(tenant, column)``)
+#: the columns that reference texts (their tables are indexed on ``(tenant, column)``; a
+#: run's ``prompt_keys`` only ever names texts its own ``new_messages`` reference too:
+#: :func:`prompt_keys`)
 REFERRERS: tuple[ColumnElement[str], ...] = (
     context_messages.c.body_sha256,
     run_new_messages.c.body_sha256,
@@ -189,6 +197,95 @@ def transcript_entry(row: Any) -> TranscriptEntry:
     return TranscriptEntry(**values)
 
 
+#: the separator of the two halves of :func:`prompts_column` (never in a span)
+_HALVES = "\x1e"
+
+
+def prompts_column(dialect: str) -> ColumnElement[str]:
+    """Per run row, its referenced prompts in one value, for :func:`run_of`: the spans
+    (``<index>:<bytes>:<key>``, the bytes ``-`` when the text is missing) joined with commas,
+    ``\x1e``, then the texts joined with commas in the same order; correlated to ``runs``."""
+    t = message_texts.alias("prompt_text")
+    keys = type_coerce(runs.c.prompt_keys, Text)
+    if dialect == "postgresql":
+        j = (
+            func.json_array_elements_text(cast(keys, JSON))
+            .table_valued("value", with_ordinality="ord")
+            .render_derived("prompt_key", with_types=False)
+        )
+        index: Any = j.c.ord - 1
+        octets: Any = func.octet_length(t.c.body)
+    else:
+        j = func.json_each(keys).table_valued("key", "value").alias("prompt_key")
+        index = j.c.key
+        octets = func.length(cast(t.c.body, LargeBinary))
+    value = type_coerce(j.c.value, Text)
+    span = (
+        cast(index, Text)
+        + literal(":")
+        + func.coalesce(cast(octets, Text), literal("-"))
+        + literal(":")
+        + value
+    )
+    source = j.outerjoin(t, and_(t.c.tenant == runs.c.tenant, t.c.sha256 == value))
+    if dialect == "postgresql":
+        spans: Any = func.string_agg(span, literal(","))
+        texts: Any = func.string_agg(t.c.body, literal(","))
+    else:
+        spans = func.group_concat(span, ",")
+        texts = func.group_concat(t.c.body, ",")
+    whole = func.coalesce(spans, literal("")) + literal(_HALVES) + func.coalesce(texts, literal(""))
+    return (
+        select(type_coerce(whole, Text))
+        .select_from(source)
+        .correlate(runs)
+        .scalar_subquery()
+        .label("prompt_texts")
+    )
+
+
+def select_runs(dialect: str) -> Select[Any]:
+    """``SELECT`` of run rows with their referenced prompts (one statement; add the
+    ``WHERE``): rows for :func:`run_of`."""
+    return select(runs, prompts_column(dialect))
+
+
+def run_of(row: Any) -> Run:
+    """A row of :func:`select_runs` (a mapping) as a run, its prompts read back: its own
+    (a run queued or running keeps them in its row), or the texts its ``prompt_keys``
+    reference, each checked against its key (:class:`StoredRecordDamaged`)."""
+    values = {k: v for k, v in row.items() if k != "prompt_texts"}
+    if values.get("prompt_keys") is not None:
+        values["prompts"] = _prompts(row["prompt_texts"], values["prompt_keys"])
+    return Run.model_construct(**values)
+
+
+def _prompts(joined: str | None, keys: Sequence[str]) -> list[Any]:
+    spans_part, _, texts_part = (joined or _HALVES).partition(_HALVES)
+    spans = [s.split(":", 2) for s in spans_part.split(",")] if spans_part else []
+    if len(spans) != len(keys):
+        raise StoredRecordDamaged("a prompt text it references is missing")
+    data = texts_part.encode()
+    found: dict[int, Any] = {}
+    start = 0
+    for index, octets, digest in spans:
+        if octets == "-":
+            raise StoredRecordDamaged("a prompt text it references is missing")
+        end = start + int(octets)
+        found[int(index)] = load(data[start:end].decode(), digest)
+        start = end + 1
+    return [found[i] for i in range(len(keys))]
+
+
+def prompt_keys(prompts: Sequence[Any], records: Iterable[str]) -> list[str] | None:
+    """The keys of a run's prompts (JSON values, as its row keeps them) when its row may
+    reference them instead: when each is also the text of one of its ``new_messages``
+    (``records``: their keys), so the run's own records keep the texts referenced — the
+    garbage collection needs to look at no run's prompts. None: the row keeps its own."""
+    keys = [body_sha256(dump_json(p)) for p in prompts]
+    return keys if set(keys) <= set(records) else None
+
+
 async def referenced(conn: AsyncConnection, tenant: str, conv_ids: Sequence[str]) -> set[str]:
     """The keys of the texts these conversations reference (read before deleting them)."""
     if not conv_ids:
@@ -276,8 +373,12 @@ __all__ = [
     "TextBatch",
     "collect_garbage",
     "load",
+    "prompt_keys",
+    "prompts_column",
     "referenced",
+    "run_of",
     "scan_texts",
+    "select_runs",
     "select_transcript",
     "text_of",
     "transcript_entry",

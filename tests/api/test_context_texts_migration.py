@@ -1,8 +1,8 @@
-"""Migration 0015 makes the stored context reference its texts in ``message_texts``, in
-batches (more rows than one batch here), and puts them back on downgrade: a context stored at
-0014 reads the same after the upgrade and its rows come back byte-identical after the
-downgrade. A row whose text does not match its checksum keeps its own text, so reads still
-report it damaged."""
+"""Migration 0015 makes the stored context and the prompts of runs that ended reference their
+texts in ``message_texts``, in batches (more rows than one batch here), and puts them back on
+downgrade: a context and runs stored at 0014 read the same after the upgrade and their rows come
+back byte-identical after the downgrade. A row whose text does not match its checksum keeps its
+own text, so reads still report it damaged."""
 
 from __future__ import annotations
 
@@ -35,6 +35,17 @@ async def raw_rows(url: str) -> list[tuple[Any, ...]]:
         await engine.dispose()
 
 
+async def run_prompts(url: str) -> list[tuple[str, str]]:
+    """Each run's id and its ``prompts`` as stored, by run id."""
+    engine = make_engine(url)
+    try:
+        async with engine.connect() as conn:
+            rows = await conn.execute(text("SELECT run_id, prompts FROM runs ORDER BY run_id"))
+            return [(r[0], r[1]) for r in rows]
+    finally:
+        await engine.dispose()
+
+
 async def scalar(url: str, sql: str) -> Any:
     engine = make_engine(url)
     try:
@@ -62,6 +73,7 @@ async def test_upgrade_references_the_context_texts_and_downgrade_puts_them_back
         run = await client.post("/conversations/long/runs", json={"prompts": ["one more"]})
         assert run.status_code == 201, run.text
         before = (await client.get("/conversations/long/context")).content
+        runs_before = (await client.get("/conversations/long/runs")).json()
         hurt_etag = (await client.get("/conversations/hurt")).json()["etag"]
     await downgrade(database_url, "0014")
     at_0014 = await raw_rows(database_url)
@@ -80,8 +92,12 @@ async def test_upgrade_references_the_context_texts_and_downgrade_puts_them_back
     )
     assert await scalar(database_url, "SELECT COUNT(*) FROM message_texts") == 2
     at_0014 = await raw_rows(database_url)
+    prompts_0014 = await run_prompts(database_url)
+    assert prompts_0014 and all(p.startswith('[{"type":"user"') for _, p in prompts_0014)
 
     await upgrade(database_url)
+    # the run that ended references its prompt's text, which its records hold
+    assert await run_prompts(database_url) == [(r, "[]") for r, _ in prompts_0014]
     kept = await scalar(
         database_url, "SELECT COUNT(*) FROM context_messages WHERE body IS NOT NULL"
     )
@@ -91,6 +107,7 @@ async def test_upgrade_references_the_context_texts_and_downgrade_puts_them_back
     assert texts == LONG + 2  # and the run's prompt and answer
     async with app_factory() as client:
         assert (await client.get("/conversations/long/context")).content == before
+        assert (await client.get("/conversations/long/runs")).json() == runs_before
         got = await client.get("/conversations/hurt/context")
         body = assert_problem(got, 409, "stored-data-damaged")
         assert body["message_index"] == 7 and body["current_etag"] == hurt_etag
@@ -101,6 +118,7 @@ async def test_upgrade_references_the_context_texts_and_downgrade_puts_them_back
     rows = await raw_rows(database_url)
     # the rows stored before the upgrade are byte-identical; the run after it added its own
     assert [r for r in rows if r[:2] in {a[:2] for a in at_0014}] == at_0014
+    assert [p for p in await run_prompts(database_url) if p in prompts_0014] == prompts_0014
     await upgrade(database_url)
     async with app_factory() as client:
         after = await client.get("/conversations/long/context")

@@ -186,3 +186,40 @@ async def test_the_stored_context_references_its_texts_and_a_replace_collects_th
     assert await scalar(database_url, "SELECT COUNT(*) FROM message_texts") == texts
     listed = (await client.get("/conversations/a/runs")).json()["items"]
     assert len(listed) == 3
+
+
+async def test_a_finished_runs_prompts_reference_the_texts_of_its_records(
+    client: AppClient, database_url: str
+) -> None:
+    await create(client, "a")
+    await runs(client, "a", [prompt(i) for i in range(3)])
+    size = pg_octets if database_url.startswith("postgresql") else octets
+    # each run row keeps "[]" and three keys, not its prompt
+    assert await scalar(database_url, f"SELECT {size('prompts')} FROM runs") == 3 * 2
+    assert await scalar(database_url, "SELECT COUNT(*) FROM runs WHERE prompt_keys IS NULL") == 0
+    listed = (await client.get("/conversations/a/runs")).json()["items"]
+    assert [r["prompts"][0]["content"][0]["text"] for r in listed] == [prompt(i) for i in range(3)]
+    one = (await client.get(f"/conversations/a/runs/{listed[1]['run_id']}")).json()
+    assert one["prompts"] == listed[1]["prompts"]
+    exported = (await client.get("/conversations/a/export")).json()
+    assert [r["prompts"] for r in exported["runs"]] == [
+        r["prompts"] for r in sorted(listed, key=lambda r: r["run_id"])
+    ]
+    # a referenced prompt text that is not what was stored is refused, never served
+    engine = make_engine(database_url)
+    try:
+        async with engine.begin() as conn:
+            changed = await conn.execute(
+                text(
+                    'UPDATE message_texts SET body = replace(body, \'"text":"1 \', '
+                    '\'"text":"9 \') WHERE body LIKE \'%"type":"user"%\' '
+                    'AND body LIKE \'%"text":"1 %\''
+                )
+            )
+            assert changed.rowcount == 1
+    finally:
+        await engine.dispose()
+    for path in (f"runs/{listed[1]['run_id']}", "runs"):
+        got = await client.get(f"/conversations/a/{path}")
+        assert got.status_code == 409, got.text
+        assert got.json()["type"].endswith("/stored-data-damaged")
