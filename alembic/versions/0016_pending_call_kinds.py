@@ -21,7 +21,7 @@ as revision 0009 wrote them. Stored tool calls themselves keep their ``server_la
 version of the service from before it does not read a message whose call records one.
 
 Revision ID: 0016
-Revises: 0014
+Revises: 0015
 Create Date: 2026-12-08
 """
 
@@ -35,7 +35,7 @@ import sqlalchemy as sa
 from alembic import context, op
 
 revision: str = "0016"
-down_revision: str | Sequence[str] | None = "0014"
+down_revision: str | Sequence[str] | None = "0015"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -88,6 +88,7 @@ class Finisher:
                     paused_events=paused,
                     answered=pending.answered(request) if request is not None else None,
                     size=size,
+                    prompts=run.prompts,
                 ),
             )
         except Exception as exc:

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import ColumnElement, Text, func, insert, literal_column, select, type_coerce
+from sqlalchemy import ColumnElement, func, insert, literal_column, select
 from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -32,7 +32,7 @@ from .changes import TranscriptItem, stored_pending
 from .errors import LimitExceeded, PreconditionFailed, StoreError, conversation_not_found
 from .integrity import body_sha256, spans_column, verify_joined, verify_rows
 from .tables import Conversation, Dumped, context_messages, conversations, transcript
-from .texts import MESSAGE_KINDS, TextBatch
+from .texts import MESSAGE_KINDS, TextBatch, text_of, with_text
 
 
 class StoreBase:
@@ -241,13 +241,23 @@ async def missing_or_stale(
     return PreconditionFailed(detail, current_etag=current.etag)
 
 
+def _context_texts() -> tuple[Any, ColumnElement[str]]:
+    """``context_messages`` joined to the texts its rows reference, and each row's text (its
+    own ``body`` when it keeps one, else the referenced text; NULL when that is missing)."""
+    joined, _, _ = with_text(context_messages)
+    return joined, text_of(context_messages)
+
+
 async def read_rows(conn: AsyncConnection, conv: Conversation) -> StoredRows:
     """The stored messages of ``conv`` (its row already read in this transaction), as text,
-    each checked against its checksum (:class:`~app.store.errors.StoredDataDamaged`)."""
+    each joined to it in the same statement and checked against its checksum
+    (:class:`~app.store.errors.StoredDataDamaged`)."""
     m = context_messages.c
+    joined, text = _context_texts()
     rows = (
         await conn.execute(
-            select(m.position, type_coerce(m.body, Text), m.body_sha256)
+            select(m.position, text, m.body_sha256)
+            .select_from(joined)
             .where(*child_key(context_messages, conv.tenant, conv.id))
             .order_by(m.position)
         )
@@ -268,26 +278,32 @@ async def read_joined(
     positions below ``below``, all by default) joined into one text by the database, in
     position order: one value to fetch instead of one row per message (GET context sends it
     as it is), and beside it each row's length and checksum, so that every text is checked
-    (:func:`~app.store.integrity.verify_joined`) without parsing it. PostgreSQL orders the
-    aggregate itself; SQLite (before 3.44, no ORDER BY in an aggregate) concatenates its
-    ordered subquery, which walks the primary key ``(tenant, conversation_id, position)`` in
-    order. The joined text is given back encoded (UTF-8)."""
+    (:func:`~app.store.integrity.verify_joined`) without parsing it. Each row's text is
+    joined from ``message_texts`` in the same statement. PostgreSQL orders the aggregate
+    itself; SQLite (before 3.44, no ORDER BY in an aggregate) concatenates its ordered
+    subquery, which walks the primary key ``(tenant, conversation_id, position)`` in order.
+    The joined text is given back encoded (UTF-8)."""
     m = context_messages.c
-    body = type_coerce(m.body, Text)
-    spans = spans_column(conn.dialect)
+    source, body = _context_texts()
+    spans = spans_column(conn.dialect, body)
     key = child_key(context_messages, conv.tenant, conv.id)
     if below is not None:
         key.append(m.position < below)
     if conn.dialect.name == "postgresql":
         comma: Any = literal_column("','")
-        stmt = select(
-            func.string_agg(body, aggregate_order_by(comma, m.position)),
-            func.min(m.position),
-            func.string_agg(spans, aggregate_order_by(comma, m.position)),
-        ).where(*key)
+        stmt = (
+            select(
+                func.string_agg(body, aggregate_order_by(comma, m.position)),
+                func.min(m.position),
+                func.string_agg(spans, aggregate_order_by(comma, m.position)),
+            )
+            .select_from(source)
+            .where(*key)
+        )
     else:
         ordered = (
             select(body.label("body"), m.position, spans.label("spans"))
+            .select_from(source)
             .where(*key)
             .order_by(m.position)
         )
@@ -397,9 +413,13 @@ async def insert_messages(
     tenant: str,
     conv_id: str,
     rows: Sequence[tuple[int, AnyMessage | Dumped] | tuple[int, Dumped, str]],
+    texts: TextBatch | None = None,
 ) -> None:
     """Insert message rows, each a message or its :class:`Dumped` text (with its checksum,
-    when the caller computed it: :meth:`DumpedContext.rows`), with their checksums."""
+    when the caller computed it: :meth:`DumpedContext.rows`): each row references its text by
+    its checksum, and the text goes to ``texts`` (for the caller to flush with the other
+    texts of its transaction; written here when not given)."""
+    batch = texts if texts is not None else TextBatch(tenant)
     for start in range(0, len(rows), INSERT_CHUNK):
         values = []
         for row in rows[start : start + INSERT_CHUNK]:
@@ -411,11 +431,13 @@ async def insert_messages(
                     "tenant": tenant,
                     "conversation_id": conv_id,
                     "position": row[0],
-                    "body": text,
-                    "body_sha256": digest,
+                    "body": None,
+                    "body_sha256": batch.put(text, digest),
                 }
             )
         await conn.execute(_INSERT_MESSAGES, values)
+    if texts is None:
+        await batch.flush(conn)
 
 
 async def insert_transcript(

@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable, Mapping
 from datetime import datetime
 
-from sqlalchemy import String, Text, delete, func, insert, literal, select, type_coerce, update
+from sqlalchemy import String, delete, func, insert, literal, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -64,7 +64,7 @@ from .tables import (
     conversations,
     runs,
 )
-from .texts import collect_garbage, referenced
+from .texts import TextBatch, collect_garbage, referenced, text_of, with_text
 
 #: the detail of a refused If-Match on a conversation
 STALE = "If-Match does not match the stored context"
@@ -88,10 +88,15 @@ async def read_last_batch(
     ``chunk`` rows at a time, newest first — O(the last batch) rows, never the history."""
     m = context_messages.c
     key = child_key(context_messages, tenant, conv_id)
+    joined, _, _ = with_text(context_messages)
     tail: list[AnyMessage] = []
     conv: Conversation | None = None
     while True:
-        stmt = select(m.position, type_coerce(m.body, Text), m.body_sha256).where(*key)
+        stmt = (
+            select(m.position, text_of(context_messages), m.body_sha256)
+            .select_from(joined)
+            .where(*key)
+        )
         if below is not None:
             stmt = stmt.where(m.position < below)
         stmt = stmt.order_by(m.position.desc()).limit(chunk)
@@ -104,6 +109,7 @@ async def read_last_batch(
                 assert conv is not None
                 first = conv.next_position - conv.message_count
                 raise damaged(conv_id, position - first, conv.etag, why)
+            assert text is not None  # damage() said so
             message = load_message(json.loads(text))
             tail.append(message)
             if not isinstance(message, ToolResultMessage):
@@ -195,15 +201,18 @@ class ConversationStore(ListingStore):
             if n:  # what is copied (and the message after the cut) must be what was stored
                 await read_joined(conn, source, below=first + min(n + 1, total))
             if 0 < n < total:
-                body = (
+                joined, after, _ = with_text(context_messages)
+                after_text = (
                     await conn.execute(
-                        select(context_messages.c.body).where(
+                        select(after)
+                        .select_from(joined)
+                        .where(
                             *child_key(context_messages, tenant, source_id),
                             context_messages.c.position == first + n,
                         )
                     )
                 ).scalar_one()
-                if body.get("type") == "tool_result":
+                if json.loads(after_text).get("type") == "tool_result":
                     raise UnsafeCut(
                         f"cutting after {n} messages separates a tool call from its result "
                         f"(message {n} is a tool_result)",
@@ -422,6 +431,7 @@ class ConversationStore(ListingStore):
         stats = ContextStats(tally, dumped.size, stored_pending(context.messages))
         body = dumped.body.decode()
         now = self.clock.now()
+        replaced_texts: set[str] = set()  # the keys of the rows a replace deletes
         async with write_transaction(self.engine) as conn:
             if create:
                 # The context_replaced entry below takes transcript seq 1.
@@ -466,27 +476,37 @@ class ConversationStore(ListingStore):
                     raise await missing_or_stale(conn, tenant, conv_id, STALE)
                 incarnation, version, seq = row.incarnation, row.version, row.transcript_seq
                 first = row.next_position - n
-                await conn.execute(
-                    delete(context_messages).where(
+                gone = await conn.execute(
+                    delete(context_messages)
+                    .where(
                         *child_key(context_messages, tenant, conv_id),
                         context_messages.c.position < first,
                     )
+                    .returning(context_messages.c.body_sha256)
                 )
+                replaced_texts = {d for d in gone.scalars().all() if d is not None}
             etag = version_etag(incarnation, version)
-            await insert_messages(conn, tenant, conv_id, dumped.rows(first))
+            texts = TextBatch(tenant)
+            await insert_messages(conn, tenant, conv_id, dumped.rows(first), texts)
             # {"etag": …, "context": dump_context(context)}, from the texts just dumped
             replaced = Dumped(f'{{"etag":{json.dumps(etag)},"context":{body}}}')
             entry = TranscriptItem("context_replaced", False, replaced)
             await insert_transcript(conn, tenant, conv_id, None, seq, [entry], now)
+            await texts.flush(conn)
+            # the replaced messages' texts that nothing references any more
+            await collect_garbage(conn, tenant, replaced_texts - set(dumped.digests))
         return etag
 
 
 async def _stored_bytes(conn: AsyncConnection, tenant: str, conv_id: str, below: int) -> int:
     """The bytes of the stored message texts at positions below ``below``, summed in SQL."""
-    length = body_octets(conn.dialect)
+    joined, _, _ = with_text(context_messages)
+    length = body_octets(conn.dialect, text_of(context_messages))
     total = (
         await conn.execute(
-            select(func.coalesce(func.sum(length), 0)).where(
+            select(func.coalesce(func.sum(length), 0))
+            .select_from(joined)
+            .where(
                 *child_key(context_messages, tenant, conv_id), context_messages.c.position < below
             )
         )

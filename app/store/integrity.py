@@ -2,7 +2,9 @@
 stored message, verified by every read that serves or runs it.
 
 ``context_messages.body_sha256`` is the SHA-256 of the message's stored JSON text (UTF-8, as
-:class:`~app.store.tables.JSONText` wrote it), in hex. Every writer of a message row writes it
+:class:`~app.store.tables.JSONText` wrote it), in hex: since migration 0015 also the key of that
+text in ``message_texts`` (:mod:`app.store.texts`), which every read joins in the same statement
+(a reference whose text is missing is damaged too). Every writer of a message row writes it
 (:func:`body_sha256`; a fork copies it with the row), and every reader of a context — GET
 context, a run's start and a queued run's claim, fork, export, the last batch of a tool answer
 — checks each row it read against it before it serves, copies or runs anything: a row whose text
@@ -33,7 +35,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import LargeBinary, Text, cast, func, select, tuple_, type_coerce
+from sqlalchemy import LargeBinary, Text, and_, cast, func, select, tuple_, type_coerce
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
@@ -43,7 +45,7 @@ from app.etag import version_etag
 
 from .db import read_transaction
 from .errors import StoredDataDamaged
-from .tables import context_messages, conversations
+from .tables import context_messages, conversations, message_texts
 
 _log = logging.getLogger(__name__)
 
@@ -57,9 +59,16 @@ def body_sha256(text: str | bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def damage(text: str | bytes | memoryview, digest: str | None) -> str | None:
+#: why a message whose text is not in ``message_texts`` any more is damaged
+MISSING = "the text it references is missing"
+
+
+def damage(text: str | bytes | memoryview | None, digest: str | None) -> str | None:
     """Why ``text`` is not the message that was stored with ``digest``, or None when it is.
-    Without a digest (a row from before the checksums), it must decode as a message."""
+    Without a digest (a row from before the checksums), it must decode as a message. No text
+    (None): the text the row references is missing."""
+    if text is None:
+        return MISSING
     if digest is not None:
         if body_sha256(text) == digest:
             return None
@@ -72,21 +81,26 @@ def damage(text: str | bytes | memoryview, digest: str | None) -> str | None:
     return None
 
 
-def body_octets(dialect: Dialect | str) -> ColumnElement[Any]:
-    """The byte length of ``context_messages.body`` in SQL, on either engine."""
-    body = context_messages.c.body
+def body_octets(
+    dialect: Dialect | str, text: ColumnElement[Any] | None = None
+) -> ColumnElement[Any]:
+    """The byte length of a message text in SQL, on either engine: ``text`` (the joined text
+    of :func:`app.store.texts.text_of`), ``context_messages.body`` by default."""
+    body = context_messages.c.body if text is None else text
     name = dialect if isinstance(dialect, str) else dialect.name
     if name == "postgresql":
         return func.octet_length(body)
     return func.length(cast(body, LargeBinary))
 
 
-def spans_column(dialect: Dialect | str) -> ColumnElement[str]:
-    """Per message row, ``"<bytes>:<checksum>"`` (the checksum empty when NULL): what the
-    joined read aggregates beside the joined texts, so that :func:`verify_joined` can cut them
-    apart and check each one without parsing."""
+def spans_column(dialect: Dialect | str, text: ColumnElement[Any]) -> ColumnElement[str]:
+    """Per message row, ``"<bytes>:<checksum>"`` (the checksum empty when NULL; the bytes
+    ``-`` when its ``text`` is missing): what the joined read aggregates beside the joined
+    texts, so that :func:`verify_joined` can cut them apart and check each one without
+    parsing."""
     digest = func.coalesce(context_messages.c.body_sha256, "")
-    return type_coerce(cast(body_octets(dialect), Text) + ":" + digest, Text)
+    octets = func.coalesce(cast(body_octets(dialect, text), Text), "-")
+    return type_coerce(octets + ":" + digest, Text)
 
 
 def damaged(conv_id: str, index: int, etag: str, reason: str) -> StoredDataDamaged:
@@ -103,7 +117,7 @@ def damaged(conv_id: str, index: int, etag: str, reason: str) -> StoredDataDamag
 
 
 def verify_rows(
-    conv_id: str, etag: str, texts: Sequence[str], digests: Sequence[str | None]
+    conv_id: str, etag: str, texts: Sequence[str | None], digests: Sequence[str | None]
 ) -> None:
     """:class:`StoredDataDamaged` for the first of a context's message texts (in order, from
     its first message) that is not what was stored."""
@@ -122,6 +136,8 @@ def verify_joined(conv_id: str, etag: str, joined: bytes, spans: str) -> None:
     start = 0
     for index, span in enumerate(items):
         octets, _, digest = span.partition(":")
+        if octets == "-":  # its text is not in the joined text at all
+            raise damaged(conv_id, index, etag, MISSING)
         end = start + int(octets)
         why = damage(view[start:end], digest or None) if end <= len(joined) else "it is cut"
         if why is not None:
@@ -147,20 +163,25 @@ async def scan(engine: AsyncEngine, *, batch: int = SCAN_BATCH) -> AsyncIterator
     """Every damaged message of the database, in key order: the message rows are read
     ``batch`` at a time (keyset on the primary key, each batch its own short read
     transaction), each checked as a read would check it."""
-    m, c = context_messages.c, conversations.c
+    m, c, t = context_messages.c, conversations.c, message_texts.c
     key = tuple_(m.tenant, m.conversation_id, m.position)
+    text = func.coalesce(type_coerce(m.body, Text), t.body)
     base = (
         select(
             m.tenant,
             m.conversation_id,
             m.position,
-            type_coerce(m.body, Text).label("text"),
+            type_coerce(text, Text).label("text"),
             m.body_sha256,
             (c.next_position - c.message_count).label("first"),
             c.incarnation,
             c.version,
         )
-        .join(conversations, (c.tenant == m.tenant) & (c.id == m.conversation_id))
+        .select_from(
+            context_messages.join(
+                conversations, (c.tenant == m.tenant) & (c.id == m.conversation_id)
+            ).outerjoin(message_texts, and_(t.tenant == m.tenant, t.sha256 == m.body_sha256))
+        )
         .order_by(m.tenant, m.conversation_id, m.position)
         .limit(batch)
     )
@@ -187,6 +208,7 @@ async def scan(engine: AsyncEngine, *, batch: int = SCAN_BATCH) -> AsyncIterator
 
 
 __all__ = [
+    "MISSING",
     "SCAN_BATCH",
     "DamagedMessage",
     "StoredDataDamaged",

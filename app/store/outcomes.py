@@ -35,10 +35,11 @@ from .changes import ContextWrite, TranscriptItem, stored_pending
 from .db import write_transaction
 from .errors import NotFound, run_not_found
 from .events import EventRow, insert_events
+from .integrity import body_sha256
 from .quotas import settle
 from .records import dumped_folded, insert_audit
 from .tables import Dumped, context_messages, conversations, runs
-from .texts import TextBatch
+from .texts import TextBatch, collect_garbage, prompt_keys
 from .webhooks import enqueue_deliveries
 
 RunStatus = Literal[
@@ -127,6 +128,9 @@ def _outcome_statements() -> tuple[Any, Any, Any]:
 
 
 _STORE, _RELEASE, _FINISH = _outcome_statements()
+#: the finish of a run whose prompts are all among its new messages: its row references
+#: their texts instead of keeping its own copy (app/store/texts.py, :func:`prompt_keys`)
+_FINISH_REFERENCING = _FINISH.values(prompts=[], prompt_keys=bindparam("b_prompt_keys"))
 
 
 class NotRunning(Exception):
@@ -151,6 +155,7 @@ class FinishingStore(StoreBase):
         size: ContextSize | None,
         events: Sequence[EventRow] = (),
         paused_events: Sequence[EventRow] | None = None,
+        prompts: Sequence[Any] | None = None,
     ) -> RunOutcome:
         now = self.clock.now()
         # the statements' bound parameters are named b_* (SQLAlchemy reserves column names
@@ -201,22 +206,34 @@ class FinishingStore(StoreBase):
                 if row is None:
                     raise NotFound(f"conversation {conv_id!r} was deleted during the run")
 
+            # the texts of context rows, records, transcript and events: one statement
+            texts = TextBatch(tenant)
+            dropped: set[str] = set()  # the keys of the context rows a compaction deleted
             if stored:
                 if plan.delete_before is not None:
-                    await conn.execute(
-                        delete(context_messages).where(
+                    gone = await conn.execute(
+                        delete(context_messages)
+                        .where(
                             *child_key(context_messages, tenant, conv_id),
                             context_messages.c.position < plan.delete_before,
                         )
+                        .returning(context_messages.c.body_sha256)
                     )
-                await insert_messages(conn, tenant, conv_id, inserts)
+                    dropped = {d for d in gone.scalars().all() if d is not None}
+                await insert_messages(conn, tenant, conv_id, inserts, texts)
 
             status: RunStatus = result.status if stored or not store else "conflicted"
             etag = version_etag(base.incarnation, row.version)
             result_etag = etag if stored else None
+            keys = (
+                prompt_keys(prompts, (body_sha256(dumps_message(m)) for m in result.new_messages))
+                if prompts
+                else None
+            )
             finished = await conn.execute(
-                _FINISH,
+                _FINISH if keys is None else _FINISH_REFERENCING,
                 {
+                    **({} if keys is None else {"b_prompt_keys": keys}),
                     "b_tenant": tenant,
                     "b_conv_id": conv_id,
                     "b_run_id": run_id,
@@ -236,7 +253,6 @@ class FinishingStore(StoreBase):
             if not finished.rowcount:
                 raise NotRunning  # rolls the transaction back
 
-            texts = TextBatch(tenant)  # the texts of records and transcript: one statement
             await insert_audit(conn, tenant, conv_id, run_id, result, folded, texts)
             await settle(conn, tenant, now, result.usage)
             first_seq = row.transcript_seq - len(entries) + 1
@@ -245,6 +261,8 @@ class FinishingStore(StoreBase):
                 events = paused_events  # the pause is stored: it is announced
             await insert_events(conn, events, texts)
             await texts.flush(conn)
+            if dropped:  # the folded messages' texts nothing references any more
+                await collect_garbage(conn, tenant, dropped)
             await enqueue_deliveries(conn, tenant, conv_id, run_id, status, now)
         saved = None
         if stored:

@@ -33,6 +33,7 @@ from ._sql import (
     DumpedContext,
     StoreBase,
     child_key,
+    insert_messages,
     read_conversation,
     read_joined,
 )
@@ -49,7 +50,16 @@ from .tables import (
     runs,
     transcript,
 )
-from .texts import MESSAGE_KINDS, TextBatch, load, select_transcript, with_text
+from .texts import (
+    MESSAGE_KINDS,
+    TextBatch,
+    load,
+    prompt_keys,
+    run_of,
+    select_runs,
+    select_transcript,
+    with_text,
+)
 
 #: rows read per page while exporting
 EXPORT_PAGE = 500
@@ -165,15 +175,18 @@ class PortabilityStore(StoreBase):
                 },
             )
             yield "context", {"system_prompt": conv.system_prompt, "summary": conv.summary}
-            async for row in _paged(conn, context_messages, tenant, conv_id, "position"):
-                yield "message", row["body"]
+            joined, text, digest = with_text(context_messages)
+            messages = select(context_messages.c.position, text, digest).select_from(joined)
+            async for row in _paged(conn, context_messages, tenant, conv_id, "position", messages):
+                yield "message", load(row["body_text"], row["body_sha256"])
             entries = select_transcript()
             async for row in _paged(conn, transcript, tenant, conv_id, "seq", entries):
                 entry = {f: row[f] for f in TRANSCRIPT_FIELDS if f != "body"}
                 entry["body"] = load(row["body_text"], row["body_sha256"])
                 entry["created_at"] = _time(row["created_at"])
                 yield "transcript", entry
-            async for row in _paged(conn, runs, tenant, conv_id, "run_id"):
+            listed = select_runs(conn.dialect.name)
+            async for row in _paged(conn, runs, tenant, conv_id, "run_id", listed):
                 yield "run", await _run_record(conn, tenant, conv_id, row)
         finally:
             await conn_cm.__aexit__(None, None, None)
@@ -235,23 +248,20 @@ class PortabilityStore(StoreBase):
             texts = TextBatch(tenant)  # the texts of its run records and transcript
             await write_metadata(conn, tenant, conv_id, conv.get("metadata") or {})
             if messages:
-                await conn.execute(
-                    insert(context_messages),
-                    [
-                        {**key, "position": p, "body": t, "body_sha256": d}
-                        for p, t, d in dumped.rows()
-                    ],
-                )
+                await insert_messages(conn, tenant, conv_id, dumped.rows(), texts)
             for run in document["runs"]:
-                await conn.execute(
-                    insert(runs).values(
-                        **key,
-                        **{f: run[f] for f in RUN_FIELDS},
-                        started_at=run["created_at"],  # the format does not carry it
-                        lease_owner=None,
-                        lease_expires_at=None,
-                    )
-                )
+                # its prompts referenced when its new messages hold them (app/store/texts.py)
+                keys = prompt_keys(run["prompts"], (texts.add(m) for m in run["new_messages"]))
+                row = {
+                    **key,
+                    **{f: run[f] for f in RUN_FIELDS},
+                    "started_at": run["created_at"],  # the format does not carry it
+                    "lease_owner": None,
+                    "lease_expires_at": None,
+                }
+                if keys is not None:
+                    row.update(prompts=[], prompt_keys=keys)
+                await conn.execute(insert(runs).values(**row))
                 run_key = {**key, "run_id": run["run_id"]}
                 if run["new_messages"]:
                     await conn.execute(
@@ -297,6 +307,7 @@ class PortabilityStore(StoreBase):
 async def _run_record(conn: AsyncConnection, tenant: str, conv_id: str, row: Any) -> dict[str, Any]:
     run_id = row["run_id"]
     record = {f: row[f] for f in RUN_FIELDS}
+    record["prompts"] = run_of(row).prompts
     record["created_at"] = _time(row["created_at"])
     record["finished_at"] = _time(row["finished_at"])
 

@@ -35,6 +35,8 @@ from .texts import (
     MESSAGE_KINDS,
     TextBatch,
     load,
+    run_of,
+    select_runs,
     select_transcript,
     transcript_entry,
     with_text,
@@ -58,7 +60,7 @@ class RecordStore(StoreBase):
             row = (
                 (
                     await conn.execute(
-                        select(runs).where(
+                        select_runs(conn.dialect.name).where(
                             *child_key(runs, tenant, conv_id), runs.c.run_id == run_id
                         )
                     )
@@ -68,7 +70,7 @@ class RecordStore(StoreBase):
             )
             if row is None:
                 return None
-            [record] = await _records(conn, tenant, conv_id, [Run.model_construct(**row)])
+            [record] = await _records(conn, tenant, conv_id, [run_of(row)])
         return record
 
     async def recent_run_durations(self, tenant: str, conv_id: str, *, limit: int) -> list[float]:
@@ -93,7 +95,7 @@ class RecordStore(StoreBase):
         self, tenant: str, conv_id: str, *, after: str | None = None, limit: int = 50
     ) -> list[Run]:
         """A page of a conversation's runs, oldest first, starting after the run ``after``."""
-        stmt = select(runs).where(*child_key(runs, tenant, conv_id))
+        stmt = select_runs(self.engine.dialect.name).where(*child_key(runs, tenant, conv_id))
         if after is not None:
             cursor = (
                 select(runs.c.created_at)
@@ -110,7 +112,7 @@ class RecordStore(StoreBase):
         async with read_transaction(self.engine) as conn:
             await require_conversation(conn, tenant, conv_id)
             rows = (await conn.execute(stmt)).mappings().all()
-        return [Run.model_construct(**row) for row in rows]
+        return [run_of(row) for row in rows]
 
     async def list_run_records(
         self, tenant: str, conv_id: str, *, after: str | None = None, limit: int = 50
@@ -139,10 +141,12 @@ class RecordStore(StoreBase):
 
     async def find_run(self, tenant: str, run_id: str) -> Run | None:
         """The tenant's run of this id, whatever its conversation (``ix_runs_run_id``)."""
-        stmt = select(runs).where(runs.c.tenant == tenant, runs.c.run_id == run_id)
+        stmt = select_runs(self.engine.dialect.name).where(
+            runs.c.tenant == tenant, runs.c.run_id == run_id
+        )
         async with read_transaction(self.engine) as conn:
             row = (await conn.execute(stmt)).mappings().first()
-        return None if row is None else Run.model_construct(**row)
+        return None if row is None else run_of(row)
 
     async def run_message_entries(
         self, tenant: str, conv_id: str, run_ids: Sequence[str]

@@ -38,6 +38,7 @@ from .idempotency import IdempotencyClaim, IdempotentReplay, claimed, insert_cla
 from .outcomes import FinishingStore, NotRunning, RunOutcome, RunStatus, no_longer_running
 from .quotas import QuotaExceeded, admit
 from .tables import Conversation, Run, conversations, runs
+from .texts import run_of, select_runs
 
 OnFailure = Literal["keep", "discard"]
 
@@ -271,10 +272,12 @@ class RunStore(FinishingStore):
             await conn.execute(
                 update(runs).where(*key, runs.c.status == "running").values(cancel_requested=True)
             )
-            row = (await conn.execute(select(runs).where(*key))).mappings().first()
+            row = (
+                (await conn.execute(select_runs(conn.dialect.name).where(*key))).mappings().first()
+            )
         if row is None:
             raise run_not_found(conv_id, run_id)
-        run = Run.model_construct(**row)
+        run = run_of(row)
         if run.status != "running" and not was_queued:
             raise Conflict(f"run {run_id!r} is {run.status}, not running")
         return run
@@ -292,6 +295,7 @@ class RunStore(FinishingStore):
         paused_events: Sequence[EventRow] | None = None,
         answered: Mapping[str, Answered] | None = None,
         size: ContextSize | None = None,
+        prompts: Sequence[Any] | None = None,
     ) -> RunOutcome:
         """Record a run's outcome in ONE write transaction, and return it.
 
@@ -315,6 +319,10 @@ class RunStore(FinishingStore):
         ``paused_events`` instead of ``events`` when given and the run is recorded
         ``requires_action`` (they say ``run.requires_action`` before the marker: a pause whose
         save ends ``conflicted`` is not announced).
+
+        ``prompts``: the run's prompts as its row keeps them (``Run.prompts``); when each is
+        among its new messages, the finished row references their texts instead of keeping
+        its own copy (docs/operations.md, "Storage").
         """
         plan = plan_context_write(base.context, base.first_position, base.next_position, result)
         entries = run_transcript(result, len(base.context.messages), plan, answered)
@@ -344,6 +352,7 @@ class RunStore(FinishingStore):
                 size=size,
                 events=events,
                 paused_events=paused_events,
+                prompts=prompts,
             )
         except NotRunning:
             # The lease fences the write: only a run still ``running`` finishes. A run whose

@@ -68,6 +68,11 @@ def _run_fk(name: str) -> ForeignKeyConstraint:
 # --- conversations and their context -------------------------------------------------------
 
 
+def _text_index(table: str, column: str = "body_sha256") -> Index:
+    """The references to texts, for the garbage collection of :mod:`app.store.texts`."""
+    return Index(f"ix_{table}_text", "tenant", column)
+
+
 class Conversation(SQLModel, table=True):
     """One conversation's metadata; its context messages live in ``context_messages``.
 
@@ -128,18 +133,26 @@ class Conversation(SQLModel, table=True):
 
 
 class ContextMessage(SQLModel, table=True):
-    """One message of a conversation's context, as ``app.agent.codec.dump_message`` gives it,
-    and the checksum of its stored text (:mod:`app.store.integrity`; null in rows written
-    before migration 0013 whose text did not parse then: such a row is verified by decoding)."""
+    """One message of a conversation's context: a reference to its text, as
+    ``app.agent.codec.dump_message`` gives it (``body_sha256``, the SHA-256 of the text, into
+    ``message_texts``; ``body`` null, migration 0015), the text its run records and transcript
+    entry reference too. A row keeps its own ``body`` only when it was written by a process
+    older than migration 0015 during a rolling upgrade, or when migration 0013 found its text
+    unparsable (then ``body_sha256`` is null and the row is verified by decoding). Readers
+    take either (:mod:`app.store.texts`)."""
 
     __tablename__ = "context_messages"
-    __table_args__ = (_conversation_fk("fk_context_messages_conversation"),)
+    __table_args__ = (
+        _conversation_fk("fk_context_messages_conversation"),
+        _text_index("context_messages"),
+    )
 
     tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
     conversation_id: str = Field(primary_key=True, max_length=CONVERSATION_ID_LEN)
     position: int = Field(primary_key=True, sa_type=BigInteger)
-    body: dict[str, Any] = Field(sa_type=JSONText)
-    #: SHA-256 of ``body`` as stored (UTF-8), in hex (app/store/integrity.py)
+    body: dict[str, Any] | None = Field(default=None, sa_type=JSONText, nullable=True)
+    #: SHA-256 of the message's text (UTF-8), in hex (app/store/integrity.py): the key of
+    #: its row in ``message_texts``
     body_sha256: str | None = Field(default=None, max_length=64)
 
 
@@ -173,11 +186,6 @@ class MessageText(SQLModel, table=True):
     body: str = Field(sa_type=Text)
 
 
-def _text_index(table: str, column: str = "body_sha256") -> Index:
-    """The references to texts, for the garbage collection of :mod:`app.store.texts`."""
-    return Index(f"ix_{table}_text", "tenant", column)
-
-
 # --- runs and their audit records -----------------------------------------------------------
 
 
@@ -208,6 +216,10 @@ class Run(SQLModel, table=True):
     agent: str = Field(max_length=128)
     base_etag: str = Field(max_length=ETAG_LEN)
     result_etag: str | None = Field(default=None, max_length=ETAG_LEN)
+    #: the prompts the request gave, in codec form, kept in the row while the run is queued
+    #: or running; ``[]`` once it ended with each of them among its ``new_messages``: then
+    #: ``prompt_keys`` references their texts (migration 0015; readers take either,
+    #: :func:`app.store.texts.run_of`)
     prompts: list[Any] = Field(sa_type=JSONText)
     usage: dict[str, Any] = Field(sa_type=JSONText)
     error: dict[str, Any] | None = Field(default=None, sa_type=JSONText)
@@ -233,6 +245,9 @@ class Run(SQLModel, table=True):
     #: (``client_tools``, ``require_approval``, ``tool_results``, ``approvals``), so that the
     #: process that claims it runs and checks the request it was given; None without any
     tool_inputs: dict[str, Any] | None = Field(default=None, sa_type=JSONText)
+    #: the keys of the prompts' texts in ``message_texts``, in order (a JSON list), when the
+    #: row does not keep ``prompts`` itself (null: it does)
+    prompt_keys: list[str] | None = Field(default=None, sa_type=JSONText)
 
 
 class RunNewMessage(SQLModel, table=True):

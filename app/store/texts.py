@@ -1,12 +1,16 @@
 """Each message's text stored once (docs/operations.md, "Storage"): ``message_texts``, keyed
 by tenant and the SHA-256 of the text, and the references to it.
 
+The stored context (``context_messages``, migration 0015) references its messages' texts the
+same way: a run that appends a prompt and an answer writes each text once, for its context
+rows, its records, its transcript entries and its events alike.
+
 Run records (``run_new_messages``, ``run_finals``) and the transcript's message entries keep
 ``body_sha256``, the key of their text, and a null ``body``; a run that adds a prompt and an
 answer stores each text once, however many records name it, and a stateless client that
 re-sends its whole history stores no text it stored before (the texts are the same bytes,
 so the same keys). The digest is the one ``context_messages.body_sha256`` checks
-(:func:`app.store.integrity.body_sha256`), so a context can later reference the same rows.
+(:func:`app.store.integrity.body_sha256`).
 
 Writers collect a transaction's texts in a :class:`TextBatch` and write them in one
 statement (:meth:`TextBatch.flush`). Readers join the text to the referencing row in the
@@ -19,10 +23,12 @@ tenant can never tell by a write's timing or by storage figures what another sto
 
 Garbage: the texts a conversation referenced and nothing else does are deleted in the
 transaction that deletes the conversation (:func:`collect_garbage`, from
-``DELETE /conversations/{id}`` and from the retention sweeper). On PostgreSQL a writer takes
-the row lock of each text it references (``ON CONFLICT DO UPDATE``) and the collector locks
-its candidates before it looks for references in a later statement, so a text another
-transaction is about to reference is either kept or written again; SQLite has one writer.
+``DELETE /conversations/{id}`` and from the retention sweeper), and so are the texts of the
+context rows a replace (PUT) or a compaction deletes, when nothing else references them.
+On PostgreSQL a writer takes the row lock of each text it references (``ON CONFLICT DO
+UPDATE``) and the collector locks its candidates before it looks for references in a later
+statement, so a text another transaction is about to reference is either kept or written
+again; SQLite has one writer.
 """
 
 from __future__ import annotations
@@ -33,13 +39,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
+    JSON,
     ColumnElement,
     FromClause,
+    LargeBinary,
     Table,
     Text,
     and_,
+    cast,
     delete,
     func,
+    literal,
     select,
     tuple_,
     type_coerce,
@@ -54,12 +64,15 @@ from .db import read_transaction
 from .errors import StoredRecordDamaged
 from .integrity import body_sha256
 from .tables import (
+    Run,
     TranscriptEntry,
+    context_messages,
     dump_json,
     message_texts,
     run_events,
     run_finals,
     run_new_messages,
+    runs,
     transcript,
 )
 
@@ -70,13 +83,20 @@ MESSAGE_KINDS = ("prompt", "attempt", "tool_result", "client_result")
 #: the event whose payload is one whole message (its text is referenced)
 MESSAGE_EVENT = "message"
 
-#: the columns that reference texts (their tables are indexed on ``(tenant, column)``)
+#: the columns that reference texts (their tables are indexed on ``(tenant, column)``; a
+#: run's ``prompt_keys`` only ever names texts its own ``new_messages`` reference too:
+#: :func:`prompt_keys`)
 REFERRERS: tuple[ColumnElement[str], ...] = (
+    context_messages.c.body_sha256,
     run_new_messages.c.body_sha256,
     run_finals.c.body_sha256,
     transcript.c.body_sha256,
     run_events.c.data_sha256,
 )
+
+#: texts per statement of :meth:`TextBatch.flush` (SQLAlchemy prepares an executemany's
+#: parameters on the event loop: a long context is written a chunk at a time)
+FLUSH_CHUNK = 500
 
 #: keys per statement of the garbage collection (bound parameters stay well under limits)
 GARBAGE_CHUNK = 500
@@ -98,9 +118,15 @@ class TextBatch:
         self.texts.setdefault(digest, text)
         return digest
 
+    def put(self, text: str, digest: str) -> str:
+        """Keep ``text`` (a JSON text already dumped) whose key the caller computed."""
+        self.texts.setdefault(digest, str(text))
+        return digest
+
     async def flush(self, conn: AsyncConnection) -> None:
-        """Write the texts not stored yet: one statement (none without texts), in key order
-        (two transactions writing the same texts lock them in the same order)."""
+        """Write the texts not stored yet: one statement (none without texts; one per
+        ``FLUSH_CHUNK`` texts for a long context), in key order (two transactions writing the
+        same texts lock them in the same order)."""
         if not self.texts:
             return
         rows = [
@@ -115,7 +141,8 @@ class TextBatch:
             )
         else:
             stmt = sqlite_insert(message_texts).on_conflict_do_nothing()
-        await conn.execute(stmt, rows)
+        for start in range(0, len(rows), FLUSH_CHUNK):
+            await conn.execute(stmt, rows[start : start + FLUSH_CHUNK])
 
 
 def with_text(
@@ -129,9 +156,15 @@ def with_text(
         message_texts,
         and_(message_texts.c.tenant == table.c.tenant, message_texts.c.sha256 == digest),
     )
-    own = type_coerce(table.c[column], Text)
-    value = type_coerce(func.coalesce(own, message_texts.c.body), Text).label(f"{column}_text")
+    value = text_of(table, column).label(f"{column}_text")
     return joined, value, digest
+
+
+def text_of(table: Table, column: str = "body") -> ColumnElement[str]:
+    """The text of a row of ``table`` joined as :func:`with_text` joins it: its own
+    ``column`` when it keeps one, else the referenced text (NULL when that is missing)."""
+    own = type_coerce(table.c[column], Text)
+    return type_coerce(func.coalesce(own, message_texts.c.body), Text)
 
 
 def load(text: str | None, digest: str | None) -> Any:
@@ -162,6 +195,95 @@ def transcript_entry(row: Any) -> TranscriptEntry:
     values = {k: v for k, v in row.items() if k not in ("body_text", "body_sha256")}
     values["body"] = load(row["body_text"], row["body_sha256"])
     return TranscriptEntry(**values)
+
+
+#: the separator of the two halves of :func:`prompts_column` (never in a span)
+_HALVES = "\x1e"
+
+
+def prompts_column(dialect: str) -> ColumnElement[str]:
+    """Per run row, its referenced prompts in one value, for :func:`run_of`: the spans
+    (``<index>:<bytes>:<key>``, the bytes ``-`` when the text is missing) joined with commas,
+    ``\x1e``, then the texts joined with commas in the same order; correlated to ``runs``."""
+    t = message_texts.alias("prompt_text")
+    keys = type_coerce(runs.c.prompt_keys, Text)
+    if dialect == "postgresql":
+        j = (
+            func.json_array_elements_text(cast(keys, JSON))
+            .table_valued("value", with_ordinality="ord")
+            .render_derived("prompt_key", with_types=False)
+        )
+        index: Any = j.c.ord - 1
+        octets: Any = func.octet_length(t.c.body)
+    else:
+        j = func.json_each(keys).table_valued("key", "value").alias("prompt_key")
+        index = j.c.key
+        octets = func.length(cast(t.c.body, LargeBinary))
+    value = type_coerce(j.c.value, Text)
+    span = (
+        cast(index, Text)
+        + literal(":")
+        + func.coalesce(cast(octets, Text), literal("-"))
+        + literal(":")
+        + value
+    )
+    source = j.outerjoin(t, and_(t.c.tenant == runs.c.tenant, t.c.sha256 == value))
+    if dialect == "postgresql":
+        spans: Any = func.string_agg(span, literal(","))
+        texts: Any = func.string_agg(t.c.body, literal(","))
+    else:
+        spans = func.group_concat(span, ",")
+        texts = func.group_concat(t.c.body, ",")
+    whole = func.coalesce(spans, literal("")) + literal(_HALVES) + func.coalesce(texts, literal(""))
+    return (
+        select(type_coerce(whole, Text))
+        .select_from(source)
+        .correlate(runs)
+        .scalar_subquery()
+        .label("prompt_texts")
+    )
+
+
+def select_runs(dialect: str) -> Select[Any]:
+    """``SELECT`` of run rows with their referenced prompts (one statement; add the
+    ``WHERE``): rows for :func:`run_of`."""
+    return select(runs, prompts_column(dialect))
+
+
+def run_of(row: Any) -> Run:
+    """A row of :func:`select_runs` (a mapping) as a run, its prompts read back: its own
+    (a run queued or running keeps them in its row), or the texts its ``prompt_keys``
+    reference, each checked against its key (:class:`StoredRecordDamaged`)."""
+    values = {k: v for k, v in row.items() if k != "prompt_texts"}
+    if values.get("prompt_keys") is not None:
+        values["prompts"] = _prompts(row["prompt_texts"], values["prompt_keys"])
+    return Run.model_construct(**values)
+
+
+def _prompts(joined: str | None, keys: Sequence[str]) -> list[Any]:
+    spans_part, _, texts_part = (joined or _HALVES).partition(_HALVES)
+    spans = [s.split(":", 2) for s in spans_part.split(",")] if spans_part else []
+    if len(spans) != len(keys):
+        raise StoredRecordDamaged("a prompt text it references is missing")
+    data = texts_part.encode()
+    found: dict[int, Any] = {}
+    start = 0
+    for index, octets, digest in spans:
+        if octets == "-":
+            raise StoredRecordDamaged("a prompt text it references is missing")
+        end = start + int(octets)
+        found[int(index)] = load(data[start:end].decode(), digest)
+        start = end + 1
+    return [found[i] for i in range(len(keys))]
+
+
+def prompt_keys(prompts: Sequence[Any], records: Iterable[str]) -> list[str] | None:
+    """The keys of a run's prompts (JSON values, as its row keeps them) when its row may
+    reference them instead: when each is also the text of one of its ``new_messages``
+    (``records``: their keys), so the run's own records keep the texts referenced — the
+    garbage collection needs to look at no run's prompts. None: the row keeps its own."""
+    keys = [body_sha256(dump_json(p)) for p in prompts]
+    return keys if set(keys) <= set(records) else None
 
 
 async def referenced(conn: AsyncConnection, tenant: str, conv_ids: Sequence[str]) -> set[str]:
@@ -251,9 +373,14 @@ __all__ = [
     "TextBatch",
     "collect_garbage",
     "load",
+    "prompt_keys",
+    "prompts_column",
     "referenced",
+    "run_of",
     "scan_texts",
+    "select_runs",
     "select_transcript",
+    "text_of",
     "transcript_entry",
     "with_text",
 ]

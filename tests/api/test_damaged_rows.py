@@ -59,13 +59,24 @@ async def put_context(client: AppClient, conv: str) -> str:
     return etag
 
 
+#: the text a context row references (message_texts, shared with the conversations that
+#: store the same message), as an expression over the row
+REFERENCED = (
+    "(SELECT {expression} FROM message_texts t WHERE t.tenant = context_messages.tenant "
+    "AND t.sha256 = context_messages.body_sha256)"
+)
+
+
 async def damage(url: str, conv: str, position: int, expression: str) -> None:
+    """Damage one context row: it is given its own text, ``expression`` over the text it
+    references (the other conversations that reference the same text stay sound)."""
     engine = make_engine(url)
     try:
         async with engine.begin() as conn:
+            own = REFERENCED.format(expression=expression)
             done = await conn.execute(
                 text(
-                    f"UPDATE context_messages SET body = {expression} "
+                    f"UPDATE context_messages SET body = {own} "
                     "WHERE conversation_id = :conv AND position = :position"
                 ),
                 {"conv": conv, "position": position},
@@ -163,7 +174,10 @@ async def test_a_message_stored_before_checksums_is_verified_by_decoding(
     engine = make_engine(database_url)
     try:
         async with engine.begin() as conn:  # as migration 0013 leaves a row it cannot vouch for
-            await conn.execute(text("UPDATE context_messages SET body_sha256 = NULL"))
+            own = REFERENCED.format(expression="t.body")
+            await conn.execute(
+                text(f"UPDATE context_messages SET body = {own}, body_sha256 = NULL")
+            )
     finally:
         await engine.dispose()
     async with app_factory() as client:
@@ -286,12 +300,24 @@ async def test_a_damaged_transcript_entry_or_run_record_is_refused_not_a_500(
         run = await client.post(f"/conversations/{A}/runs", json={"prompts": ["hi"]})
         assert run.status_code == 201
         run_id = run.json()["run_id"]
+        # the context goes back to what was PUT: the run's messages are its records' alone
+        put = await client.put(
+            f"/conversations/{A}/context", json=CONTEXT, headers={"If-Match": run.headers["etag"]}
+        )
+        assert put.status_code == 200, put.text
     engine = make_engine(database_url)
     try:
         async with engine.begin() as conn:
-            # the records' texts live in message_texts, each checked against its key
-            for table in ("transcript", "run_new_messages", "message_texts"):
+            # the records' texts live in message_texts, each checked against its key; those
+            # of the stored context are left sound
+            for table in ("transcript", "run_new_messages"):
                 await conn.execute(text(f"UPDATE {table} SET body = substr(body, 2)"))
+            await conn.execute(
+                text(
+                    "UPDATE message_texts SET body = substr(body, 2) WHERE sha256 NOT IN "
+                    "(SELECT body_sha256 FROM context_messages WHERE body_sha256 IS NOT NULL)"
+                )
+            )
     finally:
         await engine.dispose()
     async with app_factory() as client:
@@ -339,7 +365,11 @@ async def test_carryover_check_lists_a_damaged_message_text_and_the_conversation
     assert repr(B) not in out
     assert await check("--json") == 1
     document = json.loads(capsys.readouterr().out)
-    assert document["damaged_messages"] == []  # the contexts are sound
+    # the context of A references the same texts: its two messages are damaged with them
+    assert [(m["conversation_id"], m["message_index"]) for m in document["damaged_messages"]] == [
+        (A, 4),
+        (A, 5),
+    ]
     assert len(document["damaged_texts"]) == 2
     for found in document["damaged_texts"]:
         assert found["conversations"] == [A]

@@ -1,5 +1,5 @@
-"""Each message text of run records, the transcript and message events is stored once
-(docs/operations.md, "Storage"): counted in the database after runs, not timed. A second
+"""Each message text of the stored context, run records, the transcript and message events is
+stored once (docs/operations.md, "Storage"): counted in the database after runs, not timed. A second
 conversation sending the same history stores no new text; deleting a conversation deletes the
 texts only it referenced; export, import and fork stay byte-identical."""
 
@@ -150,3 +150,76 @@ async def test_export_import_and_fork_are_byte_identical(
     assert fork == source
     # the copies stored no text of their own
     assert await scalar(database_url, "SELECT COUNT(*) FROM message_texts") == 4
+
+
+async def test_the_stored_context_references_its_texts_and_a_replace_collects_the_rest(
+    client: AppClient, database_url: str
+) -> None:
+    await create(client, "a")
+    content = await runs(client, "a", [prompt(i) for i in range(3)])
+    size = pg_octets if database_url.startswith("postgresql") else octets
+    # the context's rows hold references: its messages are the records' texts
+    assert await scalar(database_url, f"SELECT {size('body')} FROM context_messages") == 0
+    assert (await record_text_bytes(database_url))["message_texts"] == content
+    texts = await scalar(database_url, "SELECT COUNT(*) FROM message_texts")
+
+    # a context PUT on another conversation: its own message is one text more
+    own = {"type": "user", "content": [{"type": "text", "text": "only here"}]}
+    put = await client.put(
+        "/conversations/b/context",
+        json={"system_prompt": "", "summary": "", "messages": [own]},
+        headers={"If-None-Match": "*"},
+    )
+    assert put.status_code == 201, put.text
+    assert await scalar(database_url, "SELECT COUNT(*) FROM message_texts") == texts + 1
+    # replaced: the text nothing references any more is deleted with it
+    empty = {"system_prompt": "", "summary": "", "messages": []}
+    put = await client.put(
+        "/conversations/b/context", json=empty, headers={"If-Match": put.headers["etag"]}
+    )
+    assert put.status_code == 200, put.text
+    assert await scalar(database_url, "SELECT COUNT(*) FROM message_texts") == texts
+    # the records of "a" still reference its texts: emptying its context keeps them
+    etag = (await client.get("/conversations/a")).json()["etag"]
+    put = await client.put("/conversations/a/context", json=empty, headers={"If-Match": etag})
+    assert put.status_code == 200, put.text
+    assert await scalar(database_url, "SELECT COUNT(*) FROM message_texts") == texts
+    listed = (await client.get("/conversations/a/runs")).json()["items"]
+    assert len(listed) == 3
+
+
+async def test_a_finished_runs_prompts_reference_the_texts_of_its_records(
+    client: AppClient, database_url: str
+) -> None:
+    await create(client, "a")
+    await runs(client, "a", [prompt(i) for i in range(3)])
+    size = pg_octets if database_url.startswith("postgresql") else octets
+    # each run row keeps "[]" and three keys, not its prompt
+    assert await scalar(database_url, f"SELECT {size('prompts')} FROM runs") == 3 * 2
+    assert await scalar(database_url, "SELECT COUNT(*) FROM runs WHERE prompt_keys IS NULL") == 0
+    listed = (await client.get("/conversations/a/runs")).json()["items"]
+    assert [r["prompts"][0]["content"][0]["text"] for r in listed] == [prompt(i) for i in range(3)]
+    one = (await client.get(f"/conversations/a/runs/{listed[1]['run_id']}")).json()
+    assert one["prompts"] == listed[1]["prompts"]
+    exported = (await client.get("/conversations/a/export")).json()
+    assert [r["prompts"] for r in exported["runs"]] == [
+        r["prompts"] for r in sorted(listed, key=lambda r: r["run_id"])
+    ]
+    # a referenced prompt text that is not what was stored is refused, never served
+    engine = make_engine(database_url)
+    try:
+        async with engine.begin() as conn:
+            changed = await conn.execute(
+                text(
+                    'UPDATE message_texts SET body = replace(body, \'"text":"1 \', '
+                    '\'"text":"9 \') WHERE body LIKE \'%"type":"user"%\' '
+                    'AND body LIKE \'%"text":"1 %\''
+                )
+            )
+            assert changed.rowcount == 1
+    finally:
+        await engine.dispose()
+    for path in (f"runs/{listed[1]['run_id']}", "runs"):
+        got = await client.get(f"/conversations/a/{path}")
+        assert got.status_code == 409, got.text
+        assert got.json()["type"].endswith("/stored-data-damaged")
