@@ -13,7 +13,8 @@ table (PostgreSQL, after ``VACUUM ANALYZE``), minus what the empty schema takes.
         [--reads N] [--json PATH]
 
 ``--reads N`` also times N rounds of the reads that serve what moved (GET runs, a run, the
-transcript, a run's stored events; medians, in process).
+transcript, a run's stored events, and the stored context read by a process that caches no
+context; medians, in process).
 """
 
 from __future__ import annotations
@@ -107,23 +108,28 @@ async def table_bytes(url: str) -> dict[str, int]:
     return sizes
 
 
-async def read_times(client: httpx.AsyncClient, conversations: int, reads: int) -> dict[str, float]:
+async def read_times(
+    client: httpx.AsyncClient, uncached: httpx.AsyncClient, conversations: int, reads: int
+) -> dict[str, float]:
     """Median ms of the reads that serve run records, the transcript and stored events: a
     page of runs and of the transcript of each conversation in turn, and one run record and
-    its events."""
+    its events; and the stored context as a process without context caches reads it (what a
+    run's first read of a conversation, an export or a fork costs)."""
     run_id = (await client.get("/conversations/c0/runs")).json()["items"][-1]["run_id"]
-    times: dict[str, list[float]] = {"runs": [], "run": [], "transcript": [], "events": []}
+    names = ("runs", "run", "transcript", "events", "context")
+    times: dict[str, list[float]] = {name: [] for name in names}
     for i in range(reads):
         conv = f"c{i % conversations}"
         paths = {
-            "runs": f"/conversations/{conv}/runs",
-            "run": f"/conversations/c0/runs/{run_id}",
-            "transcript": f"/conversations/{conv}/transcript",
-            "events": f"/conversations/c0/runs/{run_id}/events",
+            "runs": (client, f"/conversations/{conv}/runs"),
+            "run": (client, f"/conversations/c0/runs/{run_id}"),
+            "transcript": (client, f"/conversations/{conv}/transcript"),
+            "events": (client, f"/conversations/c0/runs/{run_id}/events"),
+            "context": (uncached, f"/conversations/{conv}/context"),
         }
-        for name, path in paths.items():
+        for name, (reader, path) in paths.items():
             start = time.perf_counter()
-            got = await client.get(path)
+            got = await reader.get(path)
             times[name].append(time.perf_counter() - start)
             assert got.status_code == 200, got.text
     return {k: round(statistics.median(v) * 1000, 2) for k, v in times.items()}
@@ -154,8 +160,27 @@ async def drive(
             assert got.status_code in (200, 201), got.text
             for message in got.json()["new_messages"]:
                 content += len(json.dumps(message, ensure_ascii=False, separators=(",", ":")))
-        reads_ms = await read_times(client, conversations, reads) if reads else {}
+        reads_ms = await timed_reads(url, client, conversations, reads) if reads else {}
     return content, reads_ms
+
+
+async def timed_reads(
+    url: str, client: httpx.AsyncClient, conversations: int, reads: int
+) -> dict[str, float]:
+    """The reads, beside a second app on the same database that keeps no context in memory."""
+    bare = Settings(
+        database_url=url,
+        context_cache_messages=0,
+        context_cache_bytes=0,
+        context_body_cache_bytes=0,
+    )
+    app = create_app(bare)
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://bench") as uncached,
+    ):
+        return await read_times(client, uncached, conversations, reads)
 
 
 async def measure(

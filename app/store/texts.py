@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from sqlalchemy import (
@@ -244,9 +245,11 @@ def prompts_column(dialect: str) -> ColumnElement[str]:
     )
 
 
+@cache
 def select_runs(dialect: str) -> Select[Any]:
     """``SELECT`` of run rows with their referenced prompts (one statement; add the
-    ``WHERE``): rows for :func:`run_of`."""
+    ``WHERE``): rows for :func:`run_of`. Built once per dialect (statements are immutable;
+    ``.where`` makes a new one): building its correlated subquery costs more than running it."""
     return select(runs, prompts_column(dialect))
 
 
