@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, func, insert, or_, select
+from sqlalchemy import ColumnElement, and_, insert, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.agent.codec import (
@@ -192,44 +192,6 @@ class RecordStore(StoreBase):
             await require_conversation(conn, tenant, conv_id)
             rows = (await conn.execute(stmt)).mappings().all()
         return [transcript_entry(row) for row in rows]
-
-    async def stored_messages_after(self, tenant: str, conv_id: str, run_id: str) -> int | None:
-        """How many messages of the stored context came after run ``run_id``'s (the messages
-        of stored runs since, failed attempts left out) — None when the context since was
-        compacted, replaced or forked, or the run left no entry: then its messages are no
-        longer the first ones of the context. One pass over the transcript after the run."""
-        entries = transcript.c
-        last = (
-            select(func.max(entries.seq))
-            .where(*child_key(transcript, tenant, conv_id), entries.run_id == run_id)
-            .scalar_subquery()
-        )
-        stmt = (
-            select(entries.kind, entries.failed, runs.c.stored)
-            .select_from(
-                transcript.outerjoin(
-                    runs,
-                    and_(
-                        runs.c.tenant == entries.tenant,
-                        runs.c.conversation_id == entries.conversation_id,
-                        runs.c.run_id == entries.run_id,
-                    ),
-                )
-            )
-            .where(*child_key(transcript, tenant, conv_id), entries.seq > last)
-        )
-        async with read_transaction(self.engine) as conn:
-            await require_conversation(conn, tenant, conv_id)
-            if (await conn.execute(select(last))).scalar() is None:
-                return None
-            rows = (await conn.execute(stmt)).all()
-        count = 0
-        for kind, failed, stored in rows:
-            if kind in ("compaction", "context_replaced", "forked"):
-                return None
-            if kind in MESSAGE_KINDS and not failed and stored:
-                count += 1
-        return count
 
 
 async def _records(
