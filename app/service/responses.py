@@ -104,9 +104,14 @@ class ResponseService:
     async def find(self, tenant: str, run_id: str) -> Run:
         """The tenant's run of this id (any conversation); 404 when there is none."""
         found = await self.stores.records.find_run(tenant, run_id)
-        if found is None:
+        if found is None or found.response_deleted_at is not None:
             raise ResponseNotFound(run_id)
         return found
+
+    async def delete(self, tenant: str, run: Run) -> bool:
+        """Delete ``run`` as a response (``/v1`` no longer finds it; its run record, the
+        transcript and the context stay); False while it is queued or running."""
+        return await self.stores.records.delete_response(tenant, run.run_id)
 
     async def record(self, tenant: str, run_id: str) -> RunRecord:
         """The run's full record (new messages, final), by its id alone."""

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, insert, or_, select
+from sqlalchemy import ColumnElement, and_, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.agent.codec import (
@@ -20,7 +20,7 @@ from app.agent.messages import AnyMessage, AssistantMessage
 from app.agent.records import Compaction, Result
 
 from ._sql import StoreBase, child_key, require_conversation
-from .db import read_transaction
+from .db import read_transaction, write_transaction
 from .tables import (
     Dumped,
     Run,
@@ -147,6 +147,23 @@ class RecordStore(StoreBase):
         async with read_transaction(self.engine) as conn:
             row = (await conn.execute(stmt)).mappings().first()
         return None if row is None else run_of(row)
+
+    async def delete_response(self, tenant: str, run_id: str) -> bool:
+        """Mark the tenant's run ``run_id`` deleted as a response, unless it is queued or
+        running; False when nothing was marked (not found, deleted already, or in flight)."""
+        r = runs.c
+        async with write_transaction(self.engine) as conn:
+            done = await conn.execute(
+                update(runs)
+                .where(
+                    r.tenant == tenant,
+                    r.run_id == run_id,
+                    r.response_deleted_at.is_(None),
+                    r.status.not_in(("queued", "running")),
+                )
+                .values(response_deleted_at=self.clock.now())
+            )
+        return bool(done.rowcount)
 
     async def run_message_entries(
         self, tenant: str, conv_id: str, run_ids: Sequence[str]

@@ -279,6 +279,9 @@ class Run(SQLModel, table=True):
     #: the keys of the prompts' texts in ``message_texts``, in order (a JSON list), when the
     #: row does not keep ``prompts`` itself (null: it does)
     prompt_keys: list[str] | None = Field(default=None, sa_type=JSONText)
+    #: when ``DELETE /v1/responses/{id}`` deleted it as a response (migration 0018): ``/v1``
+    #: no longer finds it; the run stays in its conversation's audit
+    response_deleted_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
 class RunNewMessage(SQLModel, table=True):

@@ -246,9 +246,14 @@ async def cancel_response(
 async def delete_response(
     responses: ResponsesDep, tenant: TenantDep, response_id: str
 ) -> JSONResponse:
-    """Not implemented yet: a run record is part of the conversation's audit (docs/openai.md)."""
-    await _run_of(responses, tenant, response_id)
-    raise bad_request(
-        "Deleting a stored response is not supported yet; delete its conversation instead.",
-        "response_id",
-    )
+    """Delete a stored response: `/v1` no longer finds it (404; as a `previous_response_id`,
+    400). Its conversation is unchanged — its items, its context, and natively the run record
+    and the transcript, which are the conversation's audit (docs/openai.md). A response in
+    progress: 400 (cancel it first)."""
+    run = await _run_of(responses, tenant, response_id)
+    if not await responses.delete(tenant, run):
+        raise bad_request(
+            f"Response '{response_id}' is in progress; cancel it before deleting it.",
+            "response_id",
+        )
+    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
