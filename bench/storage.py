@@ -44,6 +44,7 @@ from app.store.migrate import upgrade
 TABLES = (
     "conversations",
     "context_messages",
+    "context_versions",
     "message_texts",
     "runs",
     "run_new_messages",

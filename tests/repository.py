@@ -22,6 +22,7 @@ _OWNERS = (
     "records",
     "events",
     "webhooks",
+    "versions",
 )
 
 

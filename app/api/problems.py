@@ -79,6 +79,9 @@ IDEMPOTENCY_KEY_IN_FLIGHT = _register(
     "idempotency-key-in-flight", "A request with this Idempotency-Key is still running", 409
 )
 EVENTS_EXPIRED = _register("events-expired", "The run's events are no longer kept", 410)
+VERSION_EXPIRED = _register(
+    "version-expired", "The context version is past the version retention", 410
+)
 PRECONDITION_FAILED = _register("precondition-failed", "Precondition failed", 412)
 PAYLOAD_TOO_LARGE = _register("payload-too-large", "Request body too large", 413)
 UNSUPPORTED_MEDIA_TYPE = _register("unsupported-media-type", "Unsupported media type", 415)

@@ -151,6 +151,30 @@ class ConversationFork(_Body):
     metadata: Metadata | None = Field(
         default=None, description="The fork's metadata; left out, the source's is copied"
     )
+    version: Annotated[int, Strict(), Field(ge=1), BeforeValidator(whole_number)] | None = Field(
+        default=None,
+        description="Fork the context as it stood at this version (`GET …/versions`); "
+        "404 for a version it never had, 410 `version-expired` past the version retention",
+    )
+
+
+class ContextVersion(BaseModel):
+    """One kept version of a conversation's context."""
+
+    version: int
+    etag: str = Field(description="The ETag the context had at this version")
+    message_count: int
+    cause: Literal["created", "run", "replaced", "forked", "imported", "migrated"] = Field(
+        description="What wrote it: the conversation's creation, a run (`run_id`), a PUT of "
+        "the context, a fork, an import, or the upgrade that started keeping versions"
+    )
+    run_id: str | None
+    created_at: datetime
+
+
+class ContextVersionPage(BaseModel):
+    items: list[ContextVersion] = Field(description="Newest first")
+    next_cursor: str | None
 
 
 class Conversation(BaseModel):

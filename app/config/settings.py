@@ -142,6 +142,10 @@ class Settings(_ProfileFields, BaseSettings):
     #: how often the sweeper runs, and how many conversations one batch deletes
     retention_sweep_seconds: float = Field(default=60.0, gt=0)
     retention_sweep_batch: int = Field(default=500, ge=1)
+    #: how long an earlier version of a context stays readable (GET context ?version=N, fork
+    #: from a version, previous_response_id), counted from when it was written; the current
+    #: version is always kept (docs/conversations.md, "Versions")
+    version_retention_seconds: int = Field(default=30 * 86_400, ge=1)
 
     # --- long conversations (docs/performance.md) ----------------------------------------------
     #: messages of parsed contexts kept in memory per process (LRU); 0: no cache

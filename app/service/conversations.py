@@ -20,6 +20,7 @@ from app.store.errors import PreconditionFailed, conversation_not_found
 from app.store.metadata import KEEP
 from app.store.stores import DumpedContext, Loaded, StoredRows, Stores
 from app.store.tables import Conversation, TranscriptEntry
+from app.store.versions import VersionInfo
 
 from .bounds import size_bounds
 from .errors import UnreplayableContext
@@ -155,8 +156,10 @@ class ConversationService:
         messages: int | None = None,
         metadata: Mapping[str, str] | None = None,
         if_match: IfMatch | None = None,
+        version: int | None = None,
     ) -> ConversationInfo:
-        """A new conversation from the source's context (or its first ``messages``)."""
+        """A new conversation from the source's context (or its first ``messages``), as it
+        stands or as it stood at ``version``."""
         new_id = new_id or f"conv_{uuid.uuid4().hex}"
         conv = await self.stores.conversations.fork_conversation(
             tenant,
@@ -166,6 +169,7 @@ class ConversationService:
             metadata=metadata,
             if_match=if_match,
             bounds=size_bounds(self.runs.settings),
+            version=version,
         )
         [info] = await self._infos(tenant, [conv])
         return info
@@ -287,6 +291,19 @@ class ConversationService:
             tenant, conv_id, after_seq=after, limit=limit + 1
         )
         return Page.of(fetched, limit)
+
+    async def versions(
+        self, tenant: str, conv_id: str, *, before: int | None = None, limit: int = 100
+    ) -> Page[VersionInfo]:
+        """The context's kept versions, newest first, before version ``before``."""
+        fetched = await self.stores.versions.list_versions(
+            tenant, conv_id, before=before, limit=limit + 1
+        )
+        return Page.of(fetched, limit)
+
+    async def context_at(self, tenant: str, conv_id: str, version: int) -> StoredRows:
+        """The context as it stood at ``version`` (404 never written, 410 past retention)."""
+        return await self.stores.versions.load_version_rows(tenant, conv_id, version)
 
     async def compact(
         self, tenant: str, conv_id: str, agent: str = "default", if_match: IfMatch | None = None

@@ -164,6 +164,17 @@ class LeaseKeeper:
                 break
         if total:
             log.info("retention: deleted %d expired conversation(s)", total)
+        versions = 0
+        for _ in range(SWEEP_BATCHES):  # earlier versions past their retention
+            swept = await self.lease_stores.versions.sweep_old_versions(
+                seconds=self.state.settings.version_retention_seconds,
+                batch=self.state.settings.retention_sweep_batch,
+            )
+            versions += swept
+            if swept < self.state.settings.retention_sweep_batch:
+                break
+        if versions:
+            log.info("retention: deleted %d context version(s) past retention", versions)
         return total
 
     async def _keep_leases(self) -> None:

@@ -21,8 +21,11 @@ from app.agent.mcp import McpToolset
 from app.agent.messages import AnyMessage, Context
 from app.agent.records import Result
 from app.errors import CarryoverError
+from app.etag import parse_version_etag
+from app.store._sql import decode
 from app.store.stores import Loaded, RunRecord, Stores
 from app.store.tables import Run, TranscriptEntry
+from app.store.versions import VersionExpired
 
 from . import pending
 from .agents import AgentPool
@@ -43,15 +46,17 @@ class ResponseNotFound(CarryoverError):
 
 
 class ForkUnavailable(CarryoverError):
-    """The context right after a response is no longer the start of the stored one."""
+    """The context right after a response is no longer kept: its version is past the version
+    retention (docs/conversations.md, "Versions"), or the conversation was deleted and made
+    again since."""
 
     slug = "validation-error"
     status = 422
 
     def __init__(self, run_id: str) -> None:
         super().__init__(
-            f"the conversation of response 'resp_{run_id}' was compacted or replaced since: "
-            "continuing from that response (a fork) needs context versions, not kept yet"
+            f"the context right after response 'resp_{run_id}' is no longer kept: its version "
+            "is past the version retention (CARRYOVER_VERSION_RETENTION_SECONDS)"
         )
 
 
@@ -99,9 +104,14 @@ class ResponseService:
     async def find(self, tenant: str, run_id: str) -> Run:
         """The tenant's run of this id (any conversation); 404 when there is none."""
         found = await self.stores.records.find_run(tenant, run_id)
-        if found is None:
+        if found is None or found.response_deleted_at is not None:
             raise ResponseNotFound(run_id)
         return found
+
+    async def delete(self, tenant: str, run: Run) -> bool:
+        """Delete ``run`` as a response (``/v1`` no longer finds it; its run record, the
+        transcript and the context stay); False while it is queued or running."""
+        return await self.stores.records.delete_response(tenant, run.run_id)
 
     async def record(self, tenant: str, run_id: str) -> RunRecord:
         """The run's full record (new messages, final), by its id alone."""
@@ -138,35 +148,41 @@ class ResponseService:
             counted[key] = indexes[e.seq] + 1
         return _stored([e for e in entries if e.seq in indexes], indexes)
 
-    async def _kept(self, tenant: str, run: Run) -> tuple[int, ConversationInfo]:
-        """How many of the stored context's messages stood right after ``run`` (which is not
-        its conversation's latest), with the conversation; 400 when that state is no longer
-        the start of the stored context (a compaction or a replacement since)."""
-        after = await self.stores.records.stored_messages_after(
-            tenant, run.conversation_id, run.run_id
-        )
-        if after is None:
+    async def _version(self, tenant: str, run: Run) -> int:
+        """The version ``run`` stored (it stored one); :class:`ForkUnavailable` when the
+        conversation it stored it in is not the one of that id now (deleted and made again)."""
+        parsed = parse_version_etag(run.result_etag or "")
+        info = await self.conversations.get(tenant, run.conversation_id)
+        if parsed is None or parsed[0] != info.conversation.incarnation:
             raise ForkUnavailable(run.run_id)
-        source = await self.conversations.get(tenant, run.conversation_id)
-        return source.conversation.message_count - after, source
+        return parsed[1]
 
     async def fork_at(self, tenant: str, run: Run) -> ConversationInfo:
-        """A new conversation holding the context as it stood right after ``run``: the
-        conversation's summary and its first messages, up to that run's (transcript starting
-        with ``forked``); the conversation it forks from is not changed."""
-        keep, _ = await self._kept(tenant, run)
-        return await self.conversations.fork(tenant, run.conversation_id, messages=keep)
+        """A new conversation holding the context as it stood right after ``run`` (the version
+        it stored: through compactions and replaces since, with any calls it left unanswered
+        still pending), transcript starting with ``forked``; the conversation it forks from is
+        not changed. :class:`ForkUnavailable` when that version is past the retention."""
+        version = await self._version(tenant, run)
+        try:
+            return await self.conversations.fork(tenant, run.conversation_id, version=version)
+        except VersionExpired:
+            raise ForkUnavailable(run.run_id) from None
 
     async def context_at(self, tenant: str, run: Run, *, latest: bool) -> Context:
         """The context as it stood right after ``run`` (``latest``: it is its conversation's
         latest response, so that is the stored context), read and not copied."""
-        keep = None if latest else (await self._kept(tenant, run))[0]
-        loaded = await self.conversations.get_context(tenant, run.conversation_id)
-        assert isinstance(loaded, Loaded)  # asked without If-None-Match
-        context = loaded.context
-        if keep is None:
-            return context
-        return context.model_copy(update={"messages": context.messages[:keep]})
+        if latest:
+            loaded = await self.conversations.get_context(tenant, run.conversation_id)
+            assert isinstance(loaded, Loaded)  # asked without If-None-Match
+            return loaded.context
+        version = await self._version(tenant, run)
+        try:
+            rows = await self.stores.versions.load_version_rows(
+                tenant, run.conversation_id, version
+            )
+        except VersionExpired:
+            raise ForkUnavailable(run.run_id) from None
+        return (await decode(rows)).context
 
     async def prepare_unstored(
         self, request: RunRequest, context: Context

@@ -241,6 +241,18 @@ async def missing_or_stale(
     return PreconditionFailed(detail, current_etag=current.etag)
 
 
+def live_rows(
+    conv: Conversation, tenant: str | None = None, conv_id: str | None = None
+) -> list[ColumnElement[bool]]:
+    """The message rows of ``conv``'s stored context: those at positions from its first one
+    on (the rows below it belong to earlier versions, :mod:`app.store.versions`)."""
+    first = conv.next_position - conv.message_count
+    return [
+        *child_key(context_messages, tenant or conv.tenant, conv_id or conv.id),
+        context_messages.c.position >= first,
+    ]
+
+
 def _context_texts() -> tuple[Any, ColumnElement[str]]:
     """``context_messages`` joined to the texts its rows reference, and each row's text (its
     own ``body`` when it keeps one, else the referenced text; NULL when that is missing)."""
@@ -258,7 +270,7 @@ async def read_rows(conn: AsyncConnection, conv: Conversation) -> StoredRows:
         await conn.execute(
             select(m.position, text, m.body_sha256)
             .select_from(joined)
-            .where(*child_key(context_messages, conv.tenant, conv.id))
+            .where(*live_rows(conv))
             .order_by(m.position)
         )
     ).all()
@@ -286,7 +298,7 @@ async def read_joined(
     m = context_messages.c
     source, body = _context_texts()
     spans = spans_column(conn.dialect, body)
-    key = child_key(context_messages, conv.tenant, conv.id)
+    key = live_rows(conv)
     if below is not None:
         key.append(m.position < below)
     if conn.dialect.name == "postgresql":
@@ -484,5 +496,6 @@ __all__ = [
     "StoredRows",
     "child_key",
     "conversation_key",
+    "live_rows",
     "stored_too_large",
 ]

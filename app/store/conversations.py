@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import String, delete, func, insert, literal, select, update
 from sqlalchemy.exc import IntegrityError
@@ -65,6 +66,7 @@ from .tables import (
     runs,
 )
 from .texts import TextBatch, collect_garbage, referenced, text_of, with_text
+from .versions import insert_version, version_conversation, version_row
 
 #: the detail of a refused If-Match on a conversation
 STALE = "If-Match does not match the stored context"
@@ -81,13 +83,24 @@ async def read_last_batch(
     conv_id: str,
     *,
     below: int | None = None,
+    first: int | None = None,
     chunk: int = 32,
 ) -> tuple[AnyMessage, ...]:
     """The last batch of the stored messages at positions below ``below`` (all of them by
     default): the last message that is not a ``tool_result`` and the results after it, read
     ``chunk`` rows at a time, newest first — O(the last batch) rows, never the history."""
     m = context_messages.c
-    key = child_key(context_messages, tenant, conv_id)
+    c = conversations.c
+    # from the stored context's first message on (rows below it are earlier versions'), or
+    # from ``first`` (an earlier version's)
+    lowest: Any = (
+        first
+        if first is not None
+        else select(c.next_position - c.message_count)
+        .where(*conversation_key(tenant, conv_id))
+        .scalar_subquery()
+    )
+    key = [*child_key(context_messages, tenant, conv_id), m.position >= lowest]
     joined, _, _ = with_text(context_messages)
     tail: list[AnyMessage] = []
     conv: Conversation | None = None
@@ -107,8 +120,8 @@ async def read_last_batch(
             if why is not None:
                 conv = conv or await read_conversation(conn, tenant, conv_id)
                 assert conv is not None
-                first = conv.next_position - conv.message_count
-                raise damaged(conv_id, position - first, conv.etag, why)
+                start = conv.next_position - conv.message_count
+                raise damaged(conv_id, position - start, conv.etag, why)
             assert text is not None  # damage() said so
             message = load_message(json.loads(text))
             tail.append(message)
@@ -150,6 +163,23 @@ class ConversationStore(ListingStore):
             except IntegrityError:
                 raise AlreadyExists(f"conversation {conv_id!r} already exists") from None
             await write_metadata(conn, tenant, conv_id, metadata or {})
+            texts = TextBatch(tenant)
+            await insert_version(
+                conn,
+                version_row(
+                    tenant,
+                    conv_id,
+                    1,
+                    next_position=0,
+                    message_count=0,
+                    system_prompt=system_prompt,
+                    summary="",
+                    cause="created",
+                    now=values["created_at"],
+                    texts=texts,
+                ),
+            )
+            await texts.flush(conn)
         return Conversation(**values)
 
     async def get_conversation(self, tenant: str, conv_id: str) -> Conversation | None:
@@ -166,6 +196,7 @@ class ConversationStore(ListingStore):
         metadata: Mapping[str, str] | None = None,
         if_match: IfMatch | None = None,
         bounds: SizeBounds | None = None,
+        version: int | None = None,
     ) -> Conversation:
         """A new conversation with the source's context (or its first ``messages``), its
         metadata (or ``metadata``), and a transcript that starts with a ``forked`` entry.
@@ -193,6 +224,10 @@ class ConversationStore(ListingStore):
                 )
                 if matched.first() is None:
                     raise PreconditionFailed(STALE, current_etag=source.etag)
+            current = source
+            if version is not None and version != source.version:
+                # the source as it stood then (app/store/versions.py): 404 / 410
+                source = await version_conversation(conn, source, version)
             total = source.message_count
             first = source.next_position - total
             n = total if messages is None else messages
@@ -220,7 +255,7 @@ class ConversationStore(ListingStore):
                     )
             size = ContextSize(
                 frame=frame_bytes(source.system_prompt, source.summary),
-                messages=await _stored_bytes(conn, tenant, source_id, first + n),
+                messages=await _stored_bytes(conn, tenant, source_id, first, first + n),
                 count=n,
             )
             if bounds is not None:
@@ -234,7 +269,7 @@ class ConversationStore(ListingStore):
             # the first read of the fork counts it, as for rows from before migration 0002.
             # (The empty context's tally, once written here, had every run on the fork
             # underestimate its context by the whole copied history.)
-            if n == total:
+            if n == total and source is current:
                 tally = (
                     TokenTally.model_validate(source.token_tally)
                     if source.token_tally is not None
@@ -242,7 +277,7 @@ class ConversationStore(ListingStore):
                 )
                 stats = ContextStats(tally, size, source.pending_calls)
             elif n:
-                tail = await read_last_batch(conn, tenant, source_id, below=first + n)
+                tail = await read_last_batch(conn, tenant, source_id, below=first + n, first=first)
                 stats = ContextStats(None, size, stored_pending(tail))
             else:
                 stats = ContextStats(TokenTally(), size, None)
@@ -271,6 +306,7 @@ class ConversationStore(ListingStore):
                         cm.body_sha256,
                     ).where(
                         *child_key(context_messages, tenant, source_id),
+                        cm.position >= first,
                         cm.position < first + n,
                     ),
                 )
@@ -291,6 +327,23 @@ class ConversationStore(ListingStore):
             await insert_transcript(
                 conn, tenant, new_id, None, 1, [TranscriptItem("forked", False, forked)], now
             )
+            texts = TextBatch(tenant)
+            await insert_version(
+                conn,
+                version_row(
+                    tenant,
+                    new_id,
+                    1,
+                    next_position=n,
+                    message_count=n,
+                    system_prompt=source.system_prompt,
+                    summary=source.summary,
+                    cause="forked",
+                    now=now,
+                    texts=texts,
+                ),
+            )
+            await texts.flush(conn)
         return Conversation(**values)
 
     async def delete_conversation(
@@ -431,7 +484,6 @@ class ConversationStore(ListingStore):
         stats = ContextStats(tally, dumped.size, stored_pending(context.messages))
         body = dumped.body.decode()
         now = self.clock.now()
-        replaced_texts: set[str] = set()  # the keys of the rows a replace deletes
         async with write_transaction(self.engine) as conn:
             if create:
                 # The context_replaced entry below takes transcript seq 1.
@@ -475,16 +527,9 @@ class ConversationStore(ListingStore):
                 if row is None:
                     raise await missing_or_stale(conn, tenant, conv_id, STALE)
                 incarnation, version, seq = row.incarnation, row.version, row.transcript_seq
+                # the replaced messages' rows stay, below the new ones: the versions before
+                # this one are made of them (app/store/versions.py)
                 first = row.next_position - n
-                gone = await conn.execute(
-                    delete(context_messages)
-                    .where(
-                        *child_key(context_messages, tenant, conv_id),
-                        context_messages.c.position < first,
-                    )
-                    .returning(context_messages.c.body_sha256)
-                )
-                replaced_texts = {d for d in gone.scalars().all() if d is not None}
             etag = version_etag(incarnation, version)
             texts = TextBatch(tenant)
             await insert_messages(conn, tenant, conv_id, dumped.rows(first), texts)
@@ -492,14 +537,30 @@ class ConversationStore(ListingStore):
             replaced = Dumped(f'{{"etag":{json.dumps(etag)},"context":{body}}}')
             entry = TranscriptItem("context_replaced", False, replaced)
             await insert_transcript(conn, tenant, conv_id, None, seq, [entry], now)
+            await insert_version(
+                conn,
+                version_row(
+                    tenant,
+                    conv_id,
+                    version,
+                    next_position=first + n,
+                    message_count=n,
+                    system_prompt=context.system_prompt,
+                    summary=context.summary,
+                    cause="created" if create else "replaced",
+                    now=now,
+                    texts=texts,
+                ),
+            )
             await texts.flush(conn)
-            # the replaced messages' texts that nothing references any more
-            await collect_garbage(conn, tenant, replaced_texts - set(dumped.digests))
         return etag
 
 
-async def _stored_bytes(conn: AsyncConnection, tenant: str, conv_id: str, below: int) -> int:
-    """The bytes of the stored message texts at positions below ``below``, summed in SQL."""
+async def _stored_bytes(
+    conn: AsyncConnection, tenant: str, conv_id: str, first: int, below: int
+) -> int:
+    """The bytes of the stored message texts at positions ``first`` … ``below - 1``, summed
+    in SQL."""
     joined, _, _ = with_text(context_messages)
     length = body_octets(conn.dialect, text_of(context_messages))
     total = (
@@ -507,7 +568,9 @@ async def _stored_bytes(conn: AsyncConnection, tenant: str, conv_id: str, below:
             select(func.coalesce(func.sum(length), 0))
             .select_from(joined)
             .where(
-                *child_key(context_messages, tenant, conv_id), context_messages.c.position < below
+                *child_key(context_messages, tenant, conv_id),
+                context_messages.c.position >= first,
+                context_messages.c.position < below,
             )
         )
     ).scalar_one()

@@ -179,7 +179,11 @@ async def scan(engine: AsyncEngine, *, batch: int = SCAN_BATCH) -> AsyncIterator
         )
         .select_from(
             context_messages.join(
-                conversations, (c.tenant == m.tenant) & (c.id == m.conversation_id)
+                conversations,
+                (c.tenant == m.tenant)
+                & (c.id == m.conversation_id)
+                # the stored contexts' rows (those below are earlier versions')
+                & (m.position >= c.next_position - c.message_count),
             ).outerjoin(message_texts, and_(t.tenant == m.tenant, t.sha256 == m.body_sha256))
         )
         .order_by(m.tenant, m.conversation_id, m.position)

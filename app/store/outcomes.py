@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import Integer, and_, bindparam, case, delete, select, update
+from sqlalchemy import Integer, and_, bindparam, case, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.agent.codec import dumps_message
@@ -38,8 +38,9 @@ from .events import EventRow, insert_events
 from .integrity import body_sha256
 from .quotas import settle
 from .records import dumped_folded, insert_audit
-from .tables import Dumped, context_messages, conversations, runs
-from .texts import TextBatch, collect_garbage, prompt_keys
+from .tables import Dumped, conversations, runs
+from .texts import TextBatch, prompt_keys
+from .versions import insert_version, version_row
 from .webhooks import enqueue_deliveries
 
 RunStatus = Literal[
@@ -206,21 +207,32 @@ class FinishingStore(StoreBase):
                 if row is None:
                     raise NotFound(f"conversation {conv_id!r} was deleted during the run")
 
-            # the texts of context rows, records, transcript and events: one statement
+            # the texts of context rows, records, transcript, events and the version: one
+            # statement
             texts = TextBatch(tenant)
-            dropped: set[str] = set()  # the keys of the context rows a compaction deleted
             if stored:
-                if plan.delete_before is not None:
-                    gone = await conn.execute(
-                        delete(context_messages)
-                        .where(
-                            *child_key(context_messages, tenant, conv_id),
-                            context_messages.c.position < plan.delete_before,
-                        )
-                        .returning(context_messages.c.body_sha256)
-                    )
-                    dropped = {d for d in gone.scalars().all() if d is not None}
+                # Folded messages keep their rows, below the new first position: the versions
+                # before this one are made of them (app/store/versions.py); the version sweep
+                # deletes them after the version retention.
                 await insert_messages(conn, tenant, conv_id, inserts, texts)
+                await insert_version(
+                    conn,
+                    version_row(
+                        tenant,
+                        conv_id,
+                        row.version,
+                        next_position=plan.next_position,
+                        message_count=len(result.context.messages),
+                        system_prompt=result.context.system_prompt,
+                        summary=result.context.summary,
+                        cause="run",
+                        run_id=run_id,
+                        now=now,
+                        texts=texts,
+                        # unchanged, they are the base version's texts: not written again
+                        stored=(base.context.system_prompt, base.context.summary),
+                    ),
+                )
 
             status: RunStatus = result.status if stored or not store else "conflicted"
             etag = version_etag(base.incarnation, row.version)
@@ -261,8 +273,6 @@ class FinishingStore(StoreBase):
                 events = paused_events  # the pause is stored: it is announced
             await insert_events(conn, events, texts)
             await texts.flush(conn)
-            if dropped:  # the folded messages' texts nothing references any more
-                await collect_garbage(conn, tenant, dropped)
             await enqueue_deliveries(conn, tenant, conv_id, run_id, status, now)
         saved = None
         if stored:

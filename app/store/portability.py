@@ -60,6 +60,7 @@ from .texts import (
     select_transcript,
     with_text,
 )
+from .versions import insert_version, version_row
 
 #: rows read per page while exporting
 EXPORT_PAGE = 500
@@ -176,7 +177,12 @@ class PortabilityStore(StoreBase):
             )
             yield "context", {"system_prompt": conv.system_prompt, "summary": conv.summary}
             joined, text, digest = with_text(context_messages)
-            messages = select(context_messages.c.position, text, digest).select_from(joined)
+            first = conv.next_position - conv.message_count  # the rows below: older versions
+            messages = (
+                select(context_messages.c.position, text, digest)
+                .select_from(joined)
+                .where(context_messages.c.position >= first)
+            )
             async for row in _paged(conn, context_messages, tenant, conv_id, "position", messages):
                 yield "message", load(row["body_text"], row["body_sha256"])
             entries = select_transcript()
@@ -300,6 +306,21 @@ class PortabilityStore(StoreBase):
                         for e in entries
                     ],
                 )
+            await insert_version(
+                conn,
+                version_row(
+                    tenant,
+                    conv_id,
+                    version,
+                    next_position=len(messages),
+                    message_count=len(messages),
+                    system_prompt=context["system_prompt"],
+                    summary=context["summary"],
+                    cause="imported",
+                    now=now,
+                    texts=texts,
+                ),
+            )
             await texts.flush(conn)
         return version_etag(incarnation, version)
 

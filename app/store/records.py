@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, func, insert, or_, select
+from sqlalchemy import ColumnElement, and_, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.agent.codec import (
@@ -20,7 +20,7 @@ from app.agent.messages import AnyMessage, AssistantMessage
 from app.agent.records import Compaction, Result
 
 from ._sql import StoreBase, child_key, require_conversation
-from .db import read_transaction
+from .db import read_transaction, write_transaction
 from .tables import (
     Dumped,
     Run,
@@ -148,6 +148,23 @@ class RecordStore(StoreBase):
             row = (await conn.execute(stmt)).mappings().first()
         return None if row is None else run_of(row)
 
+    async def delete_response(self, tenant: str, run_id: str) -> bool:
+        """Mark the tenant's run ``run_id`` deleted as a response, unless it is queued or
+        running; False when nothing was marked (not found, deleted already, or in flight)."""
+        r = runs.c
+        async with write_transaction(self.engine) as conn:
+            done = await conn.execute(
+                update(runs)
+                .where(
+                    r.tenant == tenant,
+                    r.run_id == run_id,
+                    r.response_deleted_at.is_(None),
+                    r.status.not_in(("queued", "running")),
+                )
+                .values(response_deleted_at=self.clock.now())
+            )
+        return bool(done.rowcount)
+
     async def run_message_entries(
         self, tenant: str, conv_id: str, run_ids: Sequence[str]
     ) -> list[TranscriptEntry]:
@@ -192,44 +209,6 @@ class RecordStore(StoreBase):
             await require_conversation(conn, tenant, conv_id)
             rows = (await conn.execute(stmt)).mappings().all()
         return [transcript_entry(row) for row in rows]
-
-    async def stored_messages_after(self, tenant: str, conv_id: str, run_id: str) -> int | None:
-        """How many messages of the stored context came after run ``run_id``'s (the messages
-        of stored runs since, failed attempts left out) — None when the context since was
-        compacted, replaced or forked, or the run left no entry: then its messages are no
-        longer the first ones of the context. One pass over the transcript after the run."""
-        entries = transcript.c
-        last = (
-            select(func.max(entries.seq))
-            .where(*child_key(transcript, tenant, conv_id), entries.run_id == run_id)
-            .scalar_subquery()
-        )
-        stmt = (
-            select(entries.kind, entries.failed, runs.c.stored)
-            .select_from(
-                transcript.outerjoin(
-                    runs,
-                    and_(
-                        runs.c.tenant == entries.tenant,
-                        runs.c.conversation_id == entries.conversation_id,
-                        runs.c.run_id == entries.run_id,
-                    ),
-                )
-            )
-            .where(*child_key(transcript, tenant, conv_id), entries.seq > last)
-        )
-        async with read_transaction(self.engine) as conn:
-            await require_conversation(conn, tenant, conv_id)
-            if (await conn.execute(select(last))).scalar() is None:
-                return None
-            rows = (await conn.execute(stmt)).all()
-        count = 0
-        for kind, failed, stored in rows:
-            if kind in ("compaction", "context_replaced", "forked"):
-                return None
-            if kind in MESSAGE_KINDS and not failed and stored:
-                count += 1
-        return count
 
 
 async def _records(

@@ -36,6 +36,7 @@ from .queue import Queued, QueueState, QueueStore
 from .quotas import QuotaStore
 from .records import RecordStore, RunRecord
 from .runs import OnFailure, RunOutcome, RunStatus, RunStore, StartedRun
+from .versions import VersionStore
 from .webhooks import WebhookStore
 
 
@@ -57,6 +58,7 @@ class Stores:
         self.records = RecordStore(engine, clock)
         self.events = EventStore(engine, clock)
         self.webhooks = WebhookStore(engine, clock)
+        self.versions = VersionStore(engine, clock)
 
 
 __all__ = [

@@ -68,9 +68,9 @@ def _run_fk(name: str) -> ForeignKeyConstraint:
 # --- conversations and their context -------------------------------------------------------
 
 
-def _text_index(table: str, column: str = "body_sha256") -> Index:
+def _text_index(table: str, column: str = "body_sha256", name: str = "text") -> Index:
     """The references to texts, for the garbage collection of :mod:`app.store.texts`."""
-    return Index(f"ix_{table}_text", "tenant", column)
+    return Index(f"ix_{table}_{name}", "tenant", column)
 
 
 class Conversation(SQLModel, table=True):
@@ -154,6 +154,37 @@ class ContextMessage(SQLModel, table=True):
     #: SHA-256 of the message's text (UTF-8), in hex (app/store/integrity.py): the key of
     #: its row in ``message_texts``
     body_sha256: str | None = Field(default=None, max_length=64)
+
+
+class ContextVersion(SQLModel, table=True):
+    """One stored version of a conversation's context (docs/conversations.md, "Versions"):
+    the context at ``version`` is its ``system_prompt`` and ``summary`` (references to their
+    texts in ``message_texts``, stored once) and the ``context_messages`` rows at positions
+    ``next_position - message_count`` … ``next_position - 1``. Positions only grow and a
+    write never changes a row, so those rows are exactly that version's messages: a write that
+    folds or replaces messages leaves their rows below the new first position, where they stay
+    until the version retention sweep deletes the versions that need them
+    (:mod:`app.store.versions`). ``cause``: what wrote it (created | run | replaced | forked
+    | imported | item_deleted), ``run_id`` the run that did."""
+
+    __tablename__ = "context_versions"
+    __table_args__ = (
+        _conversation_fk("fk_context_versions_conversation"),
+        Index("ix_context_versions_created_at", "created_at"),
+        _text_index("context_versions", "system_sha256", "system_text"),
+        _text_index("context_versions", "summary_sha256", "summary_text"),
+    )
+
+    tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
+    conversation_id: str = Field(primary_key=True, max_length=CONVERSATION_ID_LEN)
+    version: int = Field(primary_key=True, sa_type=BigInteger)
+    next_position: int = Field(sa_type=BigInteger)
+    message_count: int
+    system_sha256: str = Field(max_length=64)
+    summary_sha256: str = Field(max_length=64)
+    cause: str = Field(max_length=24)
+    run_id: str | None = Field(default=None, max_length=RUN_ID_LEN)
+    created_at: datetime = Field(sa_type=UTCDateTime)
 
 
 class ConversationMetadata(SQLModel, table=True):
@@ -248,6 +279,9 @@ class Run(SQLModel, table=True):
     #: the keys of the prompts' texts in ``message_texts``, in order (a JSON list), when the
     #: row does not keep ``prompts`` itself (null: it does)
     prompt_keys: list[str] | None = Field(default=None, sa_type=JSONText)
+    #: when ``DELETE /v1/responses/{id}`` deleted it as a response (migration 0018): ``/v1``
+    #: no longer finds it; the run stays in its conversation's audit
+    response_deleted_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
 class RunNewMessage(SQLModel, table=True):
@@ -479,6 +513,7 @@ def _table(name: str) -> Table:
 # Core handles on the tables, for the stores' statements.
 conversations = _table("conversations")
 context_messages = _table("context_messages")
+context_versions = _table("context_versions")
 conversation_metadata = _table("conversation_metadata")
 message_texts = _table("message_texts")
 runs = _table("runs")

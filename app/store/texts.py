@@ -24,7 +24,8 @@ tenant can never tell by a write's timing or by storage figures what another sto
 Garbage: the texts a conversation referenced and nothing else does are deleted in the
 transaction that deletes the conversation (:func:`collect_garbage`, from
 ``DELETE /conversations/{id}`` and from the retention sweeper), and so are the texts of the
-context rows a replace (PUT) or a compaction deletes, when nothing else references them.
+context rows the version sweep deletes (:mod:`app.store.versions`), when nothing else
+references them.
 On PostgreSQL a writer takes the row lock of each text it references (``ON CONFLICT DO
 UPDATE``) and the collector locks its candidates before it looks for references in a later
 statement, so a text another transaction is about to reference is either kept or written
@@ -68,6 +69,7 @@ from .tables import (
     Run,
     TranscriptEntry,
     context_messages,
+    context_versions,
     dump_json,
     message_texts,
     run_events,
@@ -89,6 +91,8 @@ MESSAGE_EVENT = "message"
 #: :func:`prompt_keys`)
 REFERRERS: tuple[ColumnElement[str], ...] = (
     context_messages.c.body_sha256,
+    context_versions.c.system_sha256,
+    context_versions.c.summary_sha256,
     run_new_messages.c.body_sha256,
     run_finals.c.body_sha256,
     transcript.c.body_sha256,

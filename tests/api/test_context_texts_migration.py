@@ -104,7 +104,9 @@ async def test_upgrade_references_the_context_texts_and_downgrade_puts_them_back
     assert kept == 1  # the damaged row keeps its own text
     # one text per distinct message: the two contexts share theirs
     texts = await scalar(database_url, "SELECT COUNT(*) FROM message_texts")
-    assert texts == LONG + 2  # and the run's prompt and answer
+    # and the run's prompt and answer, and the system prompt and summary of the version
+    # records (migration 0017)
+    assert texts == LONG + 2 + 2
     async with app_factory() as client:
         assert (await client.get("/conversations/long/context")).content == before
         assert (await client.get("/conversations/long/runs")).json() == runs_before

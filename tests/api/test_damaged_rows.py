@@ -315,7 +315,12 @@ async def test_a_damaged_transcript_entry_or_run_record_is_refused_not_a_500(
             await conn.execute(
                 text(
                     "UPDATE message_texts SET body = substr(body, 2) WHERE sha256 NOT IN "
-                    "(SELECT body_sha256 FROM context_messages WHERE body_sha256 IS NOT NULL)"
+                    "(SELECT m.body_sha256 FROM context_messages m JOIN conversations c "
+                    "ON c.tenant = m.tenant AND c.id = m.conversation_id "
+                    "WHERE m.body_sha256 IS NOT NULL "
+                    "AND m.position >= c.next_position - c.message_count) "
+                    "AND sha256 NOT IN (SELECT system_sha256 FROM context_versions) "
+                    "AND sha256 NOT IN (SELECT summary_sha256 FROM context_versions)"
                 )
             )
     finally:

@@ -16,6 +16,10 @@ from .conftest import AppClient
 
 PROMPT_CHARS = 20_000
 
+#: the texts of a conversation's system prompt "S" and empty summary, which its versions
+#: reference: '"S"' and '""'
+FRAME = 5
+
 
 def prompt(i: int) -> str:
     return f"{i} " + "".join(chr(0x41 + (i * 7 + k) % 26) for k in range(PROMPT_CHARS))
@@ -81,7 +85,8 @@ async def test_records_and_transcript_hold_each_text_once(
     stored = await record_text_bytes(database_url)
     # every message the runs added, once: records, transcript and message events hold
     # references only
-    assert stored["message_texts"] == content
+    # and the version records' system prompt and summary: '"S"' and '""'
+    assert stored["message_texts"] == content + FRAME
     assert stored["run_new_messages"] == stored["run_finals"] == stored["transcript"] == 0
     assert stored["run_events"] == 0
     # and they read back as they were answered
@@ -119,10 +124,11 @@ async def test_deleting_a_conversation_deletes_the_texts_only_it_referenced(
     await runs(client, "keep", [prompt(1)])
     await runs(client, "gone", [prompt(1), prompt(2)])  # its first run's texts are shared
     shared = await scalar(database_url, "SELECT COUNT(*) FROM message_texts")
-    assert shared == 4  # prompt 1 and its answer; prompt 2 and its answer
+    # prompt 1 and its answer; prompt 2 and its answer; the system prompt and summary
+    assert shared == 4 + 2
 
     assert (await client.delete("/conversations/gone")).status_code == 204
-    assert await scalar(database_url, "SELECT COUNT(*) FROM message_texts") == 2
+    assert await scalar(database_url, "SELECT COUNT(*) FROM message_texts") == 2 + 2
     record = (await client.get("/conversations/keep/runs")).json()["items"][0]
     assert record["new_messages"][0]["content"][0]["text"] == prompt(1)
 
@@ -149,10 +155,10 @@ async def test_export_import_and_fork_are_byte_identical(
     fork = (await client.get("/conversations/fk/context")).content
     assert fork == source
     # the copies stored no text of their own
-    assert await scalar(database_url, "SELECT COUNT(*) FROM message_texts") == 4
+    assert await scalar(database_url, "SELECT COUNT(*) FROM message_texts") == 4 + 2
 
 
-async def test_the_stored_context_references_its_texts_and_a_replace_collects_the_rest(
+async def test_the_stored_context_references_its_texts_and_a_replace_keeps_them_for_versions(
     client: AppClient, database_url: str
 ) -> None:
     await create(client, "a")
@@ -160,7 +166,7 @@ async def test_the_stored_context_references_its_texts_and_a_replace_collects_th
     size = pg_octets if database_url.startswith("postgresql") else octets
     # the context's rows hold references: its messages are the records' texts
     assert await scalar(database_url, f"SELECT {size('body')} FROM context_messages") == 0
-    assert (await record_text_bytes(database_url))["message_texts"] == content
+    assert (await record_text_bytes(database_url))["message_texts"] == content + FRAME
     texts = await scalar(database_url, "SELECT COUNT(*) FROM message_texts")
 
     # a context PUT on another conversation: its own message is one text more
@@ -172,18 +178,18 @@ async def test_the_stored_context_references_its_texts_and_a_replace_collects_th
     )
     assert put.status_code == 201, put.text
     assert await scalar(database_url, "SELECT COUNT(*) FROM message_texts") == texts + 1
-    # replaced: the text nothing references any more is deleted with it
+    # replaced: its text stays, for the version before (until the version retention)
     empty = {"system_prompt": "", "summary": "", "messages": []}
     put = await client.put(
         "/conversations/b/context", json=empty, headers={"If-Match": put.headers["etag"]}
     )
     assert put.status_code == 200, put.text
-    assert await scalar(database_url, "SELECT COUNT(*) FROM message_texts") == texts
+    assert await scalar(database_url, "SELECT COUNT(*) FROM message_texts") == texts + 1
     # the records of "a" still reference its texts: emptying its context keeps them
     etag = (await client.get("/conversations/a")).json()["etag"]
     put = await client.put("/conversations/a/context", json=empty, headers={"If-Match": etag})
     assert put.status_code == 200, put.text
-    assert await scalar(database_url, "SELECT COUNT(*) FROM message_texts") == texts
+    assert await scalar(database_url, "SELECT COUNT(*) FROM message_texts") == texts + 1
     listed = (await client.get("/conversations/a/runs")).json()["items"]
     assert len(listed) == 3
 

@@ -100,7 +100,8 @@ async def test_upgrade_moves_the_texts_and_downgrade_puts_them_back_byte_identic
     finally:
         await engine.dispose()
     assert left == 1  # the text that does not parse stays where it was
-    assert texts == 6 + EXTRA - 1
+    # and the system prompt and summary of the version records (migration 0017)
+    assert texts == 6 + EXTRA - 1 + 2
     async with app_factory() as client:
         assert (await client.get("/conversations/c/runs")).json() == runs_before
         events = await client.get(f"/conversations/c/runs/{run_id}/events")

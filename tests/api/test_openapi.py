@@ -35,6 +35,7 @@ OPERATIONS = {
     ("get", "/conversations/{conversation_id}/export"): "export_conversation",
     ("post", "/conversations/import"): "import_conversation",
     ("get", "/conversations/{conversation_id}/context"): "get_context",
+    ("get", "/conversations/{conversation_id}/versions"): "list_context_versions",
     ("put", "/conversations/{conversation_id}/context"): "put_context",
     ("post", "/conversations/{conversation_id}/runs"): "create_run",
     ("get", "/conversations/{conversation_id}/runs"): "list_runs",

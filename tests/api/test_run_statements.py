@@ -30,6 +30,7 @@ START = [
 OUTCOME = [
     "UPDATE conversations",  # the conditional save
     "INSERT INTO context_messages",
+    "INSERT INTO context_versions",  # the version's record (docs/decisions.md)
     "UPDATE runs",
     "INSERT INTO run_new_messages",
     "INSERT INTO run_finals",

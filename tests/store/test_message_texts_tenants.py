@@ -36,11 +36,12 @@ async def test_each_tenant_stores_its_own_copy_and_deletes_only_its_own(
 ) -> None:
     await one_run(repo, "acme")
     run_id = await one_run(repo, "globex")
-    assert await texts_of(engine, "acme") == await texts_of(engine, "globex") == 2
+    # the prompt, the answer, and the system prompt and summary its versions reference
+    assert await texts_of(engine, "acme") == await texts_of(engine, "globex") == 4
 
     assert await repo.delete_conversation("acme", "c")
     assert await texts_of(engine, "acme") == 0
-    assert await texts_of(engine, "globex") == 2
+    assert await texts_of(engine, "globex") == 4
     record = await repo.get_run("globex", "c", run_id)
     assert record is not None and record.final is not None
 

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Body, Query, Request, Response
 
 from app.agent.messages import Context
 from app.agent.offload import offload
+from app.etag import evaluate_conditions
 from app.service.conversations import NotModified, Search
 from app.store.metadata import KEEP
 
@@ -23,8 +24,11 @@ from ..deps import (
     IfMatchHeader,
     IfNoneMatchHeader,
     LimitQuery,
+    SeqCursorQuery,
     ServicesDep,
     TenantDep,
+    decode_cursor,
+    encode_cursor,
     if_match_value,
     if_none_match_value,
     page_limit,
@@ -40,11 +44,14 @@ from ..problems import (
     RUN_IN_PROGRESS,
     STORED_DATA_DAMAGED,
     UNSUPPORTED_MEDIA_TYPE,
+    VERSION_EXPIRED,
     Problem,
     problem_responses,
 )
 from ..schemas import (
     METADATA_KEY_PATTERN,
+    ContextVersion,
+    ContextVersionPage,
     Conversation,
     ConversationCreate,
     ConversationPage,
@@ -240,7 +247,7 @@ async def delete_conversation(
             "description": "Not modified: the ETag in If-None-Match is current",
             "headers": {"ETag": ETAG_HEADER},
         },
-        **problem_responses(400, 404, STORED_DATA_DAMAGED, 422),
+        **problem_responses(400, 404, VERSION_EXPIRED, STORED_DATA_DAMAGED, 422),
     },
     operation_id="get_context",
 )
@@ -249,8 +256,33 @@ async def get_context(
     tenant: TenantDep,
     conversation_id: ConversationPath,
     if_none_match: IfNoneMatchHeader = None,
+    version: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            description="The context as it stood at this version (`GET …/versions`), with "
+            "that version's ETag: 404 for a version it never had, 410 `version-expired` past "
+            "the version retention",
+        ),
+    ] = None,
 ) -> Response:
-    """The stored Context, with its ETag; `If-None-Match` answers 304 when unchanged."""
+    """The stored Context, with its ETag; `If-None-Match` answers 304 when unchanged. With
+    `version`, the context as it stood at that version."""
+    if version is not None:
+        at = await svc.conversations.context_at(tenant, conversation_id, version)
+        if (
+            if_none_match is not None
+            and evaluate_conditions(
+                None, if_none_match_value(if_none_match), at.conversation.etag, safe_method=True
+            )
+            == "not-modified"
+        ):
+            return Response(status_code=304, headers={"ETag": at.conversation.etag})
+        return Response(
+            at.context_json(),
+            media_type="application/json",
+            headers={"ETag": at.conversation.etag},
+        )
     found = await svc.conversations.get_context_rows(
         tenant, conversation_id, if_none_match_value(if_none_match)
     )
@@ -261,6 +293,35 @@ async def get_context(
         found.context_json(),
         media_type="application/json",
         headers={"ETag": found.conversation.etag},
+    )
+
+
+@router.get(
+    "/conversations/{conversation_id}/versions",
+    response_model=ContextVersionPage,
+    responses=problem_responses(400, 404, 422),
+    operation_id="list_context_versions",
+)
+async def list_context_versions(
+    svc: ServicesDep,
+    tenant: TenantDep,
+    conversation_id: ConversationPath,
+    cursor: SeqCursorQuery = None,
+    limit: LimitQuery = None,
+) -> ContextVersionPage:
+    """The context's kept versions, newest first: each one's number, ETag, message count,
+    what wrote it and when. Read one with `GET …/context?version=N`; fork from one with
+    `"version": N`. Earlier versions are kept `CARRYOVER_VERSION_RETENTION_SECONDS` after
+    they were written; the current one always."""
+    page = await svc.conversations.versions(
+        tenant,
+        conversation_id,
+        before=decode_cursor(cursor, int),
+        limit=page_limit(svc.settings, limit),
+    )
+    return ContextVersionPage(
+        items=[ContextVersion.model_validate(v, from_attributes=True) for v in page.items],
+        next_cursor=encode_cursor(page.items[-1].version) if page.more else None,
     )
 
 

@@ -25,6 +25,7 @@ from ..problems import (
     RUN_IN_PROGRESS,
     STORED_DATA_DAMAGED,
     UNSAFE_CUT,
+    VERSION_EXPIRED,
     problem_responses,
     unreplayable_context,
 )
@@ -42,7 +43,14 @@ router = APIRouter(tags=["conversations"])
     responses={
         201: {"headers": {"Location": LOCATION_HEADER, "ETag": ETAG_HEADER}},
         **problem_responses(
-            400, 404, CONVERSATION_EXISTS, PRECONDITION_FAILED, STORED_DATA_DAMAGED, UNSAFE_CUT, 422
+            400,
+            404,
+            CONVERSATION_EXISTS,
+            VERSION_EXPIRED,
+            PRECONDITION_FAILED,
+            STORED_DATA_DAMAGED,
+            UNSAFE_CUT,
+            422,
         ),
     },
     operation_id="fork_conversation",
@@ -57,7 +65,8 @@ async def fork_conversation(
 ) -> Conversation:
     """A new conversation with this one's Context (or its first `messages`), its own ETag
     chain, and a transcript starting with a `forked` entry (source id, source ETag, N). The
-    source is unchanged. `If-Match` forks only that version of the source."""
+    source is unchanged. `If-Match` forks only that version of the source; `version` forks
+    the context as it stood at an earlier version (`GET …/versions`)."""
     body = body or ConversationFork()
     if body.metadata is not None:
         check_metadata(svc.settings, body.metadata, "body.metadata")
@@ -68,6 +77,7 @@ async def fork_conversation(
         messages=body.messages,
         metadata=body.metadata,
         if_match=if_match_value(if_match),
+        version=body.version,
     )
     response.headers["Location"] = f"/conversations/{info.conversation.id}"
     response.headers["ETag"] = info.conversation.etag

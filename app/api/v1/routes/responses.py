@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from app.agent.messages import AnyMessage, Context, ToolResultMessage, UserMessage
 from app.etag import parse_condition
 from app.service import pending
-from app.service.responses import ResponseNotFound, ResponseService
+from app.service.responses import ForkUnavailable, ResponseNotFound, ResponseService
 from app.service.runs import ActiveRun, RunRequest
 from app.store.tables import Run
 
@@ -103,12 +103,15 @@ async def create_response(
     previous: Run | None = None  # at the head of its conversation: continued
     if body.previous_response_id is not None:
         run, at_head = await _previous(svc, responses, tenant, body.previous_response_id)
-        if not body.store:  # continued from, nothing stored
-            history = await responses.context_at(tenant, run, latest=at_head)
-        elif at_head:
-            previous, conversation_id = run, run.conversation_id
-        else:  # an older response: a new conversation forked right after it
-            conversation_id = (await responses.fork_at(tenant, run)).conversation.id
+        try:
+            if not body.store:  # continued from, nothing stored
+                history = await responses.context_at(tenant, run, latest=at_head)
+            elif at_head:
+                previous, conversation_id = run, run.conversation_id
+            else:  # an older response: a new conversation forked at the version it stored
+                conversation_id = (await responses.fork_at(tenant, run)).conversation.id
+        except ForkUnavailable as exc:  # its version is past the retention: expired
+            raise bad_request(exc.detail, "previous_response_id") from None
     items = await resolve_references(svc, responses, tenant, conversation_id, items)
     answers_calls = any(
         isinstance(i, dict) and i.get("type") == "function_call_output" for i in items
@@ -243,9 +246,14 @@ async def cancel_response(
 async def delete_response(
     responses: ResponsesDep, tenant: TenantDep, response_id: str
 ) -> JSONResponse:
-    """Not implemented yet: a run record is part of the conversation's audit (docs/openai.md)."""
-    await _run_of(responses, tenant, response_id)
-    raise bad_request(
-        "Deleting a stored response is not supported yet; delete its conversation instead.",
-        "response_id",
-    )
+    """Delete a stored response: `/v1` no longer finds it (404; as a `previous_response_id`,
+    400). Its conversation is unchanged — its items, its context, and natively the run record
+    and the transcript, which are the conversation's audit (docs/openai.md). A response in
+    progress: 400 (cancel it first)."""
+    run = await _run_of(responses, tenant, response_id)
+    if not await responses.delete(tenant, run):
+        raise bad_request(
+            f"Response '{response_id}' is in progress; cancel it before deleting it.",
+            "response_id",
+        )
+    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
