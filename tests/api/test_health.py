@@ -15,12 +15,15 @@ from .conftest import AppClient, start_client
 
 
 def sample(text: str, name: str, **labels: str) -> float:
-    """The value of one sample in a Prometheus exposition (0 when absent)."""
-    for family in text_string_to_metric_families(text):
-        for found in family.samples:
-            if found.name == name and all(found.labels.get(k) == v for k, v in labels.items()):
-                return float(found.value)
-    return 0.0
+    """The sum of the samples of ``name`` with these labels in a Prometheus exposition, whatever
+    their other labels (0 when absent): another test of this process may have added a series
+    with the same status and another agent."""
+    return sum(
+        float(found.value)
+        for family in text_string_to_metric_families(text)
+        for found in family.samples
+        if found.name == name and all(found.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 async def test_healthz(client: AppClient) -> None:

@@ -98,7 +98,8 @@ async def test_every_route_but_the_public_ones_needs_a_key(
     requests = guarded_requests(tenants.app)
     # all of contract §4 but the health checks, /metrics (public only when configured so), and
     # GET /usage (docs/operations.md)
-    assert len(requests) == 19  # + PATCH, fork, export and import (docs/conversations.md)
+    # + PATCH, fork, export, import and the versions list (docs/conversations.md)
+    assert len(requests) == 20
     assert ("GET", "/usage") in requests
     assert ("GET", "/metrics") in requests
     await tenants.acme.post("/conversations", json={"id": "conv-1"})
