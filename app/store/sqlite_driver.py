@@ -17,7 +17,7 @@ runs in and its errors are unchanged; a run issues ~20 statements, so this remov
 from __future__ import annotations
 
 import collections
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy.dialects import registry
 from sqlalchemy.dialects.sqlite.aiosqlite import (
@@ -78,6 +78,14 @@ class OneHopCursor(AsyncAdapt_aiosqlite_cursor):
                 cursor.close()
 
         async with self._adapt_connection._execute_mutex:
+            begin = cast("OneHopConnection", self._adapt_connection).take_begin()
+            if begin is not None:
+                single = run
+
+                def run() -> tuple[Any, int, int | None, list[Any] | None]:
+                    raw.execute(begin)
+                    return single()
+
             description, rowcount, lastrowid, rows = await self._connection._execute(run)
         self._record(description, rowcount, lastrowid)
         if rows is not None:
@@ -96,6 +104,14 @@ class OneHopCursor(AsyncAdapt_aiosqlite_cursor):
                 cursor.close()
 
         async with self._adapt_connection._execute_mutex:
+            begin = cast("OneHopConnection", self._adapt_connection).take_begin()
+            if begin is not None:
+                many = run
+
+                def run() -> tuple[Any, int, int | None]:
+                    raw.execute(begin)
+                    return many()
+
             description, rowcount, lastrowid = await self._connection._execute(run)
         self._record(description, rowcount, lastrowid)
         return None
@@ -108,8 +124,38 @@ class OneHopCursor(AsyncAdapt_aiosqlite_cursor):
 
 
 class OneHopConnection(AsyncAdapt_aiosqlite_connection):
-    __slots__ = ()
+    __slots__ = ("_begin",)
     _cursor_cls = OneHopCursor
+
+    def __init__(self, dbapi: Any, connection: Any) -> None:
+        super().__init__(dbapi, connection)
+        self._begin: str | None = None
+
+    def begin_with_next(self, statement: str) -> None:
+        """Open the transaction with ``statement`` (``BEGIN`` or ``BEGIN IMMEDIATE``) in the
+        same call in aiosqlite's thread as the next statement, before it: SQLite runs the
+        same statements in the same order, without a hop and a pass through SQLAlchemy of
+        its own for the ``BEGIN``. What it raises (a busy timeout) the next statement raises.
+        A commit or rollback with no statement in between drops it (nothing was begun)."""
+        self._begin = statement
+
+    def cursor(self, server_side: bool = False) -> Any:
+        if server_side and self._begin is not None:  # a streamed result: the BEGIN goes first
+            begin, self._begin = self._begin, None
+            try:
+                await_(self._connection.execute(begin))
+            except Exception as error:
+                self._handle_exception(error)
+        return super().cursor(server_side)
+
+    def take_begin(self) -> str | None:
+        begin, self._begin = self._begin, None
+        return begin
+
+    def commit(self) -> None:
+        if self.take_begin() is not None:
+            return  # nothing ran since the BEGIN that was asked: no transaction to commit
+        super().commit()
 
     def rollback(self) -> None:
         """Roll back, without a thread hop when there is nothing to roll back: the pool resets
@@ -117,6 +163,7 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         (every transaction here ends by commit or rollback) none is open. ``in_transaction``
         only reads SQLite's autocommit flag, safe from the loop while no statement runs on
         this connection (it is checked out to no one when the pool resets it)."""
+        self._begin = None
         raw = self._connection._connection
         if raw is not None and not raw.in_transaction:
             return

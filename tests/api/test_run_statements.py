@@ -125,3 +125,41 @@ async def test_the_engine_has_no_event_listener_of_its_own(client: AppClient) ->
     # SQLAlchemy checks this flag around every statement: with a listener on the engine it
     # dispatches before/after events for each one, each run's ~16 statements
     assert not engine.sync_engine._has_events
+
+
+async def test_a_run_on_sqlite_hops_to_the_driver_thread_once_per_statement_and_commit(
+    app_factory: Callable[..., Any], monkeypatch: Any
+) -> None:
+    # Each call into aiosqlite's thread is a hop (a queue put, a thread wake-up, a call back
+    # onto the loop): one per statement and one per COMMIT. The BEGIN IMMEDIATE of each write
+    # transaction rides with its first statement (app/store/sqlite_driver.py), as long as no
+    # statement listener is on the engine (this test adds none).
+    import aiosqlite
+
+    hops: list[str] = []
+    execute = aiosqlite.Connection._execute
+
+    async def counted(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if _COUNTED.get():
+            hops.append(getattr(fn, "__name__", "?"))
+        return await execute(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(aiosqlite.Connection, "_execute", counted)
+    async with app_factory(api_keys=f"acme:{API_KEY}") as client:
+        engine: AsyncEngine = client.app.state.services.engine
+        if engine.dialect.name != "sqlite":
+            return
+        client.headers["Authorization"] = f"Bearer {API_KEY}"
+        await put(client, "hops", 10)
+        warm = await client.post("/conversations/hops/runs", json={"prompts": ["warm"]})
+        assert warm.status_code == 201
+        token = _COUNTED.set(True)
+        try:
+            answer = await client.post(
+                "/conversations/hops/runs", json={"prompts": ["hi"]}, headers=MINIMAL
+            )
+        finally:
+            _COUNTED.reset(token)
+        assert answer.status_code == 201 and answer.json()["status"] == "completed"
+    # the start's statements and COMMIT, then the outcome's
+    assert len(hops) == len(START) + 1 + len(OUTCOME) + 1, hops
