@@ -127,13 +127,14 @@ async def test_the_engine_has_no_event_listener_of_its_own(client: AppClient) ->
     assert not engine.sync_engine._has_events
 
 
-async def test_a_run_on_sqlite_hops_to_the_driver_thread_once_per_statement_and_commit(
+async def test_a_run_on_sqlite_calls_into_the_driver_thread_once_per_read_or_update_and_commit(
     app_factory: Callable[..., Any], monkeypatch: Any
 ) -> None:
     # Each call into aiosqlite's thread is a hop (a queue put, a thread wake-up, a call back
-    # onto the loop): one per statement and one per COMMIT. The BEGIN IMMEDIATE of each write
-    # transaction rides with its first statement (app/store/sqlite_driver.py), as long as no
-    # statement listener is on the engine (this test adds none).
+    # onto the loop). The BEGIN IMMEDIATE of each write transaction rides with its first
+    # statement, and the inserts nobody reads with the next statement or the COMMIT
+    # (app/store/sqlite_driver.py), as long as no statement listener is on the engine (this
+    # test adds none): one call per SELECT or UPDATE and one per COMMIT.
     import aiosqlite
 
     hops: list[str] = []
@@ -161,5 +162,6 @@ async def test_a_run_on_sqlite_hops_to_the_driver_thread_once_per_statement_and_
         finally:
             _COUNTED.reset(token)
         assert answer.status_code == 201 and answer.json()["status"] == "completed"
-    # the start's statements and COMMIT, then the outcome's
-    assert len(hops) == len(START) + 1 + len(OUTCOME) + 1, hops
+    # the start's reads and updates and its COMMIT, then the outcome's
+    calls = [s for s in (*START, "COMMIT", *OUTCOME, "COMMIT") if not s.startswith("INSERT")]
+    assert len(hops) == len(calls) == 7, hops
