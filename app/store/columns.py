@@ -6,6 +6,7 @@ timestamps on both engines (``UTCDateTime``)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -69,6 +70,41 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+    def bind_processor(self, dialect: Dialect) -> _BindProcessor | None:
+        """On SQLite: SQLAlchemy's processing (:meth:`process_bind_param`, then SQLite's
+        ``DATETIME`` text), remembered for the last few timestamps bound. A transaction binds
+        its one "now" in many rows (the run row, the lease, the transcript's entries, the
+        events, the usage); each is formatted once. Aware timestamps at the same instant are
+        equal and give the same UTC text; a naive one is never remembered (it is refused)."""
+        process = super().bind_processor(dialect)
+        if process is None or dialect.name != "sqlite":
+            return process
+        return _remembered(process)
+
+
+_BindProcessor = Callable[[Any], Any]
+_REMEMBERED = 32
+
+
+def _remembered(process: _BindProcessor) -> _BindProcessor:
+    memo: dict[datetime, Any] = {}
+
+    def bind(value: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return memo[value]
+        except KeyError:
+            pass
+        bound = process(value)
+        if value.tzinfo is not None:  # (a naive one was refused by process)
+            if len(memo) >= _REMEMBERED:
+                memo.clear()
+            memo[value] = bound
+        return bound
+
+    return bind
 
 
 def utcnow() -> datetime:
