@@ -67,3 +67,34 @@ async def test_a_streamed_answer_builds_no_sdk_model_per_chunk(
             assert run.json()["status"] == "completed", run.json()["error"]
             assert run.json()["final"]["content"][0]["text"] == f"answer number {i}, in pieces"
     assert built == []
+
+
+async def test_streamed_anthropic_runs_reuse_one_connection(
+    serve: Serve, anthropic_fake: A.AnthropicFake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # After message_stop the rest of the body (its end) is read, so the connection goes back
+    # to the SDK client's pool: the next run does not open one again. Counted at the
+    # transport's connect, never timed.
+    import httpcore2._async.connection as connection
+
+    opened: list[str] = []
+    original = connection.AsyncHTTPConnection._connect
+
+    async def counting(self: Any, request: Any) -> Any:
+        opened.append(str(request.url))
+        return await original(self, request)
+
+    monkeypatch.setattr(connection.AsyncHTTPConnection, "_connect", counting)
+    profile = AgentProfile(
+        provider="anthropic", model=CLAUDE, base_url=anthropic_fake.base_url, api_key_env="FAKE_KEY"
+    )
+    monkeypatch.setenv("FAKE_KEY", anthropic_fake.api_key)
+    anthropic_fake.add(*(A.Reply([A.Text(f"answer number {i}")]) for i in range(3)))
+    async with serve(agents={"default": profile}) as client:
+        created = await client.post("/conversations", json={"id": "c", "system_prompt": "Hi."})
+        assert created.status_code == 201, created.text
+        for i in range(3):
+            run = await client.post("/conversations/c/runs", json={"prompts": [f"p{i}"]})
+            assert run.status_code == 201, run.text
+            assert run.json()["status"] == "completed", run.json()["error"]
+    assert len(opened) == 1, opened

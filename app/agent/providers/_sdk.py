@@ -11,6 +11,7 @@ provider failure. The classification itself lives in :mod:`._http`.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
@@ -59,6 +60,24 @@ async def send(provider: str, api_key: str, classify: Classify, call: Awaitable[
         if error is None:
             raise
         raise error from None
+
+
+#: how long a stream may take to end once its last event was read (:func:`drain`)
+DRAIN_SECONDS = 0.05
+
+
+async def drain(received: AsyncIterator[Any], within: float = DRAIN_SECONDS) -> None:
+    """Read what follows a stream's last event (normally nothing but the end of the body), so
+    that its HTTP connection goes back to the client's pool for the next request instead of
+    being closed half read and opened again. For up to ``within`` seconds; what arrives is
+    ignored, and so is a failure (the answer was complete): the connection is then closed, as
+    it would have been without the drain."""
+    try:
+        async with asyncio.timeout(within):
+            async for _ in received:
+                pass
+    except Exception:  # the answer is complete: nothing after it counts
+        pass
 
 
 async def events(

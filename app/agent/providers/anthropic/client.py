@@ -37,7 +37,7 @@ from .._http import (
     scrub,
     status_error,
 )
-from .._sdk import TIMEOUT_ERRORS, events, send, timeout_error
+from .._sdk import TIMEOUT_ERRORS, drain, events, send, timeout_error
 from ..base import (
     BlockStop,
     MessageStart,
@@ -212,6 +212,8 @@ class AnthropicProvider:
                     yield out
                 if translator.stopped:
                     break
+            if translator.stopped:  # the body's end, read: its connection is reused
+                await drain(received)
         if not translator.stopped:
             raise ProviderError("retryable", f"{self.name}: the stream ended before message_stop")
 
