@@ -1,4 +1,4 @@
-"""SQLite on aiosqlite with one thread hop per statement.
+"""SQLite on aiosqlite with at most one thread hop per statement.
 
 aiosqlite runs every call of the sqlite3 module in its own thread and hands the answer back to
 the event loop: each call is a "hop" (a queue put, a thread wake-up, a ``call_soon_threadsafe``
@@ -6,8 +6,10 @@ back), ~50-100 µs of CPU, while a statement of a run costs SQLite itself ~5 µs
 adapter makes up to four hops per statement (open a cursor, execute, fetch the rows, close the
 cursor). This dialect is SQLAlchemy's ``sqlite+aiosqlite`` with one change: its cursor executes,
 fetches and closes in **one** call in aiosqlite's thread. What a statement does, the thread it
-runs in and its errors are unchanged; a run issues ~20 statements, so this removes ~60 hops
-(docs/performance.md, "Statements and hops").
+runs in and its errors are unchanged; a run issues ~15 statements, so this removes ~45 hops.
+And a transaction's ``BEGIN``, and the inserts it asks to hold (:class:`OneHopConnection`), ride
+with its next statement or its ``COMMIT``: a run makes 7 calls into the thread
+(docs/performance.md, "Calls into aiosqlite's thread").
 
 :func:`app.store.db.make_engine` uses it for every SQLite URL (``sqlite:///…`` and
 ``sqlite+aiosqlite:///…`` alike); it relies on SQLAlchemy 2.1's asyncio adapter classes, which
