@@ -70,7 +70,9 @@ class OneHopCursor(AsyncAdapt_aiosqlite_cursor):
         raw = self._connection._conn  # aiosqlite's sqlite3.Connection, used in its thread
 
         async with self._adapt_connection._execute_mutex:
-            before = cast("OneHopConnection", self._adapt_connection).take_pending()
+            connection = cast("OneHopConnection", self._adapt_connection)
+            before = connection.take_pending()
+            connection.used = True
 
             def run() -> tuple[Any, int, int | None, list[Any] | None]:
                 if before is not None:
@@ -96,7 +98,9 @@ class OneHopCursor(AsyncAdapt_aiosqlite_cursor):
         raw = self._connection._conn
 
         async with self._adapt_connection._execute_mutex:
-            before = cast("OneHopConnection", self._adapt_connection).take_pending()
+            connection = cast("OneHopConnection", self._adapt_connection)
+            before = connection.take_pending()
+            connection.used = True
 
             def run() -> tuple[Any, int, int | None]:
                 if before is not None:
@@ -132,7 +136,7 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
       transaction then rolls back, as it would have). A rollback drops what was kept.
     """
 
-    __slots__ = ("_begin", "_defer", "_deferred")
+    __slots__ = ("_begin", "_defer", "_deferred", "used")
     _cursor_cls = OneHopCursor
 
     def __init__(self, dbapi: Any, connection: Any) -> None:
@@ -140,6 +144,10 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         self._begin: str | None = None
         self._defer = False
         self._deferred: list[tuple[str, Any, bool]] = []
+        #: a call went into aiosqlite's thread since the last commit or rollback: a rollback
+        #: then always goes there too (behind that call, should it still run: its awaiting
+        #: task cancelled), whatever SQLite's autocommit flag reads at that moment
+        self.used = False
 
     def begin_with_next(self, statement: str) -> None:
         """Open the transaction with ``statement`` (``BEGIN`` or ``BEGIN IMMEDIATE``) in the
@@ -195,6 +203,7 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
 
         async def call() -> None:
             async with self._execute_mutex:
+                self.used = True
                 await self._connection._execute(fn, raw)
 
         try:
@@ -213,24 +222,30 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
                 raw.commit()
 
             self._run(commit)
+            self.used = False
             return
         if self._begin is not None:
             self._begin = None
-            return  # nothing ran since the BEGIN that was asked: no transaction to commit
+            if not self.used:
+                return  # nothing ran since the BEGIN that was asked: no transaction to commit
         super().commit()
+        self.used = False
 
     def rollback(self) -> None:
         """Roll back, without a thread hop when there is nothing to roll back: the pool resets
         every connection it takes back with a rollback, and after a committed transaction
         (every transaction here ends by commit or rollback) none is open. ``in_transaction``
-        only reads SQLite's autocommit flag, safe from the loop while no statement runs on
-        this connection (it is checked out to no one when the pool resets it). What was
-        kept for the next call is dropped: it would have been rolled back."""
+        only reads SQLite's autocommit flag, read only when no call went into aiosqlite's
+        thread since the last commit or rollback (:attr:`used`): a call whose awaiting task
+        was cancelled may still run there (a ``BEGIN`` riding with a statement not yet
+        begun), and the rollback must then queue behind it. What was kept for the next call
+        is dropped: it would have been rolled back."""
         self._begin, self._defer, self._deferred = None, False, []
         raw = self._connection._connection
-        if raw is not None and not raw.in_transaction:
+        if not self.used and raw is not None and not raw.in_transaction:
             return
         super().rollback()
+        self.used = False
 
 
 class OneHopDBAPI(AsyncAdapt_aiosqlite_dbapi):
