@@ -106,7 +106,7 @@ async def write_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnectio
         return
     async with _sqlite_writer(engine), engine.connect() as conn:
         async with conn.begin():
-            await conn.exec_driver_sql("BEGIN IMMEDIATE")
+            await _sqlite_begin(conn, "BEGIN IMMEDIATE")
             yield conn
 
 
@@ -135,5 +135,45 @@ async def read_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection
             )
         async with conn.begin():
             if conn.dialect.name == "sqlite":
-                await conn.exec_driver_sql("BEGIN")
+                await _sqlite_begin(conn, "BEGIN")
             yield conn
+
+
+def _one_hop(conn: AsyncConnection) -> sqlite_driver.OneHopConnection | None:
+    """The one-hop driver connection under ``conn`` (:mod:`app.store.sqlite_driver`), when
+    no statement listener is on the engine or the connection; else None."""
+    sync = conn.sync_connection
+    if sync is None or sync._has_events or sync.engine._has_events:
+        return None
+    driver = sync.connection.dbapi_connection
+    return driver if isinstance(driver, sqlite_driver.OneHopConnection) else None
+
+
+async def _sqlite_begin(conn: AsyncConnection, statement: str) -> None:
+    """Open the transaction with ``statement`` on SQLite.
+
+    On the engines :func:`make_engine` makes, with no statement listener on the engine or the
+    connection, it runs in the same call in aiosqlite's thread as the transaction's first
+    statement, just before it
+    (:meth:`app.store.sqlite_driver.OneHopConnection.begin_with_next`): no pass through
+    SQLAlchemy and no thread hop of its own. A listener (tracing's SQLAlchemy
+    instrumentation, a test counting statements) sees it as a statement of its own, as before."""
+    driver = _one_hop(conn)
+    if driver is not None:
+        driver.begin_with_next(statement)
+    else:
+        await conn.exec_driver_sql(statement)
+
+
+def defer_inserts(conn: AsyncConnection) -> None:
+    """From here to the end of this write transaction, on SQLite, a plain ``INSERT`` (no
+    ``RETURNING``) runs with the transaction's next statement or its ``COMMIT``, in that
+    statement's call into aiosqlite's thread, instead of a call of its own
+    (:meth:`app.store.sqlite_driver.OneHopConnection.defer_inserts`). For the inserts of a
+    transaction whose results nobody reads and whose errors nobody catches one by one:
+    what one raises, the next statement or the commit raises, and everything rolls back.
+    Nothing changes on PostgreSQL, or when a statement listener (tracing, a test) is on the
+    engine: then each runs when it is executed."""
+    driver = _one_hop(conn) if conn.dialect.name == "sqlite" else None
+    if driver is not None:
+        driver.defer_inserts()

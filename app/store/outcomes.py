@@ -32,7 +32,7 @@ from ._sql import (
     read_conversation,
 )
 from .changes import ContextWrite, TranscriptItem, stored_pending
-from .db import write_transaction
+from .db import defer_inserts, write_transaction
 from .errors import NotFound, run_not_found
 from .events import EventRow, insert_events
 from .integrity import body_sha256
@@ -206,6 +206,9 @@ class FinishingStore(StoreBase):
                 row = (await conn.execute(_RELEASE, where)).first()
                 if row is None:
                     raise NotFound(f"conversation {conv_id!r} was deleted during the run")
+            # the inserts below are read by no one here: on SQLite they ride with the next
+            # statement or the COMMIT into the driver's thread (app/store/db.py)
+            defer_inserts(conn)
 
             # the texts of context rows, records, transcript, events and the version: one
             # statement

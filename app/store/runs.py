@@ -31,7 +31,7 @@ from app.etag import IfMatch, if_match_holds
 from ._sql import Loaded, StoredRows, child_key, decode, read_rows
 from ._turns import cancel_queued, queue_head_by_parameters, take_free
 from .changes import Answered, StoredPending, last_batch_of, plan_context_write, run_transcript
-from .db import read_transaction, write_transaction
+from .db import defer_inserts, read_transaction, write_transaction
 from .errors import Conflict, PreconditionFailed, conversation_not_found, run_not_found
 from .events import EventRow
 from .idempotency import IdempotencyClaim, IdempotentReplay, claimed, insert_claim
@@ -222,6 +222,9 @@ class RunStore(FinishingStore):
             if ahead is not None:  # runs queued before this request go first
                 return StartedRun(active_run_id=ahead, interrupted=interrupted)
 
+            # from here the inserts are read by no one: on SQLite they ride with the next
+            # statement or the COMMIT into the driver's thread (app/store/db.py)
+            defer_inserts(conn)
             # the tenant's quota, under the same locks (app/store/quotas.py): refused, nothing
             # of this transaction is written
             await admit(conn, tenant, now)

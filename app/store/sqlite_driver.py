@@ -1,4 +1,4 @@
-"""SQLite on aiosqlite with one thread hop per statement.
+"""SQLite on aiosqlite with at most one thread hop per statement.
 
 aiosqlite runs every call of the sqlite3 module in its own thread and hands the answer back to
 the event loop: each call is a "hop" (a queue put, a thread wake-up, a ``call_soon_threadsafe``
@@ -6,8 +6,10 @@ back), ~50-100 µs of CPU, while a statement of a run costs SQLite itself ~5 µs
 adapter makes up to four hops per statement (open a cursor, execute, fetch the rows, close the
 cursor). This dialect is SQLAlchemy's ``sqlite+aiosqlite`` with one change: its cursor executes,
 fetches and closes in **one** call in aiosqlite's thread. What a statement does, the thread it
-runs in and its errors are unchanged; a run issues ~20 statements, so this removes ~60 hops
-(docs/performance.md, "Statements and hops").
+runs in and its errors are unchanged; a run issues ~15 statements, so this removes ~45 hops.
+And a transaction's ``BEGIN``, and the inserts it asks to hold (:class:`OneHopConnection`), ride
+with its next statement or its ``COMMIT``: a run makes 7 calls into the thread
+(docs/performance.md, "Calls into aiosqlite's thread").
 
 :func:`app.store.db.make_engine` uses it for every SQLite URL (``sqlite:///…`` and
 ``sqlite+aiosqlite:///…`` alike); it relies on SQLAlchemy 2.1's asyncio adapter classes, which
@@ -17,7 +19,9 @@ runs in and its errors are unchanged; a run issues ~20 statements, so this remov
 from __future__ import annotations
 
 import collections
-from typing import Any
+import sqlite3
+from collections.abc import Callable
+from typing import Any, cast
 
 from sqlalchemy.dialects import registry
 from sqlalchemy.dialects.sqlite.aiosqlite import (
@@ -65,19 +69,25 @@ class OneHopCursor(AsyncAdapt_aiosqlite_cursor):
     async def _execute_async(self, operation: Any, parameters: Any) -> Any:
         raw = self._connection._conn  # aiosqlite's sqlite3.Connection, used in its thread
 
-        def run() -> tuple[Any, int, int | None, list[Any] | None]:
-            cursor = raw.cursor()
-            try:
-                if parameters is None:
-                    cursor.execute(operation)
-                else:
-                    cursor.execute(operation, parameters)
-                rows = cursor.fetchall() if cursor.description else None
-                return cursor.description, cursor.rowcount, cursor.lastrowid, rows
-            finally:
-                cursor.close()
-
         async with self._adapt_connection._execute_mutex:
+            connection = cast("OneHopConnection", self._adapt_connection)
+            before = connection.take_pending()
+            connection.used = True
+
+            def run() -> tuple[Any, int, int | None, list[Any] | None]:
+                if before is not None:
+                    before(raw)
+                cursor = raw.cursor()
+                try:
+                    if parameters is None:
+                        cursor.execute(operation)
+                    else:
+                        cursor.execute(operation, parameters)
+                    rows = cursor.fetchall() if cursor.description else None
+                    return cursor.description, cursor.rowcount, cursor.lastrowid, rows
+                finally:
+                    cursor.close()
+
             description, rowcount, lastrowid, rows = await self._connection._execute(run)
         self._record(description, rowcount, lastrowid)
         if rows is not None:
@@ -87,15 +97,21 @@ class OneHopCursor(AsyncAdapt_aiosqlite_cursor):
     async def _executemany_async(self, operation: Any, seq_of_parameters: Any) -> Any:
         raw = self._connection._conn
 
-        def run() -> tuple[Any, int, int | None]:
-            cursor = raw.cursor()
-            try:
-                cursor.executemany(operation, seq_of_parameters)
-                return cursor.description, cursor.rowcount, cursor.lastrowid
-            finally:
-                cursor.close()
-
         async with self._adapt_connection._execute_mutex:
+            connection = cast("OneHopConnection", self._adapt_connection)
+            before = connection.take_pending()
+            connection.used = True
+
+            def run() -> tuple[Any, int, int | None]:
+                if before is not None:
+                    before(raw)
+                cursor = raw.cursor()
+                try:
+                    cursor.executemany(operation, seq_of_parameters)
+                    return cursor.description, cursor.rowcount, cursor.lastrowid
+                finally:
+                    cursor.close()
+
             description, rowcount, lastrowid = await self._connection._execute(run)
         self._record(description, rowcount, lastrowid)
         return None
@@ -108,19 +124,128 @@ class OneHopCursor(AsyncAdapt_aiosqlite_cursor):
 
 
 class OneHopConnection(AsyncAdapt_aiosqlite_connection):
-    __slots__ = ()
+    """The driver connection, with what rides with its next call into aiosqlite's thread.
+
+    - :meth:`begin_with_next`: the transaction's ``BEGIN`` runs just before its first
+      statement, in that statement's call.
+    - :meth:`defer_inserts`: until the transaction ends, an ``INSERT`` without ``RETURNING``
+      (whose result nobody reads: SQLAlchemy still processes its parameters and builds its
+      result, with no row count) is kept and runs, in order, just before the next statement
+      or the ``COMMIT``, in that call. SQLite runs the same statements in the same order in
+      the same transaction; what one of them raises, the call it rides with raises (the
+      transaction then rolls back, as it would have). A rollback drops what was kept.
+    """
+
+    __slots__ = ("_begin", "_defer", "_deferred", "used")
     _cursor_cls = OneHopCursor
+
+    def __init__(self, dbapi: Any, connection: Any) -> None:
+        super().__init__(dbapi, connection)
+        self._begin: str | None = None
+        self._defer = False
+        self._deferred: list[tuple[str, Any, bool]] = []
+        #: a call went into aiosqlite's thread since the last commit or rollback: a rollback
+        #: then always goes there too (behind that call, should it still run: its awaiting
+        #: task cancelled), whatever SQLite's autocommit flag reads at that moment
+        self.used = False
+
+    def begin_with_next(self, statement: str) -> None:
+        """Open the transaction with ``statement`` (``BEGIN`` or ``BEGIN IMMEDIATE``) in the
+        same call in aiosqlite's thread as the next statement, before it. A commit or
+        rollback with no statement in between drops it (nothing was begun)."""
+        self._begin = statement
+
+    def defer_inserts(self) -> None:
+        """Keep this transaction's further plain ``INSERT`` statements for the next call
+        (class docstring); the transaction's end turns it off."""
+        self._defer = True
+
+    def deferring(self) -> bool:
+        return self._defer
+
+    def defer(self, operation: str, parameters: Any, many: bool) -> None:
+        self._deferred.append((operation, parameters, many))
+
+    def take_pending(self) -> Callable[[sqlite3.Connection], None] | None:
+        """What must run before the next statement, in its call: the ``BEGIN``, then the
+        kept statements (None: nothing)."""
+        begin, deferred = self._begin, self._deferred
+        if begin is None and not deferred:
+            return None
+        self._begin, self._deferred = None, []
+
+        def pending(raw: sqlite3.Connection) -> None:
+            if begin is not None:
+                raw.execute(begin)
+            for operation, parameters, many in deferred:
+                cursor = raw.cursor()
+                try:
+                    if many:
+                        cursor.executemany(operation, parameters)
+                    elif parameters is None:
+                        cursor.execute(operation)
+                    else:
+                        cursor.execute(operation, parameters)
+                finally:
+                    cursor.close()
+
+        return pending
+
+    def cursor(self, server_side: bool = False) -> Any:
+        if server_side:  # a streamed result: what is pending runs first, in a call of its own
+            pending = self.take_pending()
+            if pending is not None:
+                self._run(pending)
+        return super().cursor(server_side)
+
+    def _run(self, fn: Callable[[sqlite3.Connection], None]) -> None:
+        raw = self._connection._conn
+
+        async def call() -> None:
+            async with self._execute_mutex:
+                self.used = True
+                await self._connection._execute(fn, raw)
+
+        try:
+            await_(call())
+        except Exception as error:
+            self._handle_exception(error)
+
+    def commit(self) -> None:
+        self._defer = False
+        if self._deferred:  # the kept statements, then COMMIT, in one call
+            pending = self.take_pending()
+            assert pending is not None
+
+            def commit(raw: sqlite3.Connection) -> None:
+                pending(raw)
+                raw.commit()
+
+            self._run(commit)
+            self.used = False
+            return
+        if self._begin is not None:
+            self._begin = None
+            if not self.used:
+                return  # nothing ran since the BEGIN that was asked: no transaction to commit
+        super().commit()
+        self.used = False
 
     def rollback(self) -> None:
         """Roll back, without a thread hop when there is nothing to roll back: the pool resets
         every connection it takes back with a rollback, and after a committed transaction
         (every transaction here ends by commit or rollback) none is open. ``in_transaction``
-        only reads SQLite's autocommit flag, safe from the loop while no statement runs on
-        this connection (it is checked out to no one when the pool resets it)."""
+        only reads SQLite's autocommit flag, read only when no call went into aiosqlite's
+        thread since the last commit or rollback (:attr:`used`): a call whose awaiting task
+        was cancelled may still run there (a ``BEGIN`` riding with a statement not yet
+        begun), and the rollback must then queue behind it. What was kept for the next call
+        is dropped: it would have been rolled back."""
+        self._begin, self._defer, self._deferred = None, False, []
         raw = self._connection._connection
-        if raw is not None and not raw.in_transaction:
+        if not self.used and raw is not None and not raw.in_transaction:
             return
         super().rollback()
+        self.used = False
 
 
 class OneHopDBAPI(AsyncAdapt_aiosqlite_dbapi):
@@ -136,9 +261,41 @@ class OneHopSQLiteDialect(SQLiteDialect_aiosqlite):
     driver = "carryover_aiosqlite"
     supports_statement_cache = True
 
+    def do_execute(self, cursor: Any, statement: Any, parameters: Any, context: Any = None) -> None:
+        if not _kept(cursor, statement, parameters, context, many=False):
+            cursor.execute(statement, parameters)
+
+    def do_executemany(
+        self, cursor: Any, statement: Any, parameters: Any, context: Any = None
+    ) -> None:
+        if not _kept(cursor, statement, parameters, context, many=True):
+            cursor.executemany(statement, parameters)
+
     @classmethod
     def import_dbapi(cls) -> OneHopDBAPI:
         return OneHopDBAPI(__import__("aiosqlite"), __import__("sqlite3"))
+
+
+def _kept(cursor: Any, statement: str, parameters: Any, context: Any, *, many: bool) -> bool:
+    """Keep a plain INSERT for the connection's next call when it defers them."""
+    connection = getattr(cursor, "_adapt_connection", None)
+    if (
+        isinstance(connection, OneHopConnection)
+        and connection.deferring()
+        and context is not None
+        and context.isinsert
+        and not context.compiled.effective_returning
+    ):
+        connection.defer(statement, parameters, many)
+        # SQLAlchemy's async execute insists on one await per statement: a coroutine that
+        # returns at once (no wait, no turn of the event loop)
+        await_(_kept_for_later())
+        return True
+    return False
+
+
+async def _kept_for_later() -> None:
+    return None
 
 
 registry.register("sqlite.carryover_aiosqlite", __name__, "OneHopSQLiteDialect")

@@ -126,3 +126,43 @@ async def test_the_engine_has_no_event_listener_of_its_own(client: AppClient) ->
     # SQLAlchemy checks this flag around every statement: with a listener on the engine it
     # dispatches before/after events for each one, each run's ~16 statements
     assert not engine.sync_engine._has_events
+
+
+async def test_a_run_on_sqlite_calls_into_the_driver_thread_once_per_read_or_update_and_commit(
+    app_factory: Callable[..., Any], monkeypatch: Any
+) -> None:
+    # Each call into aiosqlite's thread is a hop (a queue put, a thread wake-up, a call back
+    # onto the loop). The BEGIN IMMEDIATE of each write transaction rides with its first
+    # statement, and the inserts nobody reads with the next statement or the COMMIT
+    # (app/store/sqlite_driver.py), as long as no statement listener is on the engine (this
+    # test adds none): one call per SELECT or UPDATE and one per COMMIT.
+    import aiosqlite
+
+    hops: list[str] = []
+    execute = aiosqlite.Connection._execute
+
+    async def counted(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if _COUNTED.get():
+            hops.append(getattr(fn, "__name__", "?"))
+        return await execute(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(aiosqlite.Connection, "_execute", counted)
+    async with app_factory(api_keys=f"acme:{API_KEY}") as client:
+        engine: AsyncEngine = client.app.state.services.engine
+        if engine.dialect.name != "sqlite":
+            return
+        client.headers["Authorization"] = f"Bearer {API_KEY}"
+        await put(client, "hops", 10)
+        warm = await client.post("/conversations/hops/runs", json={"prompts": ["warm"]})
+        assert warm.status_code == 201
+        token = _COUNTED.set(True)
+        try:
+            answer = await client.post(
+                "/conversations/hops/runs", json={"prompts": ["hi"]}, headers=MINIMAL
+            )
+        finally:
+            _COUNTED.reset(token)
+        assert answer.status_code == 201 and answer.json()["status"] == "completed"
+    # the start's reads and updates and its COMMIT, then the outcome's
+    calls = [s for s in (*START, "COMMIT", *OUTCOME, "COMMIT") if not s.startswith("INSERT")]
+    assert len(hops) == len(calls) == 7, hops

@@ -98,3 +98,55 @@ async def test_concurrent_writers_wait_for_each_other(repo: Repository) -> None:
     # busy_timeout instead of failing with "database is locked" mid-transaction.
     await asyncio.gather(*(repo.create_conversation("t", f"c{i}") for i in range(20)))
     assert len(await repo.list_conversations("t", limit=100)) == 20
+
+
+async def test_a_write_cancelled_before_its_call_ran_leaves_no_transaction_open(
+    tmp_path: Any,
+) -> None:
+    # The BEGIN IMMEDIATE rides with the transaction's first statement into aiosqlite's thread.
+    # When the task awaiting that call is cancelled before the thread ran it, nothing of it
+    # stays: no row, and no transaction holding SQLite's write lock (the next writer gets it
+    # at once, well within a short busy timeout).
+    import threading
+
+    from sqlalchemy.pool import AsyncAdaptedQueuePool
+
+    engine = make_engine(
+        f"sqlite:///{tmp_path / 'x.db'}",
+        busy_timeout_ms=300,
+        poolclass=AsyncAdaptedQueuePool,
+        pool_size=1,
+        max_overflow=0,
+    )
+    try:
+        async with write_transaction(engine) as conn:
+            await conn.execute(text("CREATE TABLE t (x INTEGER)"))
+        async with engine.connect() as conn:
+            raw = await conn.get_raw_connection()
+            driver = raw.dbapi_connection
+        assert driver is not None
+        thread_busy, release = threading.Event(), threading.Event()
+
+        def busy() -> None:  # holds aiosqlite's thread, as a slow call would
+            thread_busy.set()
+            release.wait(10)
+
+        async def write() -> None:
+            async with write_transaction(engine) as conn:
+                await conn.execute(text("INSERT INTO t VALUES (1)"))
+
+        driver._connection._tx.put_nowait((None, busy))
+        await asyncio.to_thread(thread_busy.wait, 10)
+        task = asyncio.create_task(write())
+        for _ in range(100):  # until its call is queued behind busy()
+            await asyncio.sleep(0)
+        task.cancel()
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        async with write_transaction(engine) as conn:  # the write lock is free
+            await conn.execute(text("INSERT INTO t VALUES (2)"))
+        async with read_transaction(engine) as conn:
+            assert (await conn.execute(text("SELECT x FROM t"))).scalars().all() == [2]
+    finally:
+        await engine.dispose()
