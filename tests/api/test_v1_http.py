@@ -165,3 +165,28 @@ async def test_unstored_responses_count_in_usage_and_are_refused_once_the_quota_
         assert int(refused.headers["retry-after"]) >= 1
     [after] = (await client.get("/usage")).json()["days"]
     assert after["runs"] == 2  # a refused response is not counted
+
+
+async def test_a_stored_response_refused_by_the_quota_leaves_no_conversation(
+    client: AppClient,
+) -> None:
+    from app.store.quotas import QuotaStore
+
+    svc: Any = client.app.state.services
+    first = await client.post("/v1/responses", json={"model": "default", "input": "one"})
+    assert first.status_code == 200, first.text
+    second = await client.post(
+        "/v1/responses",
+        json={"model": "default", "input": "two", "previous_response_id": first.json()["id"]},
+    )
+    assert second.status_code == 200, second.text
+    listed = (await client.get("/conversations")).json()["items"]
+    assert len(listed) == 1
+    await QuotaStore(svc.engine, svc.runs.clock).set("default", tokens_per_day=1)
+    # a new conversation, and a fork from the first (older) response: both refused, neither kept
+    for body in ({}, {"previous_response_id": first.json()["id"]}):
+        refused = await client.post(
+            "/v1/responses", json={"model": "default", "input": "three", **body}
+        )
+        assert_error(refused, 429)
+        assert (await client.get("/conversations")).json()["items"] == listed

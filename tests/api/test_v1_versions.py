@@ -88,3 +88,52 @@ async def test_a_response_whose_version_is_past_retention_is_a_400(
     )
     error = assert_error(expired, 400, "previous_response_id")
     assert "retention" in error["message"]
+
+
+async def test_a_branch_from_a_response_with_unanswered_calls_answers_them_in_the_fork(
+    client: AppClient,
+) -> None:
+    weather = {
+        "type": "function",
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }
+    first = await respond(client, input="one")
+    conv = first["conversation"]["id"]
+    asked = await respond(
+        client,
+        input='/tool get_weather {"city": "Oslo"}',
+        previous_response_id=first["id"],
+        tools=[weather],
+    )
+    [call] = [o for o in asked["output"] if o["type"] == "function_call"]
+    answered = {"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}
+    await respond(client, input=[answered], conversation=conv, tools=[weather])
+    after = await context(client, conv)
+
+    # the source has moved on: a branch from the asking response is a fork whose calls are
+    # still open, so new input is refused naming the call, and nothing is stored for it
+    listed = (await client.get("/conversations")).json()["items"]
+    refused = await client.post(
+        "/v1/responses",
+        json={
+            "model": "default",
+            "input": "something else",
+            "previous_response_id": asked["id"],
+            "tools": [weather],
+        },
+    )
+    error = assert_error(refused, 400, "input")
+    assert call["call_id"] in error["message"]
+    assert (await client.get("/conversations")).json()["items"] == listed
+    # answering them continues the branch, and the source is untouched
+    branch = await respond(
+        client,
+        input=[{**answered, "output": "raining"}],
+        previous_response_id=asked["id"],
+        tools=[weather],
+    )
+    forked = branch["conversation"]["id"]
+    assert forked != conv
+    assert 'Tool get_weather returned: "raining"' in branch["output"][0]["content"][0]["text"]
+    assert (await context(client, conv)) == after

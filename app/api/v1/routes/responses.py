@@ -5,6 +5,8 @@ alone and stores nothing (docs/openai.md)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
@@ -32,6 +34,7 @@ from ..items import messages_of
 from ..schemas import ResponseCreate
 from ..views import list_object, run_id_of, split
 
+log = logging.getLogger(__name__)
 router = APIRouter()
 
 
@@ -101,6 +104,7 @@ async def create_response(
     )
     history: Context | None = None  # previous_response_id: the conversation it continues
     previous: Run | None = None  # at the head of its conversation: continued
+    made: str | None = None  # a conversation made for this response (a fork), until its run starts
     if body.previous_response_id is not None:
         run, at_head = await _previous(svc, responses, tenant, body.previous_response_id)
         try:
@@ -110,67 +114,97 @@ async def create_response(
                 previous, conversation_id = run, run.conversation_id
             else:  # an older response: a new conversation forked at the version it stored
                 conversation_id = (await responses.fork_at(tenant, run)).conversation.id
+                made = conversation_id
         except ForkUnavailable as exc:  # its version is past the retention: expired
             raise bad_request(exc.detail, "previous_response_id") from None
-    items = await resolve_references(svc, responses, tenant, conversation_id, items)
-    answers_calls = any(
-        isinstance(i, dict) and i.get("type") == "function_call_output" for i in items
-    )
-    names = await pending_names(svc, tenant, conversation_id if answers_calls else None)
-    parsed = messages_of(items, names)
-    instructions = (
-        "\n\n".join(
-            [*([body.instructions] if body.instructions is not None else []), *parsed.system]
+    try:
+        items = await resolve_references(svc, responses, tenant, conversation_id, items)
+        answers_calls = any(
+            isinstance(i, dict) and i.get("type") == "function_call_output" for i in items
         )
-        if body.instructions is not None or parsed.system
-        else None
-    )
-    tools = request_.run_tools(body, svc.settings)
-    approvals, approved = await resolve_approvals(svc, responses, tenant, conversation_id, parsed)
-    body.approved.extend(approved)
-
-    if not body.store:
-        return await answers.unstored(
-            svc, responses, tenant, body, parsed.messages, history, tools, instructions, approvals
+        names = await pending_names(svc, tenant, conversation_id if answers_calls else None)
+        parsed = messages_of(items, names)
+        instructions = (
+            "\n\n".join(
+                [*([body.instructions] if body.instructions is not None else []), *parsed.system]
+            )
+            if body.instructions is not None or parsed.system
+            else None
         )
+        tools = request_.run_tools(body, svc.settings)
+        approvals, approved = await resolve_approvals(
+            svc, responses, tenant, conversation_id, parsed
+        )
+        body.approved.extend(approved)
 
-    history_items: tuple[AnyMessage, ...] = ()
-    if conversation_id is None:  # a new conversation: the input is its whole history
-        history_items, results, prompts = answers.split_stateless(parsed.messages)
-        pending.check_append(Context(), history_items)  # refused before anything is created
-    else:
-        results, prompts = _split_stored(parsed.messages)
-    run_request = tools.request(
-        prompts=prompts,
-        agent=body.model,
-        tool_results=results,
-        approvals=approvals,
-        instructions=instructions,
-        settings=request_.run_settings(body),
-        response=request_.kept_fields(body),
-    )
-    if conversation_id is None:  # a new conversation, listed natively
-        info = await svc.conversations.create(tenant, metadata=body.metadata)
-        conversation_id = info.conversation.id
-        if history_items:  # stored first, as items added without a response
-            append = RunRequest(prompts=(), append=history_items)
-            await run_to_end(svc, tenant, conversation_id, append)
-    if_match = None
-    if previous is not None:  # still at the head when the run starts, or 409
-        if_match = parse_condition(previous.result_etag, "If-Match")
-    if body.background:  # a native background run: queued behind a busy conversation
-        return await answers.background(svc, tenant, conversation_id, run_request, if_match, body)
-    started = await svc.runs.start(
-        tenant, conversation_id, run_request, if_match=if_match, stream=body.stream
-    )
-    if not isinstance(started, ActiveRun):
-        raise OpenAIError("The run could not be started.", status=500)
+        if not body.store:
+            return await answers.unstored(
+                svc,
+                responses,
+                tenant,
+                body,
+                parsed.messages,
+                history,
+                tools,
+                instructions,
+                approvals,
+            )
+
+        history_items: tuple[AnyMessage, ...] = ()
+        if conversation_id is None:  # a new conversation: the input is its whole history
+            history_items, results, prompts = answers.split_stateless(parsed.messages)
+            pending.check_append(Context(), history_items)  # refused before anything is created
+        else:
+            results, prompts = _split_stored(parsed.messages)
+        run_request = tools.request(
+            prompts=prompts,
+            agent=body.model,
+            tool_results=results,
+            approvals=approvals,
+            instructions=instructions,
+            settings=request_.run_settings(body),
+            response=request_.kept_fields(body),
+        )
+        if conversation_id is None:  # a new conversation, listed natively
+            info = await svc.conversations.create(tenant, metadata=body.metadata)
+            conversation_id = made = info.conversation.id
+            if history_items:  # stored first, as items added without a response
+                append = RunRequest(prompts=(), append=history_items)
+                await run_to_end(svc, tenant, conversation_id, append)
+        if_match = None
+        if previous is not None:  # still at the head when the run starts, or 409
+            if_match = parse_condition(previous.result_etag, "If-Match")
+        if body.background:  # a native background run: queued behind a busy conversation
+            return await answers.background(
+                svc, tenant, conversation_id, run_request, if_match, body
+            )
+        started = await svc.runs.start(
+            tenant, conversation_id, run_request, if_match=if_match, stream=body.stream
+        )
+        if not isinstance(started, ActiveRun):
+            raise OpenAIError("The run could not be started.", status=500)
+    except BaseException:
+        # refused (or failed) before its run started: the conversation made for it (a fork of
+        # an older response's version, or a new one) is not kept, so a refused request leaves
+        # nothing behind
+        if made is not None:
+            await asyncio.shield(_discard(svc, tenant, made))
+        raise
     if body.stream:
         return answers.streaming(svc, answers.live_events(svc, started, body))
     finished = await svc.runs.wait(
         started, on_disconnect="continue", disconnected=request.is_disconnected
     )
     return JSONResponse(answers.response_view(finished, body))
+
+
+async def _discard(svc: Services, tenant: str, conversation_id: str) -> None:
+    """Delete a conversation made for a response that was refused; what made the refusal is
+    what the client hears, so a failure here is only logged (the conversation stays)."""
+    try:
+        await svc.conversations.delete(tenant, conversation_id)
+    except Exception:
+        log.warning("a conversation made for a refused response was kept: %s", conversation_id)
 
 
 async def _previous(
