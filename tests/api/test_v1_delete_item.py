@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .conftest import AppClient
+from .conftest import AppClient, SettingsFactory, start_client
 from .test_v1_http import assert_error
 
 WEATHER = {
@@ -166,3 +166,20 @@ async def test_an_unknown_item_is_a_404(client: AppClient) -> None:
     # an item of another conversation is not one of this one's
     assert_error(await client.delete(f"/v1/conversations/{other}/items/{item['id']}"), 404)
     assert (await context(client, conv)) == before
+
+
+async def test_another_tenants_item_is_a_404(make_settings: SettingsFactory) -> None:
+    app, client = await start_client(make_settings(api_keys="acme:key-a,umbrella:key-b"))
+    a, b = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
+    async with app.router.lifespan_context(app), client:
+        made = await client.post(
+            "/v1/conversations", json={"items": [{"role": "user", "content": "mine"}]}, headers=a
+        )
+        assert made.status_code == 200, made.text
+        conv = made.json()["id"]
+        [item] = (await client.get(f"/v1/conversations/{conv}/items", headers=a)).json()["data"]
+        path = f"/v1/conversations/{conv}/items/{item['id']}"
+        assert_error(await client.delete(path, headers=b), 404)
+        assert (await client.get(path, headers=a)).status_code == 200
+        assert (await client.delete(path, headers=a)).status_code == 200
+        assert_error(await client.get(path, headers=a), 404)
