@@ -189,14 +189,14 @@ class RecordStore(StoreBase):
     async def deleted_items(self, tenant: str, conv_id: str) -> set[str]:
         """The ids of the /v1 items deleted from the conversation (its ``item_deleted``
         entries)."""
-        stmt = select_transcript().where(
+        stmt = select(transcript.c.body).where(
             *child_key(transcript, tenant, conv_id), transcript.c.kind == "item_deleted"
         )
         async with read_transaction(self.engine) as conn:
-            rows = (await conn.execute(stmt)).mappings().all()
+            bodies = (await conn.execute(stmt)).scalars().all()
         found: set[str] = set()
-        for row in rows:
-            found.update(str(i) for i in (transcript_entry(row).body or {}).get("items", []))
+        for body in bodies:
+            found.update(str(i) for i in (body or {}).get("items", []))
         return found
 
     async def message_entries(
