@@ -449,12 +449,14 @@ class TranscriptEntry(BaseModel):
         "client_result",
         "approval",
         "forked",
+        "item_deleted",
     ]
     failed: bool = Field(description="A failed or aborted assistant attempt")
     body: dict[str, Any] = Field(
         description="The message (prompt, attempt, tool_result, client_result), the "
-        "compaction record, the replacing context, the required_action of a pause, or an "
-        "approval decision (tool_call_id, tool_name, approve, reason)"
+        "compaction record, the replacing context, the required_action of a pause, an "
+        "approval decision (tool_call_id, tool_name, approve, reason), or the ids of the "
+        "items a deletion removed (item_deleted: etag, items)"
     )
     created_at: datetime
 

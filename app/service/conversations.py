@@ -243,10 +243,12 @@ class ConversationService:
         *,
         if_match: ETagCondition | None,
         if_none_match: ETagCondition | None,
+        deleted: Sequence[str] = (),
     ) -> ContextWritten:
         """Replace the context (``if_match``) or create the conversation with it
         (``if_none_match`` ``*``, without ``if_match``). The context must be storable: replayable,
-        or ending with pending calls (docs/tools.md)."""
+        or ending with pending calls (docs/tools.md). ``deleted``: the /v1 items this
+        replacement deletes (recorded in the transcript; refused while a run holds it)."""
         if if_match is None and (if_none_match is None or not if_none_match.any):
             raise ValueError("give if_match, or if_none_match '*' to create")
         try:  # it may end with pending calls (docs/tools.md); a long one off the loop
@@ -269,7 +271,13 @@ class ConversationService:
         try:
             if if_match is not None:
                 etag = await self.stores.conversations.replace_context(
-                    tenant, conv_id, context, if_match=if_match, max_bytes=max_bytes, dumped=dumped
+                    tenant,
+                    conv_id,
+                    context,
+                    if_match=if_match,
+                    max_bytes=max_bytes,
+                    dumped=dumped,
+                    deleted=deleted,
                 )
                 return ContextWritten(etag, created=False, body=dumped.body)
             etag = await self.stores.conversations.replace_context(

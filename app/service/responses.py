@@ -125,6 +125,10 @@ class ResponseService:
         entries = await self.stores.records.run_message_entries(tenant, conversation_id, [run_id])
         return _stored(entries, {e.seq: i for i, e in enumerate(entries)})
 
+    async def deleted_items(self, tenant: str, conv_id: str) -> set[str]:
+        """The ids of the items deleted from the conversation (``DELETE …/items/…``)."""
+        return await self.stores.records.deleted_items(tenant, conv_id)
+
     async def messages(
         self,
         tenant: str,

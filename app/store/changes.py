@@ -48,6 +48,8 @@ TranscriptKind = Literal[
     "approval",
     # a fork's first entry: the source id, its ETag and how many messages were copied
     "forked",
+    # after a context_replaced entry: the /v1 items that replacement deleted (their ids)
+    "item_deleted",
 ]
 
 

@@ -11,13 +11,14 @@ Listing, searching and sweeping conversations are in :mod:`.listing` (a base of
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import String, delete, func, insert, literal, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.expression import Exists
 
 from app.agent.codec import load_message
 from app.agent.messages import AnyMessage, Context, ToolResultMessage
@@ -358,16 +359,7 @@ class ConversationStore(ListingStore):
         lease expired) does not hold the conversation.
         """
         c = conversations.c
-        live_run = (
-            select(runs.c.run_id)
-            .where(
-                *child_key(runs, tenant, conv_id),
-                runs.c.run_id == c.active_run_id,
-                runs.c.status == "running",
-                runs.c.lease_expires_at > self.clock.now(),
-            )
-            .exists()
-        )
+        live_run = self._live_run(tenant, conv_id)
         stmt = delete(conversations).where(*conversation_key(tenant, conv_id), ~live_run)
         if expected_etag is not None:
             stmt = stmt.where(sql_if_match(expected_etag, c.incarnation, c.version))
@@ -392,6 +384,19 @@ class ConversationStore(ListingStore):
             ):
                 raise ActiveRun(current.active_run_id or "")
             raise PreconditionFailed(STALE, current_etag=current.etag)
+
+    def _live_run(self, tenant: str, conv_id: str) -> Exists:
+        """A run holds a live lease on the conversation (one whose process died does not)."""
+        return (
+            select(runs.c.run_id)
+            .where(
+                *child_key(runs, tenant, conv_id),
+                runs.c.run_id == conversations.c.active_run_id,
+                runs.c.status == "running",
+                runs.c.lease_expires_at > self.clock.now(),
+            )
+            .exists()
+        )
 
     async def last_batch(
         self, tenant: str, conv_id: str, *, chunk: int = 32
@@ -457,10 +462,14 @@ class ConversationStore(ListingStore):
         create: bool = False,
         max_bytes: int | None = None,
         dumped: DumpedContext | None = None,
+        deleted: Sequence[str] = (),
     ) -> str:
         """Replace (``if_match``) or create (``create``, i.e. If-None-Match: *) the stored
         context, in one transaction; returns the new ETag. ``dumped``: the context's texts, when
-        the caller dumped them already (:meth:`DumpedContext.dump`).
+        the caller dumped them already (:meth:`DumpedContext.dump`). ``deleted``: the /v1 item
+        ids this replacement deletes (``DELETE /v1/conversations/…/items/…``): the transcript's
+        ``context_replaced`` entry is then followed by an ``item_deleted`` entry naming them,
+        and only a conversation no run holds is replaced (else :class:`ActiveRun`).
 
         A long context costs the event loop no long stall: its texts are dumped and its tally
         counted in a worker thread, its rows written a chunk at a time, and the transcript's
@@ -497,6 +506,8 @@ class ConversationStore(ListingStore):
                 incarnation, version, first, seq = values["incarnation"], 1, 0, 1
             else:
                 assert if_match is not None
+                idle = [~self._live_run(tenant, conv_id)] if deleted else []
+                notes = 2 if deleted else 1
                 row = (
                     await conn.execute(
                         update(conversations)
@@ -505,6 +516,7 @@ class ConversationStore(ListingStore):
                             sql_if_match(
                                 if_match, conversations.c.incarnation, conversations.c.version
                             ),
+                            *idle,
                         )
                         .values(
                             version=conversations.c.version + 1,
@@ -512,7 +524,7 @@ class ConversationStore(ListingStore):
                             summary=context.summary,
                             next_position=conversations.c.next_position + n,
                             message_count=n,
-                            transcript_seq=conversations.c.transcript_seq + 1,
+                            transcript_seq=conversations.c.transcript_seq + notes,
                             updated_at=now,
                             **stats.columns(),
                         )
@@ -525,8 +537,18 @@ class ConversationStore(ListingStore):
                     )
                 ).first()
                 if row is None:
+                    if deleted:
+                        held = await conn.execute(
+                            select(conversations.c.active_run_id).where(
+                                *conversation_key(tenant, conv_id),
+                                self._live_run(tenant, conv_id),
+                            )
+                        )
+                        if (run_id := held.scalar_one_or_none()) is not None:
+                            raise ActiveRun(run_id)
                     raise await missing_or_stale(conn, tenant, conv_id, STALE)
-                incarnation, version, seq = row.incarnation, row.version, row.transcript_seq
+                incarnation, version = row.incarnation, row.version
+                seq = row.transcript_seq - notes + 1
                 # the replaced messages' rows stay, below the new ones: the versions before
                 # this one are made of them (app/store/versions.py)
                 first = row.next_position - n
@@ -535,8 +557,11 @@ class ConversationStore(ListingStore):
             await insert_messages(conn, tenant, conv_id, dumped.rows(first), texts)
             # {"etag": …, "context": dump_context(context)}, from the texts just dumped
             replaced = Dumped(f'{{"etag":{json.dumps(etag)},"context":{body}}}')
-            entry = TranscriptItem("context_replaced", False, replaced)
-            await insert_transcript(conn, tenant, conv_id, None, seq, [entry], now)
+            entries = [TranscriptItem("context_replaced", False, replaced)]
+            if deleted:
+                note = {"etag": etag, "items": list(deleted)}
+                entries.append(TranscriptItem("item_deleted", False, note))
+            await insert_transcript(conn, tenant, conv_id, None, seq, entries, now)
             await insert_version(
                 conn,
                 version_row(

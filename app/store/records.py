@@ -186,6 +186,19 @@ class RecordStore(StoreBase):
             rows = (await conn.execute(stmt)).mappings().all()
         return [transcript_entry(row) for row in rows]
 
+    async def deleted_items(self, tenant: str, conv_id: str) -> set[str]:
+        """The ids of the /v1 items deleted from the conversation (its ``item_deleted``
+        entries)."""
+        stmt = select(transcript.c.body).where(
+            *child_key(transcript, tenant, conv_id), transcript.c.kind == "item_deleted"
+        )
+        async with read_transaction(self.engine) as conn:
+            bodies = (await conn.execute(stmt)).scalars().all()
+        found: set[str] = set()
+        for body in bodies:
+            found.update(str(i) for i in (body or {}).get("items", []))
+        return found
+
     async def message_entries(
         self,
         tenant: str,

@@ -268,7 +268,10 @@ def test_errors_have_openai_shape_and_the_sdk_classes(server: Server) -> None:
 
 def test_a_busy_conversation_is_a_409_conversation_locked(server: Server) -> None:
     client = server.client()
-    conversation = client.conversations.create()
+    conversation = client.conversations.create(
+        items=[{"type": "message", "role": "user", "content": "kept"}]
+    )
+    [kept] = client.conversations.items.list(conversation.id).data
     stream = client.responses.create(
         model="default", input="/sleep 30", conversation=conversation.id, stream=True
     )
@@ -282,6 +285,9 @@ def test_a_busy_conversation_is_a_409_conversation_locked(server: Server) -> Non
             client.conversations.items.create(
                 conversation.id, items=[{"type": "message", "role": "user", "content": "x"}]
             )
+        with pytest.raises(openai.ConflictError) as deleting:
+            client.conversations.items.delete(kept.id, conversation_id=conversation.id)
+        assert deleting.value.body["code"] == "conversation_locked"  # type: ignore[index]
     finally:
         cancelled = client.responses.cancel(created.response.id)
         assert cancelled.id == created.response.id

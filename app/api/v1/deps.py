@@ -133,7 +133,7 @@ async def find_item(
 ) -> dict[str, Any] | None:
     """A stored item of the conversation by its id (None: no such item)."""
     key = parse_item_id(item_id)
-    if key is None:
+    if key is None or item_id in await responses.deleted_items(tenant, conversation_id):
         return None
     found: StoredMessage | None = None
     for stored in await responses.run_messages(tenant, conversation_id, key.run_id):

@@ -10,11 +10,16 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
 from app.agent.messages import Context
+from app.etag import parse_condition
 from app.service import pending
+from app.service.errors import UnreplayableContext
+from app.service.responses import ResponseService, StoredMessage
 from app.service.runs import RunRequest
+from app.store.stores import Loaded
 
 from ...deps import ServicesDep, TenantDep
 from ...metadata import check_metadata
+from ..deletion import deletion_plan
 from ..deps import (
     ResponsesDep,
     added_items,
@@ -129,6 +134,7 @@ async def list_items(
         if found is None:
             raise bad_request(f"Item with id '{after}' not found.", "after")
         from_seq = found.seq
+    deleted = await responses.deleted_items(tenant, conversation_id)
     data: list[dict[str, Any]] = []
     while len(data) <= limit:
         page = await responses.messages(
@@ -141,6 +147,7 @@ async def list_items(
             items = items_of(stored.message, stored.run_id, stored.index, view)
             if key is not None and (stored.run_id, stored.index) == (key.run_id, key.index):
                 items = items[key.k + 1 :] if not descending else items[: key.k]
+            items = [item for item in items if item["id"] not in deleted]
             data.extend(reversed(items) if descending else items)
         if len(page) < limit + 2:
             break
@@ -192,8 +199,51 @@ async def delete_item(
     conversation_id: str,
     item_id: str,
 ) -> JSONResponse:
-    """Not implemented yet: the transcript is append-only and a deletion needs a new version
-    of the context (docs/openai.md)."""
-    if await find_item(svc, responses, tenant, conversation_id, item_id) is None:
+    """Delete an item: the context gets a new version without it (a ``function_call`` and its
+    ``function_call_output`` go together), the transcript keeps it and appends an
+    ``item_deleted`` entry. 400 when its message is no longer in the context (folded into the
+    summary, or the context replaced since) or it is one of several items of an assistant
+    message and not a ``function_call``; 409 while a run holds the conversation."""
+    found = await find_item(svc, responses, tenant, conversation_id, item_id)
+    if found is None:
         raise _not_found("Item", item_id)
-    raise bad_request("Deleting conversation items is not supported yet.", "item_id")
+    loaded = await svc.conversations.get_context(tenant, conversation_id)
+    assert isinstance(loaded, Loaded)  # no If-None-Match: never NotModified
+    deleted = await responses.deleted_items(tenant, conversation_id)
+    stored = await _transcript_messages(responses, tenant, conversation_id)
+    plan = deletion_plan(item_id, found, stored, deleted, loaded.context)
+    try:
+        await svc.conversations.put_context(
+            tenant,
+            conversation_id,
+            plan.context,
+            if_match=parse_condition(loaded.etag),
+            if_none_match=None,
+            deleted=plan.item_ids,
+        )
+    except UnreplayableContext as exc:
+        raise bad_request(
+            f"Item with id '{item_id}' cannot be deleted: the context would no longer be "
+            f"replayable ({exc.detail}).",
+            "item_id",
+        ) from None
+    return JSONResponse(conversation_object(await svc.conversations.get(tenant, conversation_id)))
+
+
+async def _transcript_messages(
+    responses: ResponseService, tenant: str, conversation_id: str
+) -> list[StoredMessage]:
+    """All the transcript's messages (failed attempts left out), oldest first."""
+    found: list[StoredMessage] = []
+    from_seq: int | None = None
+    while True:
+        page = await responses.messages(
+            tenant, conversation_id, from_seq=from_seq, descending=False, limit=_PAGE
+        )
+        found.extend(s for s in page if not s.failed)
+        if len(page) < _PAGE:
+            return found
+        from_seq = page[-1].seq + 1
+
+
+_PAGE = 500

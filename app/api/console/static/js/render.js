@@ -305,6 +305,8 @@ export function transcriptArticle(entry, opts = {}) {
         meta,
       );
     }
+    case "item_deleted":
+      return noteArticle("item deleted", "Items deleted", (body.items || []).map((id) => `deleted: ${id}`), meta);
     case "forked": {
       const article = noteArticle(
         "fork",
