@@ -24,6 +24,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+from sqlalchemy import text
+
+from app.store.db import make_engine
 
 T = TypeVar("T")
 
@@ -186,3 +189,16 @@ def _wait_until_ready(process: subprocess.Popen[bytes], base_url: str, log: Any)
         time.sleep(0.1)
     log.seek(0)
     pytest.fail(f"carryover serve never became ready:\n{log.read()}")
+
+
+async def run_sql(url: str, sql: str) -> Any:
+    """Run one SQL statement on the database at ``url`` in its own transaction, committed (a
+    test reading or damaging rows behind the app's back): the first column of the first row
+    when it returns rows, else the number of rows it changed."""
+    engine = make_engine(url)
+    try:
+        async with engine.begin() as conn:
+            result = await conn.execute(text(sql))
+            return result.scalar() if result.returns_rows else result.rowcount
+    finally:
+        await engine.dispose()

@@ -14,7 +14,7 @@ from sqlalchemy import text
 from app.store.db import make_engine
 from app.store.migrate import downgrade, upgrade
 
-from ..helpers import assert_problem, user
+from ..helpers import assert_problem, run_sql, user
 
 #: more context rows than one batch of the migration (1,000)
 LONG = 1_100
@@ -46,16 +46,6 @@ async def run_prompts(url: str) -> list[tuple[str, str]]:
         await engine.dispose()
 
 
-async def scalar(url: str, sql: str) -> Any:
-    engine = make_engine(url)
-    try:
-        async with engine.begin() as conn:
-            result = await conn.execute(text(sql))
-            return result.scalar() if result.returns_rows else result.rowcount
-    finally:
-        await engine.dispose()
-
-
 async def test_upgrade_references_the_context_texts_and_downgrade_puts_them_back(
     app_factory: Callable[..., Any], database_url: str
 ) -> None:
@@ -79,18 +69,18 @@ async def test_upgrade_references_the_context_texts_and_downgrade_puts_them_back
     at_0014 = await raw_rows(database_url)
     assert all(body is not None for _, _, body, _ in at_0014)  # each row its own text again
     # one row changed behind the service's back: not what its checksum says
-    await scalar(
+    await run_sql(
         database_url,
         "UPDATE context_messages SET body = replace(body, 'message 7 ', 'messaxe 7 ') "
         "WHERE conversation_id = 'hurt' AND position = 7",
     )
     # as a database at 0014 holds them: only the run's texts are in message_texts
-    await scalar(
+    await run_sql(
         database_url,
         "DELETE FROM message_texts WHERE sha256 NOT IN "
         "(SELECT body_sha256 FROM run_new_messages WHERE body_sha256 IS NOT NULL)",
     )
-    assert await scalar(database_url, "SELECT COUNT(*) FROM message_texts") == 2
+    assert await run_sql(database_url, "SELECT COUNT(*) FROM message_texts") == 2
     at_0014 = await raw_rows(database_url)
     prompts_0014 = await run_prompts(database_url)
     assert prompts_0014 and all(p.startswith('[{"type":"user"') for _, p in prompts_0014)
@@ -98,12 +88,12 @@ async def test_upgrade_references_the_context_texts_and_downgrade_puts_them_back
     await upgrade(database_url)
     # the run that ended references its prompt's text, which its records hold
     assert await run_prompts(database_url) == [(r, "[]") for r, _ in prompts_0014]
-    kept = await scalar(
+    kept = await run_sql(
         database_url, "SELECT COUNT(*) FROM context_messages WHERE body IS NOT NULL"
     )
     assert kept == 1  # the damaged row keeps its own text
     # one text per distinct message: the two contexts share theirs
-    texts = await scalar(database_url, "SELECT COUNT(*) FROM message_texts")
+    texts = await run_sql(database_url, "SELECT COUNT(*) FROM message_texts")
     # and the run's prompt and answer, and the system prompt and summary of the version
     # records (migration 0017)
     assert texts == LONG + 2 + 2

@@ -8,25 +8,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import text
-
-from app.store.db import make_engine
 from app.store.migrate import downgrade, upgrade
 
-from ..helpers import assert_problem
+from ..helpers import assert_problem, run_sql
 
 #: more conversations than one batch of the migration (1,000)
 MANY = 1_005
-
-
-async def execute(url: str, sql: str) -> Any:
-    engine = make_engine(url)
-    try:
-        async with engine.begin() as conn:
-            result = await conn.execute(text(sql))
-            return result.scalar() if result.returns_rows else result.rowcount
-    finally:
-        await engine.dispose()
 
 
 async def test_upgrade_records_the_current_versions_and_downgrade_forgets_earlier_rows(
@@ -43,7 +30,7 @@ async def test_upgrade_records_the_current_versions_and_downgrade_forgets_earlie
         assert compact.status_code in (200, 201), compact.text
         before = await client.get("/conversations/c/context")
     # rows below the first position: the compacted messages, kept for earlier versions
-    kept = await execute(
+    kept = await run_sql(
         database_url,
         "SELECT COUNT(*) FROM context_messages m JOIN conversations c ON c.tenant = m.tenant "
         "AND c.id = m.conversation_id WHERE m.position < c.next_position - c.message_count",
@@ -51,7 +38,7 @@ async def test_upgrade_records_the_current_versions_and_downgrade_forgets_earlie
     assert kept > 0
     await downgrade(database_url, "0016")
     assert (
-        await execute(
+        await run_sql(
             database_url,
             "SELECT COUNT(*) FROM context_messages m JOIN conversations c ON c.tenant = m.tenant "
             "AND c.id = m.conversation_id WHERE m.position < c.next_position - c.message_count",
@@ -59,7 +46,7 @@ async def test_upgrade_records_the_current_versions_and_downgrade_forgets_earlie
         == 0
     )
     # many conversations at 0016, more than one batch of the upgrade
-    await execute(
+    await run_sql(
         database_url,
         "INSERT INTO conversations (tenant, id, incarnation, version, system_prompt, summary, "
         "next_position, message_count, transcript_seq, created_at, updated_at) "
@@ -69,7 +56,7 @@ async def test_upgrade_records_the_current_versions_and_downgrade_forgets_earlie
         "SELECT n FROM k) AS seq WHERE id = 'c'",
     )
     await upgrade(database_url)
-    assert await execute(database_url, "SELECT COUNT(*) FROM context_versions") == MANY + 1
+    assert await run_sql(database_url, "SELECT COUNT(*) FROM context_versions") == MANY + 1
     async with app_factory() as client:
         listed = (await client.get("/conversations/c/versions")).json()["items"]
         assert [(v["cause"], v["etag"]) for v in listed] == [("migrated", before.headers["etag"])]

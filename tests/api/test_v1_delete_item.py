@@ -9,20 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from .conftest import AppClient, SettingsFactory, start_client
-from .test_v1_http import assert_error
+from .test_v1_http import assert_error, respond
 
 WEATHER = {
     "type": "function",
     "name": "get_weather",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
 }
-
-
-async def respond(client: AppClient, **body: Any) -> dict[str, Any]:
-    answer = await client.post("/v1/responses", json={"model": "default", **body})
-    assert answer.status_code == 200, answer.text
-    found: dict[str, Any] = answer.json()
-    return found
 
 
 async def items(client: AppClient, conv: str) -> list[dict[str, Any]]:

@@ -4,17 +4,8 @@ the run record and transcript); deleting it again is a 404."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from .conftest import AppClient
-from .test_v1_http import assert_error
-
-
-async def respond(client: AppClient, **body: Any) -> dict[str, Any]:
-    answer = await client.post("/v1/responses", json={"model": "default", **body})
-    assert answer.status_code == 200, answer.text
-    found: dict[str, Any] = answer.json()
-    return found
+from .test_v1_http import assert_error, respond
 
 
 async def test_a_deleted_response_is_gone_from_v1_and_its_conversation_unchanged(

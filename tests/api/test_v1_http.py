@@ -25,7 +25,7 @@ def assert_error(response: httpx.Response, status: int, param: str | None = None
     return error
 
 
-async def _respond(client: AppClient, **body: Any) -> dict[str, Any]:
+async def respond(client: AppClient, **body: Any) -> dict[str, Any]:
     answer = await client.post("/v1/responses", json={"model": "default", **body})
     assert answer.status_code == 200, answer.text
     found: dict[str, Any] = answer.json()
@@ -33,10 +33,10 @@ async def _respond(client: AppClient, **body: Any) -> dict[str, Any]:
 
 
 async def test_items_of_a_tree_of_responses(client: AppClient) -> None:
-    first = await _respond(client, input="one")
+    first = await respond(client, input="one")
     conversation = first["conversation"]["id"]
-    second = await _respond(client, input="two", previous_response_id=first["id"])
-    branch = await _respond(client, input="2b", previous_response_id=first["id"])
+    second = await respond(client, input="two", previous_response_id=first["id"])
+    branch = await respond(client, input="2b", previous_response_id=first["id"])
     assert second["conversation"]["id"] == conversation
     assert branch["conversation"]["id"] != conversation
 
@@ -61,7 +61,7 @@ async def test_items_of_a_tree_of_responses(client: AppClient) -> None:
     assert one.json() == items[3]
 
     # input may name a stored item by reference
-    referenced = await _respond(
+    referenced = await respond(
         client,
         input=[{"type": "item_reference", "id": items[0]["id"]}],
         conversation=conversation,

@@ -14,7 +14,7 @@ from app.clock import ManualClock
 
 from ..helpers import user
 from .conftest import AppClient, SettingsFactory, apps
-from .test_v1_http import assert_error
+from .test_v1_http import assert_error, respond
 
 RETENTION = 3600
 
@@ -23,13 +23,6 @@ RETENTION = 3600
 async def client(make_settings: SettingsFactory, clock: ManualClock) -> AsyncIterator[AppClient]:
     async with apps(make_settings, clock)(version_retention_seconds=RETENTION) as http:
         yield http
-
-
-async def respond(client: AppClient, **body: Any) -> dict[str, Any]:
-    answer = await client.post("/v1/responses", json={"model": "default", **body})
-    assert answer.status_code == 200, answer.text
-    found: dict[str, Any] = answer.json()
-    return found
 
 
 async def context(client: AppClient, conv: str) -> dict[str, Any]:
