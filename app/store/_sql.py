@@ -29,6 +29,7 @@ from app.agent.tokens import TokenTally, tally_of
 from app.clock import SYSTEM_CLOCK, Clock
 
 from .changes import TranscriptItem, stored_pending
+from .direct import prepared
 from .errors import LimitExceeded, PreconditionFailed, StoreError, conversation_not_found
 from .integrity import body_sha256, spans_column, verify_joined, verify_rows
 from .tables import Conversation, Dumped, context_messages, conversations, transcript
@@ -410,8 +411,8 @@ def stored_too_large(actual: int, max_bytes: int, what: str = "the context") -> 
 
 
 #: built once (a run's path pays no statement construction)
-_INSERT_MESSAGES = insert(context_messages)
-_INSERT_TRANSCRIPT = insert(transcript)
+_INSERT_MESSAGES = prepared(insert(context_messages))
+_INSERT_TRANSCRIPT = prepared(insert(transcript))
 
 
 #: message rows per INSERT: SQLAlchemy prepares an executemany's parameters on the event loop

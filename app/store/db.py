@@ -32,6 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from . import sqlite_driver
+from .direct import direct_engine
 
 _DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
 _ALIASES = {"postgres": "postgresql"}
@@ -66,7 +67,8 @@ def make_engine(
         # one thread hop per statement instead of up to four (app/store/sqlite_driver.py)
         engine = create_async_engine(target.set(drivername=sqlite_driver.DRIVERNAME), **kwargs)
         _configure_sqlite(engine, busy_timeout_ms)
-        return engine
+        # prepared statements straight on that driver (app/store/direct.py)
+        return direct_engine(engine)
     kwargs.setdefault("pool_pre_ping", True)
     return create_async_engine(target, **kwargs)
 

@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ._sql import StoreBase, child_key
 from .db import read_transaction, write_transaction
+from .direct import prepared
 from .tables import run_events
 from .texts import MESSAGE_EVENT, TextBatch, collect_garbage, load, with_text
 
@@ -78,7 +79,7 @@ async def insert_events(
 
 #: built once per dialect (a run's path pays no statement construction)
 _INSERT_PG: Any = pg_insert(run_events).on_conflict_do_nothing()
-_INSERT_SQLITE: Any = sqlite_insert(run_events).on_conflict_do_nothing()
+_INSERT_SQLITE: Any = prepared(sqlite_insert(run_events).on_conflict_do_nothing())
 
 
 class EventStore(StoreBase):

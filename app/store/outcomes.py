@@ -33,6 +33,7 @@ from ._sql import (
 )
 from .changes import ContextWrite, TranscriptItem, stored_pending
 from .db import defer_inserts, write_transaction
+from .direct import prepared
 from .errors import NotFound, run_not_found
 from .events import EventRow, insert_events
 from .integrity import body_sha256
@@ -128,10 +129,10 @@ def _outcome_statements() -> tuple[Any, Any, Any]:
     return store, only_release, finish
 
 
-_STORE, _RELEASE, _FINISH = _outcome_statements()
+_STORE, _RELEASE, _FINISH = map(prepared, _outcome_statements())
 #: the finish of a run whose prompts are all among its new messages: its row references
 #: their texts instead of keeping its own copy (app/store/texts.py, :func:`prompt_keys`)
-_FINISH_REFERENCING = _FINISH.values(prompts=[], prompt_keys=bindparam("b_prompt_keys"))
+_FINISH_REFERENCING = prepared(_FINISH.values(prompts=[], prompt_keys=bindparam("b_prompt_keys")))
 
 
 class NotRunning(Exception):

@@ -37,6 +37,7 @@ from app.clock import SYSTEM_CLOCK, Clock
 from app.errors import CarryoverError
 
 from .db import read_transaction, write_transaction
+from .direct import prepared
 from .tables import runs, tenant_quotas, tenant_usage
 
 WINDOW = timedelta(seconds=60)
@@ -136,7 +137,7 @@ def _usage_upsert(dialect: str, names: tuple[str, ...]) -> Any:
                 set_={name: tenant_usage.c[name] + bindparam(f"add_{name}") for name in names},
             )
         )
-        _usage_upserts[key] = stmt
+        _usage_upserts[key] = stmt = prepared(stmt)
     return stmt
 
 
@@ -194,8 +195,10 @@ async def _state(
 
 
 #: the tenant's quota row, built once (a run's start pays no statement construction)
-_QUOTA = select(tenant_quotas).where(tenant_quotas.c.tenant == bindparam("tenant"))
-_QUOTA_LOCKED = _QUOTA.with_for_update()
+_QUOTA = prepared(select(tenant_quotas).where(tenant_quotas.c.tenant == bindparam("tenant")))
+_QUOTA_LOCKED = (
+    select(tenant_quotas).where(tenant_quotas.c.tenant == bindparam("tenant")).with_for_update()
+)
 
 
 async def refusal(

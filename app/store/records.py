@@ -21,6 +21,7 @@ from app.agent.records import Compaction, Result
 
 from ._sql import StoreBase, child_key, require_conversation
 from .db import read_transaction, write_transaction
+from .direct import prepared
 from .tables import (
     Dumped,
     Run,
@@ -307,9 +308,9 @@ async def dumped_folded(result: Result) -> list[Dumped]:
 
 
 #: built once (a run's path pays no statement construction)
-_INSERT_NEW_MESSAGES = insert(run_new_messages)
-_INSERT_FINAL = insert(run_finals)
-_INSERT_COMPACTIONS = insert(run_compactions)
+_INSERT_NEW_MESSAGES = prepared(insert(run_new_messages))
+_INSERT_FINAL = prepared(insert(run_finals))
+_INSERT_COMPACTIONS = prepared(insert(run_compactions))
 
 
 async def insert_audit(

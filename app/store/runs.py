@@ -32,6 +32,7 @@ from ._sql import Loaded, StoredRows, child_key, decode, read_rows
 from ._turns import cancel_queued, queue_head_by_parameters, take_free
 from .changes import Answered, StoredPending, last_batch_of, plan_context_write, run_transcript
 from .db import defer_inserts, read_transaction, write_transaction
+from .direct import prepared
 from .errors import Conflict, PreconditionFailed, conversation_not_found, run_not_found
 from .events import EventRow
 from .idempotency import IdempotencyClaim, IdempotentReplay, claimed, insert_claim
@@ -46,7 +47,7 @@ OnFailure = Literal["keep", "discard"]
 STALE_RUN = "If-Match does not match the stored context; nothing ran"
 
 #: built once: constructing an INSERT costs more than executing it (docs/performance.md)
-_INSERT_RUN = insert(runs)
+_INSERT_RUN = prepared(insert(runs))
 
 CachedContext = Callable[[str, str, str, int], Loaded | None]
 """A cache of stored contexts: ``(tenant, conversation_id, incarnation, version)`` → the
@@ -62,12 +63,12 @@ def _conversation_with_queue_head() -> Select[Any]:
     )
 
 
-_SELECT_FOR_START = _conversation_with_queue_head()
-_SELECT_FOR_START_LOCKED = _SELECT_FOR_START.with_for_update(of=conversations)
+_SELECT_FOR_START = prepared(_conversation_with_queue_head())
+_SELECT_FOR_START_LOCKED = _conversation_with_queue_head().with_for_update(of=conversations)
 
 
 #: the conversation's lease taken by a run (b_*: SQLAlchemy reserves column names in an UPDATE)
-_TAKE_LEASE = (
+_TAKE_LEASE = prepared(
     update(conversations)
     .where(
         conversations.c.tenant == bindparam("b_tenant"),

@@ -191,6 +191,38 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
 
         return pending
 
+    async def execute_direct(
+        self, operation: str, parameters: Any, *, many: bool, insert: bool
+    ) -> tuple[list[Any] | None, int]:
+        """Run ``operation`` on the loop's side of the driver, without a cursor object
+        (app/store/direct.py): in one call into aiosqlite's thread, with what is pending
+        before it; or, a plain ``INSERT`` (``insert``) while inserts are deferred, kept for
+        the next call. The rows it returns, if any, and its row count (-1 when kept)."""
+        if insert and self._defer:
+            self.defer(operation, parameters, many)
+            return None, -1
+        raw = self._connection._conn
+
+        async with self._execute_mutex:
+            before = self.take_pending()
+            self.used = True
+
+            def run() -> tuple[list[Any] | None, int]:
+                if before is not None:
+                    before(raw)
+                cursor = raw.cursor()
+                try:
+                    if many:
+                        cursor.executemany(operation, parameters)
+                    else:
+                        cursor.execute(operation, parameters)
+                    rows = cursor.fetchall() if cursor.description else None
+                    return rows, cursor.rowcount
+                finally:
+                    cursor.close()
+
+            return cast("tuple[list[Any] | None, int]", await self._connection._execute(run))
+
     def cursor(self, server_side: bool = False) -> Any:
         if server_side:  # a streamed result: what is pending runs first, in a call of its own
             pending = self.take_pending()

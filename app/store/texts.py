@@ -63,6 +63,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql import Select
 
 from .db import read_transaction
+from .direct import prepared
 from .errors import StoredRecordDamaged
 from .integrity import body_sha256
 from .tables import (
@@ -107,6 +108,10 @@ FLUSH_CHUNK = 500
 GARBAGE_CHUNK = 500
 
 
+#: built once: a run writes its texts with it (app/store/direct.py)
+_INSERT_TEXTS_SQLITE = prepared(sqlite_insert(message_texts).on_conflict_do_nothing())
+
+
 class TextBatch:
     """The texts one write transaction references, written with :meth:`flush`."""
 
@@ -145,7 +150,7 @@ class TextBatch:
                 index_elements=["tenant", "sha256"], set_={"body": message_texts.c.body}
             )
         else:
-            stmt = sqlite_insert(message_texts).on_conflict_do_nothing()
+            stmt = _INSERT_TEXTS_SQLITE
         for start in range(0, len(rows), FLUSH_CHUNK):
             await conn.execute(stmt, rows[start : start + FLUSH_CHUNK])
 

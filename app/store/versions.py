@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ._sql import StoreBase, StoredRows, child_key, read_conversation, read_joined
 from .db import read_transaction, write_transaction
+from .direct import prepared
 from .errors import NotFound, StoreError, conversation_not_found
 from .integrity import body_sha256
 from .tables import (
@@ -40,7 +41,7 @@ from .tables import (
 from .texts import TextBatch, collect_garbage, load
 
 #: built once (a run's save pays no statement construction)
-_INSERT_VERSION = insert(context_versions)
+_INSERT_VERSION = prepared(insert(context_versions))
 
 
 class VersionNotFound(NotFound):

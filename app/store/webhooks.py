@@ -36,6 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ._sql import StoreBase
 from .db import read_transaction, write_transaction
+from .direct import prepared
 from .tables import UTCDateTime, Webhook, WebhookDelivery, webhook_deliveries, webhooks
 
 #: the events an endpoint can ask for: one per way a run ends
@@ -100,7 +101,7 @@ def _deliveries_insert() -> Any:
     )
 
 
-_INSERT_DELIVERIES = _deliveries_insert()
+_INSERT_DELIVERIES = prepared(_deliveries_insert())
 
 
 async def enqueue_deliveries(

@@ -166,3 +166,52 @@ async def test_a_run_on_sqlite_calls_into_the_driver_thread_once_per_read_or_upd
     # the start's reads and updates and its COMMIT, then the outcome's
     calls = [s for s in (*START, "COMMIT", *OUTCOME, "COMMIT") if not s.startswith("INSERT")]
     assert len(hops) == len(calls) == 7, hops
+
+
+async def test_a_run_on_sqlite_executes_every_statement_straight_on_the_driver(
+    app_factory: Callable[..., Any], monkeypatch: Any
+) -> None:
+    # The run's statements are prepared (app/store/direct.py): with no statement listener
+    # on the engine, none takes SQLAlchemy's per-statement path (an execution context, a
+    # cursor result, a greenlet switch); each goes to the driver as compiled once.
+    from sqlalchemy.engine import Connection
+
+    from app.store.sqlite_driver import OneHopConnection
+
+    direct: list[str] = []
+    through_sqlalchemy: list[str] = []
+    execute_direct = OneHopConnection.execute_direct
+    execute_context = Connection._execute_context
+
+    async def counted_direct(self: Any, operation: str, *args: Any, **kwargs: Any) -> Any:
+        if _COUNTED.get():
+            direct.append(verb(operation))
+        return await execute_direct(self, operation, *args, **kwargs)
+
+    def counted_context(
+        self: Any, dialect: Any, constructor: Any, statement: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        if _COUNTED.get():
+            through_sqlalchemy.append(str(statement))
+        return execute_context(self, dialect, constructor, statement, *args, **kwargs)
+
+    monkeypatch.setattr(OneHopConnection, "execute_direct", counted_direct)
+    monkeypatch.setattr(Connection, "_execute_context", counted_context)
+    async with app_factory(api_keys=f"acme:{API_KEY}") as client:
+        engine: AsyncEngine = client.app.state.services.engine
+        if engine.dialect.name != "sqlite":
+            return
+        client.headers["Authorization"] = f"Bearer {API_KEY}"
+        await put(client, "direct", 10)
+        warm = await client.post("/conversations/direct/runs", json={"prompts": ["warm"]})
+        assert warm.status_code == 201
+        token = _COUNTED.set(True)
+        try:
+            answer = await client.post(
+                "/conversations/direct/runs", json={"prompts": ["hi"]}, headers=MINIMAL
+            )
+        finally:
+            _COUNTED.reset(token)
+        assert answer.status_code == 201 and answer.json()["status"] == "completed"
+    assert through_sqlalchemy == []
+    assert direct == [*START, *OUTCOME]

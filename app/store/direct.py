@@ -1,0 +1,218 @@
+"""A run's hot statements straight on SQLite's driver, without SQLAlchemy's per-statement path.
+
+A statement built once at import (:func:`prepared`) is compiled once per dialect and set of
+parameter names. On the engines :func:`app.store.db.make_engine` makes for SQLite, executing it
+then binds its parameters with the same type processors SQLAlchemy uses, runs it through the
+one-hop driver (:mod:`app.store.sqlite_driver`: one call into aiosqlite's thread, or none for an
+insert that rides with the next call) and hands back a buffered :class:`sqlalchemy.engine.Result`
+whose rows went through the same result processors. What SQLAlchemy does per statement besides
+(the compiled-cache lookup, an execution context, a cursor result, a greenlet switch) costs more
+CPU than SQLite running the statement: about 0.1 ms per statement, 16 statements per run
+(docs/performance.md, "SQL straight on the driver").
+
+Everything else takes SQLAlchemy's own path, unchanged: PostgreSQL; a statement not marked
+:func:`prepared`; execution options; a statement that needs what only SQLAlchemy does (Python-side
+column defaults, expanding ``IN`` parameters, escaped parameter names, ``RETURNING`` in an
+``executemany``); and every statement while an event listener is on the engine or the connection
+(tracing's SQLAlchemy instrumentation, a test counting statements), so listeners see every
+statement as before. Errors are SQLAlchemy's: what the driver raises goes through the
+connection's own exception handling (wrapping, disconnect detection, invalidation), so an
+``IntegrityError`` or a fault (app/store/faults.py) reads the same on both paths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+from sqlalchemy.engine import Dialect
+from sqlalchemy.engine.result import IteratorResult, SimpleResultMetaData
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.base import Executable
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.util.concurrency import greenlet_spawn
+
+from . import sqlite_driver
+
+S = TypeVar("S", bound=Executable)
+
+#: the attribute of a :func:`prepared` statement holding its compiled forms
+_CACHE = "_carryover_direct"
+
+
+def prepared(statement: S) -> S:
+    """Mark ``statement`` (built once, kept for the process) to be executed straight on the
+    driver where it can be (module docstring)."""
+    setattr(statement, _CACHE, {})
+    return statement
+
+
+class DirectResult(IteratorResult[Any]):
+    """A buffered result with the ``rowcount`` a DML statement's caller reads."""
+
+    rowcount: int
+
+
+#: (bound name, the parameter key it reads or None for a fixed value, the fixed value, the
+#: bind processor)
+_Bind = tuple[str, str | None, Any, Callable[[Any], Any] | None]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    sql: str
+    binds: tuple[_Bind, ...]
+    insert: bool  # a plain INSERT (no RETURNING): may ride with the next call
+    metadata: SimpleResultMetaData | None  # rows come back: their keys and processors
+
+
+def _plan(statement: Executable, dialect: Dialect, keys: list[str], many: bool) -> _Plan | None:
+    compiled = cast(
+        SQLCompiler,
+        statement.compile(dialect=dialect, column_keys=keys, for_executemany=many),  # type: ignore[attr-defined]
+    )
+    if (
+        not compiled.positional
+        or compiled.positiontup is None
+        or compiled.insert_prefetch
+        or compiled.update_prefetch
+        or compiled.post_compile_params
+        or compiled.literal_execute_params
+        or compiled.escaped_bind_names
+        or (many and compiled.effective_returning)
+    ):
+        return None
+    processors = compiled._bind_processors
+    binds: list[_Bind] = []
+    for name in compiled.positiontup:
+        bind = compiled.binds[name]
+        if bind.callable is not None:
+            return None
+        processor = cast("Callable[[Any], Any] | None", processors.get(name))
+        if bind.key in keys:
+            binds.append((name, bind.key, None, processor))
+        elif bind.required:  # SQLAlchemy's path raises its error
+            return None
+        else:
+            binds.append((name, None, bind.value, processor))
+    metadata = None
+    if compiled._result_columns:
+        columns = compiled._result_columns
+        metadata = SimpleResultMetaData(
+            [c.keyname for c in columns],
+            extra=[c.objects for c in columns],
+            _processors=[c.type._cached_result_processor(dialect, None) for c in columns],
+        )
+    return _Plan(
+        sql=compiled.string,
+        binds=tuple(binds),
+        insert=bool(compiled.isinsert and not compiled.effective_returning),
+        metadata=metadata,
+    )
+
+
+def _bound(plan: _Plan, parameters: Mapping[str, Any]) -> tuple[Any, ...]:
+    values = []
+    for _name, key, fixed, processor in plan.binds:
+        value = parameters.get(key) if key is not None else fixed
+        values.append(processor(value) if processor is not None else value)
+    return tuple(values)
+
+
+class DirectConnection(AsyncConnection):
+    """An :class:`AsyncConnection` that runs :func:`prepared` statements straight on the
+    one-hop SQLite driver when it can (module docstring)."""
+
+    __slots__ = ()
+
+    async def execute(
+        self,
+        statement: Executable,
+        parameters: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        *,
+        execution_options: Mapping[str, Any] | None = None,
+    ) -> Any:
+        cache: dict[Any, _Plan | None] | None = getattr(statement, _CACHE, None)
+        driver = self._direct_driver() if cache is not None and not execution_options else None
+        rows: Sequence[Mapping[str, Any]] = (
+            ()
+            if parameters is None
+            else (parameters,)
+            if isinstance(parameters, Mapping)
+            else parameters
+        )
+        many = len(rows) > 1
+        plan = None
+        if driver is not None and cache is not None:
+            keys = sorted(rows[0]) if rows else []
+            dialect = self.dialect
+            cache_key = (dialect.name, dialect.server_version_info, tuple(keys), many)
+            try:
+                plan = cache[cache_key]
+            except KeyError:
+                plan = cache[cache_key] = _plan(statement, dialect, keys, many)
+            if many and any(r.keys() != rows[0].keys() for r in rows):
+                plan = None  # SQLAlchemy's path decides what rows of other shapes mean
+        if driver is None or plan is None:
+            return await super().execute(statement, parameters, execution_options=execution_options)
+        bound: Any = (
+            [_bound(plan, r) for r in rows] if many else _bound(plan, rows[0] if rows else {})
+        )
+        try:
+            found, rowcount = await driver.execute_direct(
+                plan.sql, bound, many=many, insert=plan.insert
+            )
+        except BaseException as error:
+            await self._raise_as_sqlalchemy(driver, error, plan.sql, bound)
+            raise  # not reached: the above raises
+        result = DirectResult(plan.metadata or _NO_ROWS, iter(found or ()))
+        result.rowcount = rowcount
+        return result
+
+    def _direct_driver(self) -> sqlite_driver.OneHopConnection | None:
+        sync = self.sync_connection
+        if (
+            sync is None
+            or sync._has_events
+            or sync.engine._has_events
+            or sync._transaction is None
+            or not sync._transaction.is_active
+            or sync.invalidated
+        ):
+            return None
+        driver = sync.connection.dbapi_connection
+        return driver if isinstance(driver, sqlite_driver.OneHopConnection) else None
+
+    async def _raise_as_sqlalchemy(
+        self, driver: sqlite_driver.OneHopConnection, error: BaseException, sql: str, bound: Any
+    ) -> None:
+        """Raise ``error`` as SQLAlchemy's own path would: the adapter's translation, then the
+        connection's exception handling (in a greenlet: it may invalidate the connection)."""
+        sync = self.sync_connection
+        assert sync is not None
+        translated: BaseException = error
+        if isinstance(error, Exception):
+            try:
+                driver._handle_exception(error)
+            except Exception as raised:
+                translated = raised
+        await greenlet_spawn(sync._handle_dbapi_exception, translated, sql, bound, None, None)
+
+
+_NO_ROWS = SimpleResultMetaData([])
+
+
+class DirectEngine(AsyncEngine):
+    """An :class:`AsyncEngine` whose connections are :class:`DirectConnection`."""
+
+    __slots__ = ()
+    _connection_cls = DirectConnection
+
+
+def direct_engine(engine: AsyncEngine) -> AsyncEngine:
+    """``engine``'s sync engine behind a :class:`DirectEngine`."""
+    return DirectEngine(engine.sync_engine)
+
+
+__all__ = ["DirectConnection", "DirectEngine", "DirectResult", "direct_engine", "prepared"]

@@ -1,0 +1,218 @@
+"""Prepared statements straight on SQLite's driver (app/store/direct.py): what they store, what
+they read back, their row counts and their errors are SQLAlchemy's own path's, which the same
+statements take when a statement listener is on the engine. Counts and values, never timings."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    bindparam,
+    event,
+    insert,
+    literal,
+    select,
+    update,
+)
+from sqlalchemy.exc import IntegrityError, StatementError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.store import sqlite_driver
+from app.store.columns import JSONText, UTCDateTime
+from app.store.db import defer_inserts, make_engine, read_transaction, write_transaction
+from app.store.direct import prepared
+
+metadata = MetaData()
+items = Table(
+    "items",
+    metadata,
+    Column("id", String, primary_key=True),
+    Column("at", UTCDateTime, nullable=False),
+    Column("body", JSONText, nullable=True),
+    Column("flag", Boolean, nullable=False),
+    Column("n", Integer, nullable=True),
+)
+
+INSERT = prepared(insert(items))
+SELECT = prepared(select(items, literal("fixed").label("tag")).where(items.c.id == bindparam("id")))
+#: a fixed value among the bound ones: ``flag`` is bound from the statement, not the call
+SELECT_FLAGGED = prepared(select(items.c.id).where(items.c.flag == True).order_by(items.c.id))  # noqa: E712
+BUMP = prepared(
+    update(items).where(items.c.id == bindparam("b_id")).values(n=items.c.n + bindparam("b_by"))
+)
+
+AT = datetime(2026, 12, 6, 7, 8, 9, 123456, tzinfo=UTC)
+
+
+@pytest.fixture
+async def sqlite_engine(tmp_path: Path) -> AsyncIterator[AsyncEngine]:
+    engine = make_engine(f"sqlite:///{tmp_path / 'direct.db'}")
+    async with engine.begin() as conn:
+        await conn.run_sync(metadata.create_all)
+    try:
+        yield engine
+    finally:
+        await engine.dispose()
+
+
+@contextmanager
+def listened(engine: AsyncEngine) -> Iterator[list[str]]:
+    """A statement listener on the engine: every statement takes SQLAlchemy's path."""
+    seen: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        seen.append(statement.split()[0])
+
+    event.listen(engine.sync_engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", record)
+
+
+@pytest.fixture
+def direct_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The statements the one-hop driver ran straight (no SQLAlchemy execution)."""
+    calls: list[str] = []
+    original = sqlite_driver.OneHopConnection.execute_direct
+
+    async def counted(self: Any, operation: str, *args: Any, **kwargs: Any) -> Any:
+        calls.append(operation.split()[0])
+        return await original(self, operation, *args, **kwargs)
+
+    monkeypatch.setattr(sqlite_driver.OneHopConnection, "execute_direct", counted)
+    return calls
+
+
+def _rows(engine: AsyncEngine) -> list[tuple[Any, ...]]:
+    """The table's rows as SQLite stores them (read apart from the engine)."""
+    path = engine.url.database
+    assert path is not None
+    with sqlite3.connect(path) as raw:
+        return raw.execute("SELECT * FROM items ORDER BY id").fetchall()
+
+
+async def _program(engine: AsyncEngine, prefix: str) -> list[Any]:
+    """Insert (one row, then many), read back, update: what each statement returned."""
+    seen: list[Any] = []
+    async with write_transaction(engine) as conn:
+        one = await conn.execute(
+            INSERT, {"id": f"{prefix}1", "at": AT, "body": {"a": [1, "é"]}, "flag": True, "n": 1}
+        )
+        seen.append(one.rowcount)
+        await conn.execute(
+            INSERT,
+            [
+                {
+                    "id": f"{prefix}2",
+                    "at": AT + timedelta(seconds=1),
+                    "body": None,
+                    "flag": False,
+                    "n": None,
+                },
+                {"id": f"{prefix}3", "at": AT, "body": "text", "flag": True, "n": 5},
+            ],
+        )
+        bumped = await conn.execute(BUMP, {"b_id": f"{prefix}3", "b_by": 2})
+        seen.append(bumped.rowcount)
+        missing = await conn.execute(BUMP, {"b_id": f"{prefix}none", "b_by": 2})
+        seen.append(missing.rowcount)
+    async with read_transaction(engine) as conn:
+        for n in (1, 2, 3):
+            row = (await conn.execute(SELECT, {"id": f"{prefix}{n}"})).mappings().first()
+            assert row is not None
+            seen.append(dict(row))
+        row = (await conn.execute(SELECT, {"id": f"{prefix}1"})).first()
+        assert row is not None
+        seen.append((row.at, row._mapping[items.c.body], row.tag))
+        flagged = (await conn.execute(SELECT_FLAGGED)).scalars().all()
+        seen.append([f for f in flagged if f.startswith(prefix)])
+        seen.append((await conn.execute(SELECT, {"id": "nobody"})).first())
+    return seen
+
+
+def _unprefixed(values: list[Any], prefix: str) -> list[Any]:
+    return [
+        {**v, "id": v["id"].removeprefix(prefix)}
+        if isinstance(v, dict)
+        else [x.removeprefix(prefix) for x in v]
+        if isinstance(v, list)
+        else v
+        for v in values
+    ]
+
+
+async def test_prepared_statements_store_and_read_what_sqlalchemys_path_does(
+    sqlite_engine: AsyncEngine, direct_calls: list[str]
+) -> None:
+    direct = await _program(sqlite_engine, "d")
+    assert direct_calls == ["INSERT", "INSERT", "UPDATE", "UPDATE", *["SELECT"] * 6]
+    direct_calls.clear()
+    with listened(sqlite_engine) as through_sqlalchemy:
+        reference = await _program(sqlite_engine, "s")
+    assert direct_calls == []
+    assert through_sqlalchemy.count("SELECT") == 6
+    assert _unprefixed(direct, "d") == _unprefixed(reference, "s")
+    assert direct[0:3] == [1, 1, 0]  # row counts
+    assert (
+        direct[3]["at"] == AT
+        and direct[3]["body"] == {"a": [1, "é"]}
+        and direct[3]["tag"] == "fixed"
+    )
+    assert direct[5]["n"] == 7
+    stored = {row[0]: row[1:] for row in _rows(sqlite_engine)}
+    for n in (1, 2, 3):
+        assert stored[f"d{n}"] == stored[f"s{n}"]
+
+
+async def test_an_integrity_error_is_sqlalchemys_on_both_paths(
+    sqlite_engine: AsyncEngine, direct_calls: list[str]
+) -> None:
+    row = {"id": "dup", "at": AT, "body": None, "flag": True, "n": None}
+    async with write_transaction(sqlite_engine) as conn:
+        await conn.execute(INSERT, row)
+    for listener in (False, True):
+        direct_calls.clear()
+        with listened(sqlite_engine) if listener else _nothing():
+            with pytest.raises(IntegrityError, match="UNIQUE constraint failed"):
+                async with write_transaction(sqlite_engine) as conn:
+                    await conn.execute(INSERT, row)
+        assert direct_calls == ([] if listener else ["INSERT"])
+    # a deferred insert's error surfaces at the commit it rode with, and nothing is written
+    with pytest.raises(IntegrityError, match="UNIQUE constraint failed"):
+        async with write_transaction(sqlite_engine) as conn:
+            defer_inserts(conn)
+            await conn.execute(INSERT, {**row, "id": "fresh"})
+            await conn.execute(INSERT, row)
+    assert [r[0] for r in _rows(sqlite_engine)] == ["dup"]
+
+
+async def test_what_only_sqlalchemy_does_takes_its_path(
+    sqlite_engine: AsyncEngine, direct_calls: list[str]
+) -> None:
+    async with write_transaction(sqlite_engine) as conn:
+        # a required value missing: SQLAlchemy's own error, from its own path
+        with pytest.raises(StatementError, match="b_by"):
+            await conn.execute(BUMP, {"b_id": "x"})
+        # execution options
+        await conn.execute(SELECT, {"id": "x"}, execution_options={"compiled_cache": None})
+        # a statement not marked prepared
+        await conn.execute(select(items.c.id))
+    assert direct_calls == []
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
