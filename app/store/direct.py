@@ -28,7 +28,7 @@ from typing import Any, TypeVar, cast
 
 from sqlalchemy.engine import Dialect
 from sqlalchemy.engine.result import IteratorResult, SimpleResultMetaData
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.util.concurrency import greenlet_spawn
@@ -203,16 +203,4 @@ class DirectConnection(AsyncConnection):
 _NO_ROWS = SimpleResultMetaData([])
 
 
-class DirectEngine(AsyncEngine):
-    """An :class:`AsyncEngine` whose connections are :class:`DirectConnection`."""
-
-    __slots__ = ()
-    _connection_cls = DirectConnection
-
-
-def direct_engine(engine: AsyncEngine) -> AsyncEngine:
-    """``engine``'s sync engine behind a :class:`DirectEngine`."""
-    return DirectEngine(engine.sync_engine)
-
-
-__all__ = ["DirectConnection", "DirectEngine", "DirectResult", "direct_engine", "prepared"]
+__all__ = ["DirectConnection", "DirectResult", "prepared"]

@@ -150,3 +150,57 @@ async def test_a_write_cancelled_before_its_call_ran_leaves_no_transaction_open(
             assert (await conn.execute(text("SELECT x FROM t"))).scalars().all() == [2]
     finally:
         await engine.dispose()
+
+
+async def test_sqlite_writers_share_one_connection_kept_out_of_the_pool(tmp_path: Any) -> None:
+    # Writers take turns (the lock above), so they share one connection instead of a pool
+    # checkout and check-in each; reads still check theirs out. A write that fails rolls back
+    # and the next one reuses the connection; one invalidated is replaced; dispose gives it
+    # back. A pool of one connection keeps it free between writes.
+    from sqlalchemy import event
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'x.db'}")
+    checkouts: list[int] = []
+    event.listen(engine.sync_engine.pool, "checkout", lambda *a: checkouts.append(1))
+    try:
+        for n in range(5):
+            async with write_transaction(engine) as conn:
+                if n == 0:
+                    await conn.execute(text("CREATE TABLE t (x INTEGER PRIMARY KEY)"))
+                await conn.execute(text("INSERT INTO t VALUES (:x)"), {"x": n})
+        assert len(checkouts) == 1
+        with pytest.raises(Exception, match="UNIQUE"):
+            async with write_transaction(engine) as conn:
+                await conn.execute(text("INSERT INTO t VALUES (5)"))
+                await conn.execute(text("INSERT INTO t VALUES (0)"))
+        with pytest.raises(RuntimeError, match="lost"):  # as a dropped connection would
+            async with write_transaction(engine) as conn:
+                await conn.execute(text("INSERT INTO t VALUES (6)"))
+                await conn.invalidate()
+                raise RuntimeError("lost")
+        async with write_transaction(engine) as conn:
+            await conn.execute(text("INSERT INTO t VALUES (7)"))
+        assert len(checkouts) == 2  # the invalidated connection was replaced
+        async with read_transaction(engine) as conn:
+            assert (await conn.execute(text("SELECT x FROM t"))).scalars().all() == [
+                0,
+                1,
+                2,
+                3,
+                4,
+                7,
+            ]
+        assert engine.sync_engine.pool.checkedout() == 1  # type: ignore[attr-defined]
+    finally:
+        await engine.dispose()
+    assert engine.sync_engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+
+    single = make_engine(f"sqlite:///{tmp_path / 'y.db'}", pool_size=1, max_overflow=0)
+    try:
+        async with write_transaction(single) as conn:
+            await conn.execute(text("CREATE TABLE t (x INTEGER)"))
+        assert single.sync_engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+        async with read_transaction(single) as conn:
+            assert (await conn.execute(text("SELECT count(*) FROM t"))).scalar() == 0
+    finally:
+        await single.dispose()
