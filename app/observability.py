@@ -175,10 +175,24 @@ def _agent_label(name: str) -> str:
     return OTHER
 
 
+_children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+
+def _child(metric: Any, *values: str) -> Any:
+    """``metric.labels(*values)``, remembered: every label here has a bounded set of values,
+    and a labelled child, once made, is the same object for the life of the process
+    (prometheus_client's ``labels`` takes a lock and checks the values on every call)."""
+    key = (id(metric), values)
+    child = _children.get(key)
+    if child is None:
+        child = _children[key] = metric.labels(*values)
+    return child
+
+
 def observe_run(status: str, seconds: float, agent: str = "default") -> None:
     status, agent = _bounded(status, RUN_STATUSES), _agent_label(agent)
-    RUNS.labels(status=status, agent=agent).inc()
-    RUN_DURATION.labels(status=status, agent=agent).observe(max(0.0, seconds))
+    _child(RUNS, status, agent).inc()
+    _child(RUN_DURATION, status, agent).observe(max(0.0, seconds))
 
 
 def observe_interrupted(count: int = 1) -> None:
@@ -187,8 +201,10 @@ def observe_interrupted(count: int = 1) -> None:
 
 
 def observe_provider_request(provider: str, outcome: str, seconds: float) -> None:
-    PROVIDER_REQUEST_DURATION.labels(
-        provider=_bounded(provider, PROVIDERS), outcome=_bounded(outcome, ATTEMPT_OUTCOMES)
+    _child(
+        PROVIDER_REQUEST_DURATION,
+        _bounded(provider, PROVIDERS),
+        _bounded(outcome, ATTEMPT_OUTCOMES),
     ).observe(max(0.0, seconds))
 
 
@@ -201,7 +217,7 @@ def observe_tokens(
     provider = _bounded(provider, PROVIDERS)
     for kind, count in zip(TOKEN_KINDS, (input, output, cache_read, cache_write), strict=True):
         if count > 0:
-            TOKENS.labels(provider=provider, kind=kind).inc(count)
+            _child(TOKENS, provider, kind).inc(count)
 
 
 def observe_quota_refusal(limit: str) -> None:
@@ -219,8 +235,8 @@ def observe_queued(background: int, waiting: int) -> None:
 
 
 def observe_provider_attempt(provider: str, outcome: str) -> None:
-    PROVIDER_ATTEMPTS.labels(
-        provider=_bounded(provider, PROVIDERS), outcome=_bounded(outcome, ATTEMPT_OUTCOMES)
+    _child(
+        PROVIDER_ATTEMPTS, _bounded(provider, PROVIDERS), _bounded(outcome, ATTEMPT_OUTCOMES)
     ).inc()
 
 
@@ -234,8 +250,8 @@ def observe_compaction(reason: str) -> None:
 
 def observe_http(method: str, route: str, status: int, seconds: float) -> None:
     method = _bounded(method.upper(), HTTP_METHODS)
-    HTTP_REQUESTS.labels(method=method, route=route, status=str(status)).inc()
-    HTTP_DURATION.labels(method=method, route=route).observe(max(0.0, seconds))
+    _child(HTTP_REQUESTS, method, route, str(status)).inc()
+    _child(HTTP_DURATION, method, route).observe(max(0.0, seconds))
 
 
 def render_metrics() -> tuple[bytes, str]:

@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from fastapi.telemetry import TelemetryConfig
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 
@@ -302,6 +303,13 @@ def _clean(attributes: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 # --- the app's instrumentation ---------------------------------------------------------------
+
+
+#: what FastAPI's own OpenTelemetry support is asked to do: nothing. Requests are traced by
+#: :func:`instrument_app` when tracing is configured (docs/operations.md); FastAPI's built-in
+#: telemetry would look up the global OpenTelemetry providers on every request, and start a
+#: second server span once Carryover has set one.
+FASTAPI_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
 
 
 def instrument_app(app: Any) -> None:

@@ -46,7 +46,7 @@ def part(frames: list[str]) -> str:
         "greenlet_spawn" in stack
         or leaf.startswith(SQL_FILES)
         or "_connection_worker_thread" in stack
-        or leaf.startswith(("app/store/db.py", "app/store/sqlite_driver.py"))
+        or leaf.startswith(("app/store/db.py", "app/store/sqlite_driver.py", "app/store/direct.py"))
     ):
         return "SQL: statements through SQLAlchemy and the driver"
     if "Agent.run" in stack:

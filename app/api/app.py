@@ -186,6 +186,7 @@ def create_app(
         generate_unique_id_function=_operation_id,
         docs_url=None,  # /docs and /redoc come from the package, not a CDN (docs_pages.py)
         redoc_url=None,
+        telemetry=telemetry.FASTAPI_TELEMETRY,
     )
     install_problem_handlers(app)
     install_method_not_allowed(app)

@@ -103,7 +103,7 @@ class QuotaExceeded(CarryoverError):
 
 
 def day_of(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%d")
+    return moment.astimezone(UTC).date().isoformat()  # YYYY-MM-DD, without strftime's parsing
 
 
 def _seconds_to_midnight(now: datetime) -> int:

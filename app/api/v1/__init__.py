@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app import __version__
 from app.observability import ROUTE_PREFIX_KEY
+from app.telemetry import FASTAPI_TELEMETRY
 
 from .errors import PREFIX, OpenAIErrorsMiddleware, install_error_handlers
 from .routes import conversations, responses
@@ -40,6 +41,7 @@ def create_v1_app() -> FastAPI:
         description=DESCRIPTION,
         servers=[{"url": PREFIX}],
         generate_unique_id_function=lambda route: route.name,
+        telemetry=FASTAPI_TELEMETRY,
     )
     install_error_handlers(app)
     app.add_middleware(_RoutePrefix)
