@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import and_, case, func, insert, or_, select, update
+from sqlalchemy import Integer, Select, and_, bindparam, case, func, insert, or_, select, update
 
 from app.agent.messages import UserMessage
 from app.etag import IfMatch, if_match_holds
@@ -91,6 +91,46 @@ class QueueState:
 
     status: str | None  # the run's status; None once it was dropped
     claimable: bool  # the conversation looks free and the head is this run or a background one
+
+
+def _ready_queues() -> Select[Any]:
+    """:meth:`QueueStore.ready_queues`' statement, on bound parameters ``now`` and ``limit``:
+    built once (the keeper runs it every tick, a statement this size costs ~1 ms to build)."""
+    now = bindparam("now", type_=runs.c.lease_expires_at.type)
+    holder = runs.alias("holder")
+    free = or_(
+        conversations.c.active_run_id.is_(None),
+        holder.c.run_id.is_(None),
+        holder.c.status != "running",
+        holder.c.lease_expires_at <= now,
+    )
+    unheld = or_(runs.c.lease_owner.is_(None), runs.c.lease_expires_at <= now)
+    return (
+        select(runs.c.tenant, runs.c.conversation_id)
+        .select_from(
+            runs.join(
+                conversations,
+                and_(
+                    conversations.c.tenant == runs.c.tenant,
+                    conversations.c.id == runs.c.conversation_id,
+                ),
+            ).outerjoin(
+                holder,
+                and_(
+                    holder.c.tenant == conversations.c.tenant,
+                    holder.c.conversation_id == conversations.c.id,
+                    holder.c.run_id == conversations.c.active_run_id,
+                ),
+            )
+        )
+        .where(runs.c.status == "queued", unheld, free)
+        .group_by(runs.c.tenant, runs.c.conversation_id)
+        .order_by(runs.c.tenant, runs.c.conversation_id)
+        .limit(bindparam("limit", type_=Integer()))
+    )
+
+
+_READY_QUEUES = _ready_queues()
 
 
 class QueueStore(StoreBase):
@@ -339,40 +379,9 @@ class QueueStore(StoreBase):
         """Conversations where a claim would likely start a queued run that no client holds
         (a background run, or one whose holder's process died) — a read. The sweep claims their
         heads, so that a queue goes on when the process that accepted it died."""
-        now = self.clock.now()
-        holder = runs.alias("holder")
-        free = or_(
-            conversations.c.active_run_id.is_(None),
-            holder.c.run_id.is_(None),
-            holder.c.status != "running",
-            holder.c.lease_expires_at <= now,
-        )
-        unheld = or_(runs.c.lease_owner.is_(None), runs.c.lease_expires_at <= now)
         async with read_transaction(self.engine) as conn:
             rows = (
-                await conn.execute(
-                    select(runs.c.tenant, runs.c.conversation_id)
-                    .select_from(
-                        runs.join(
-                            conversations,
-                            and_(
-                                conversations.c.tenant == runs.c.tenant,
-                                conversations.c.id == runs.c.conversation_id,
-                            ),
-                        ).outerjoin(
-                            holder,
-                            and_(
-                                holder.c.tenant == conversations.c.tenant,
-                                holder.c.conversation_id == conversations.c.id,
-                                holder.c.run_id == conversations.c.active_run_id,
-                            ),
-                        )
-                    )
-                    .where(runs.c.status == "queued", unheld, free)
-                    .group_by(runs.c.tenant, runs.c.conversation_id)
-                    .order_by(runs.c.tenant, runs.c.conversation_id)
-                    .limit(limit)
-                )
+                await conn.execute(_READY_QUEUES, {"now": self.clock.now(), "limit": limit})
             ).all()
         return [(row.tenant, row.conversation_id) for row in rows]
 
