@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+import pytest
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -147,22 +148,7 @@ async def test_a_run_on_sqlite_calls_into_the_driver_thread_once_per_read_or_upd
         return await execute(self, fn, *args, **kwargs)
 
     monkeypatch.setattr(aiosqlite.Connection, "_execute", counted)
-    async with app_factory(api_keys=f"acme:{API_KEY}") as client:
-        engine: AsyncEngine = client.app.state.services.engine
-        if engine.dialect.name != "sqlite":
-            return
-        client.headers["Authorization"] = f"Bearer {API_KEY}"
-        await put(client, "hops", 10)
-        warm = await client.post("/conversations/hops/runs", json={"prompts": ["warm"]})
-        assert warm.status_code == 201
-        token = _COUNTED.set(True)
-        try:
-            answer = await client.post(
-                "/conversations/hops/runs", json={"prompts": ["hi"]}, headers=MINIMAL
-            )
-        finally:
-            _COUNTED.reset(token)
-        assert answer.status_code == 201 and answer.json()["status"] == "completed"
+    await _one_warm_run_counted_on_sqlite(app_factory, "hops")
     # the start's reads and updates and its COMMIT, then the outcome's
     calls = [s for s in (*START, "COMMIT", *OUTCOME, "COMMIT") if not s.startswith("INSERT")]
     assert len(hops) == len(calls) == 7, hops
@@ -197,21 +183,27 @@ async def test_a_run_on_sqlite_executes_every_statement_straight_on_the_driver(
 
     monkeypatch.setattr(OneHopConnection, "execute_direct", counted_direct)
     monkeypatch.setattr(Connection, "_execute_context", counted_context)
+    await _one_warm_run_counted_on_sqlite(app_factory, "direct")
+    assert through_sqlalchemy == []
+    assert direct == [*START, *OUTCOME]
+
+
+async def _one_warm_run_counted_on_sqlite(app_factory: Callable[..., Any], conv: str) -> None:
+    """A run on a conversation of 10 messages this process ran before, with :data:`_COUNTED`
+    set around it (skipped on PostgreSQL: what the callers count is SQLite's driver)."""
     async with app_factory(api_keys=f"acme:{API_KEY}") as client:
         engine: AsyncEngine = client.app.state.services.engine
         if engine.dialect.name != "sqlite":
-            return
+            pytest.skip("counts SQLite's driver")
         client.headers["Authorization"] = f"Bearer {API_KEY}"
-        await put(client, "direct", 10)
-        warm = await client.post("/conversations/direct/runs", json={"prompts": ["warm"]})
+        await put(client, conv, 10)
+        warm = await client.post(f"/conversations/{conv}/runs", json={"prompts": ["warm"]})
         assert warm.status_code == 201
         token = _COUNTED.set(True)
         try:
             answer = await client.post(
-                "/conversations/direct/runs", json={"prompts": ["hi"]}, headers=MINIMAL
+                f"/conversations/{conv}/runs", json={"prompts": ["hi"]}, headers=MINIMAL
             )
         finally:
             _COUNTED.reset(token)
         assert answer.status_code == 201 and answer.json()["status"] == "completed"
-    assert through_sqlalchemy == []
-    assert direct == [*START, *OUTCOME]
