@@ -1,7 +1,7 @@
 """A run's hot statements straight on SQLite's driver, without SQLAlchemy's per-statement path.
 
-A statement built once at import (:func:`prepared`) is compiled once per dialect and set of
-parameter names. On the engines :func:`app.store.db.make_engine` makes for SQLite, executing it
+A statement built once at import (:func:`prepared`) is compiled once per set of parameter
+names. On the engines :func:`app.store.db.make_engine` makes for SQLite, executing it
 then binds its parameters with the same type processors SQLAlchemy uses, runs it through the
 one-hop driver (:mod:`app.store.sqlite_driver`: one call into aiosqlite's thread, or none for an
 insert that rides with the next call) and hands back a buffered :class:`sqlalchemy.engine.Result`
@@ -54,9 +54,9 @@ class DirectResult(IteratorResult[Any]):
     rowcount: int
 
 
-#: (bound name, the parameter key it reads or None for a fixed value, the fixed value, the
-#: bind processor)
-_Bind = tuple[str, str | None, Any, Callable[[Any], Any] | None]
+#: (the parameter key a bound value reads, or None for a fixed value; the fixed value; its
+#: bind processor), in the statement's positional order
+_Bind = tuple[str | None, Any, Callable[[Any], Any] | None]
 
 
 @dataclass(frozen=True)
@@ -91,11 +91,11 @@ def _plan(statement: Executable, dialect: Dialect, keys: list[str], many: bool) 
             return None
         processor = cast("Callable[[Any], Any] | None", processors.get(name))
         if bind.key in keys:
-            binds.append((name, bind.key, None, processor))
+            binds.append((bind.key, None, processor))
         elif bind.required:  # SQLAlchemy's path raises its error
             return None
         else:
-            binds.append((name, None, bind.value, processor))
+            binds.append((None, bind.value, processor))
     metadata = None
     if compiled._result_columns:
         columns = compiled._result_columns
@@ -114,7 +114,7 @@ def _plan(statement: Executable, dialect: Dialect, keys: list[str], many: bool) 
 
 def _bound(plan: _Plan, parameters: Mapping[str, Any]) -> tuple[Any, ...]:
     values = []
-    for _name, key, fixed, processor in plan.binds:
+    for key, fixed, processor in plan.binds:
         value = parameters.get(key) if key is not None else fixed
         values.append(processor(value) if processor is not None else value)
     return tuple(values)
@@ -146,12 +146,13 @@ class DirectConnection(AsyncConnection):
         plan = None
         if driver is not None and cache is not None:
             keys = sorted(rows[0]) if rows else []
-            dialect = self.dialect
-            cache_key = (dialect.name, dialect.server_version_info, tuple(keys), many)
+            # only the one-hop SQLite dialect gets here, one SQLite library per process: the
+            # compiled form depends on the parameter names alone
+            cache_key = (tuple(keys), many)
             try:
                 plan = cache[cache_key]
             except KeyError:
-                plan = cache[cache_key] = _plan(statement, dialect, keys, many)
+                plan = cache[cache_key] = _plan(statement, self.dialect, keys, many)
             if many and any(r.keys() != rows[0].keys() for r in rows):
                 plan = None  # SQLAlchemy's path decides what rows of other shapes mean
         if driver is None or plan is None:

@@ -37,6 +37,10 @@ from sqlalchemy.util.concurrency import await_
 DRIVERNAME = "sqlite+carryover_aiosqlite"
 
 
+#: what one statement's call returns: its description, row count, last row id and rows
+_Done = tuple[Any, int, "int | None", "list[Any] | None"]
+
+
 class _Outcome:
     """What the last statement of a cursor left: its description, row count and last row id
     (read in aiosqlite's thread, kept here for SQLAlchemy to read on the loop)."""
@@ -67,52 +71,20 @@ class OneHopCursor(AsyncAdapt_aiosqlite_cursor):
         self._rows = collections.deque()
 
     async def _execute_async(self, operation: Any, parameters: Any) -> Any:
-        raw = self._connection._conn  # aiosqlite's sqlite3.Connection, used in its thread
-
-        async with self._adapt_connection._execute_mutex:
-            connection = cast("OneHopConnection", self._adapt_connection)
-            before = connection.take_pending()
-            connection.used = True
-
-            def run() -> tuple[Any, int, int | None, list[Any] | None]:
-                if before is not None:
-                    before(raw)
-                cursor = raw.cursor()
-                try:
-                    if parameters is None:
-                        cursor.execute(operation)
-                    else:
-                        cursor.execute(operation, parameters)
-                    rows = cursor.fetchall() if cursor.description else None
-                    return cursor.description, cursor.rowcount, cursor.lastrowid, rows
-                finally:
-                    cursor.close()
-
-            description, rowcount, lastrowid, rows = await self._connection._execute(run)
+        connection = cast("OneHopConnection", self._adapt_connection)
+        description, rowcount, lastrowid, rows = await connection.call(
+            operation, parameters, many=False
+        )
         self._record(description, rowcount, lastrowid)
         if rows is not None:
             self._rows = collections.deque(rows)
         return None
 
     async def _executemany_async(self, operation: Any, seq_of_parameters: Any) -> Any:
-        raw = self._connection._conn
-
-        async with self._adapt_connection._execute_mutex:
-            connection = cast("OneHopConnection", self._adapt_connection)
-            before = connection.take_pending()
-            connection.used = True
-
-            def run() -> tuple[Any, int, int | None]:
-                if before is not None:
-                    before(raw)
-                cursor = raw.cursor()
-                try:
-                    cursor.executemany(operation, seq_of_parameters)
-                    return cursor.description, cursor.rowcount, cursor.lastrowid
-                finally:
-                    cursor.close()
-
-            description, rowcount, lastrowid = await self._connection._execute(run)
+        connection = cast("OneHopConnection", self._adapt_connection)
+        description, rowcount, lastrowid, _ = await connection.call(
+            operation, seq_of_parameters, many=True
+        )
         self._record(description, rowcount, lastrowid)
         return None
 
@@ -191,37 +163,46 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
 
         return pending
 
-    async def execute_direct(
-        self, operation: str, parameters: Any, *, many: bool, insert: bool
-    ) -> tuple[list[Any] | None, int]:
-        """Run ``operation`` on the loop's side of the driver, without a cursor object
-        (app/store/direct.py): in one call into aiosqlite's thread, with what is pending
-        before it; or, a plain ``INSERT`` (``insert``) while inserts are deferred, kept for
-        the next call. The rows it returns, if any, and its row count (-1 when kept)."""
-        if insert and self._defer:
-            self.defer(operation, parameters, many)
-            return None, -1
-        raw = self._connection._conn
+    async def call(self, operation: str, parameters: Any, *, many: bool) -> _Done:
+        """Run one statement in one call into aiosqlite's thread, with what is pending before
+        it (:meth:`take_pending`): execute (or executemany), fetch its rows, close the cursor.
+        Its description, row count, last row id and rows (None when it returns none)."""
+        raw = self._connection._conn  # aiosqlite's sqlite3.Connection, used in its thread
 
         async with self._execute_mutex:
             before = self.take_pending()
             self.used = True
 
-            def run() -> tuple[list[Any] | None, int]:
+            def run() -> _Done:
                 if before is not None:
                     before(raw)
                 cursor = raw.cursor()
                 try:
                     if many:
                         cursor.executemany(operation, parameters)
+                    elif parameters is None:
+                        cursor.execute(operation)
                     else:
                         cursor.execute(operation, parameters)
                     rows = cursor.fetchall() if cursor.description else None
-                    return rows, cursor.rowcount
+                    return cursor.description, cursor.rowcount, cursor.lastrowid, rows
                 finally:
                     cursor.close()
 
-            return cast("tuple[list[Any] | None, int]", await self._connection._execute(run))
+            return cast(_Done, await self._connection._execute(run))
+
+    async def execute_direct(
+        self, operation: str, parameters: Any, *, many: bool, insert: bool
+    ) -> tuple[list[Any] | None, int]:
+        """A statement from outside SQLAlchemy's execution (app/store/direct.py): a plain
+        ``INSERT`` (``insert``) while inserts are deferred is kept for the next call, as
+        :func:`_kept` keeps SQLAlchemy's; else :meth:`call`. Its rows, if any, and its row
+        count (-1 when kept)."""
+        if insert and self._defer:
+            self.defer(operation, parameters, many)
+            return None, -1
+        _, rowcount, _, rows = await self.call(operation, parameters, many=many)
+        return rows, rowcount
 
     def cursor(self, server_side: bool = False) -> Any:
         if server_side:  # a streamed result: what is pending runs first, in a call of its own
