@@ -29,7 +29,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
-from sqlalchemy.pool import ConnectionPoolEntry, Pool, QueuePool
+from sqlalchemy.pool import ConnectionPoolEntry
 
 from . import sqlite_driver
 from .direct import DirectConnection
@@ -75,16 +75,10 @@ def make_engine(
 
 class SQLiteEngine(AsyncEngine):
     """The engine :func:`make_engine` makes for SQLite: its connections run prepared
-    statements straight on the one-hop driver (:class:`app.store.direct.DirectConnection`),
-    and disposing of it first gives back the connection its writers share
-    (:func:`write_transaction`)."""
+    statements straight on the one-hop driver (:class:`app.store.direct.DirectConnection`)."""
 
     __slots__ = ()
     _connection_cls = DirectConnection
-
-    async def dispose(self, close: bool = True) -> None:
-        await close_writer(self)
-        await super().dispose(close)
 
 
 def _configure_sqlite(engine: AsyncEngine, busy_timeout_ms: int) -> None:
@@ -113,86 +107,32 @@ async def write_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnectio
     Commits when the block ends normally, rolls back if it raises. On SQLite the writers of one
     engine queue for the write lock in order, in this process: SQLite's busy handler polls, so
     under load a writer among many could lose every poll until ``busy_timeout`` and fail with
-    "database is locked"; the busy timeout is left to arbitrate between processes. Since they
-    take turns, they share one connection, kept checked out of the pool between them
-    (:class:`_Writer`): a write transaction pays no pool checkout and check-in.
+    "database is locked"; the busy timeout is left to arbitrate between processes.
     """
     if engine.dialect.name != "sqlite":
         async with engine.connect() as conn:
             async with conn.begin():
                 yield conn
         return
-    writer = _sqlite_writer(engine)
-    async with writer.lock, writer.connection(engine) as conn:
+    async with _sqlite_writer(engine), engine.connect() as conn:
         async with conn.begin():
             await _sqlite_begin(conn, "BEGIN IMMEDIATE")
             yield conn
 
 
-class _Writer:
-    """An engine's SQLite writers on one event loop: the lock they take turns with, and the
-    connection they share (opened at the first write, replaced once closed or invalidated,
-    closed by :func:`close_writer` before the engine is disposed).
-
-    They share one only when the pool can spare it: a pool of one connection (the lease
-    keeper's engine, app/service/leases.py) stays free for reads between writes."""
-
-    __slots__ = ("conn", "lock", "loop")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.lock = asyncio.Lock()
-        self.conn: AsyncConnection | None = None
-
-    @asynccontextmanager
-    async def connection(self, engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
-        """The writers' connection (held by the caller of ``lock``)."""
-        if not _spares_one(engine.sync_engine.pool):
-            async with engine.connect() as conn:
-                yield conn
-            return
-        held = self.conn
-        if held is None or held.closed or held.invalidated:
-            self.conn = None
-            if held is not None and not held.closed:
-                await held.close()
-            self.conn = held = await engine.connect()
-        yield held
+_writers: weakref.WeakKeyDictionary[Any, tuple[asyncio.AbstractEventLoop, asyncio.Lock]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
-def _spares_one(pool: Pool) -> bool:
-    """Whether ``pool`` has room for one connection kept out of it (a pool that opens a
-    connection per checkout has)."""
-    if not isinstance(pool, QueuePool):
-        return True
-    overflow = pool._max_overflow
-    return overflow < 0 or pool.size() + overflow >= 2
-
-
-_writers: weakref.WeakKeyDictionary[Any, _Writer] = weakref.WeakKeyDictionary()
-
-
-def _sqlite_writer(engine: AsyncEngine) -> _Writer:
-    """The engine's writers on the running event loop."""
+def _sqlite_writer(engine: AsyncEngine) -> asyncio.Lock:
+    """The engine's write lock on the running event loop."""
     loop = asyncio.get_running_loop()
     found = _writers.get(engine.sync_engine)
-    if found is None or found.loop is not loop:
-        found = _Writer(loop)
+    if found is None or found[0] is not loop:
+        found = (loop, asyncio.Lock())
         _writers[engine.sync_engine] = found
-    return found
-
-
-async def close_writer(engine: AsyncEngine) -> None:
-    """Give the connection the engine's SQLite writers share back to the pool (called by
-    :meth:`SQLiteEngine.dispose`). One opened on another event loop is
-    dropped: it cannot be closed from this one."""
-    found = _writers.pop(engine.sync_engine, None)
-    if found is None or found.conn is None:
-        return
-    if found.loop is asyncio.get_running_loop():
-        async with found.lock:
-            if not found.conn.closed:
-                await found.conn.close()
+    return found[1]
 
 
 @asynccontextmanager
