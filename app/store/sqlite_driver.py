@@ -186,16 +186,7 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
             if begin is not None:
                 raw.execute(begin)
             for operation, parameters, many in deferred:
-                cursor = raw.cursor()
-                try:
-                    if many:
-                        cursor.executemany(operation, parameters)
-                    elif parameters is None:
-                        cursor.execute(operation)
-                    else:
-                        cursor.execute(operation, parameters)
-                finally:
-                    cursor.close()
+                _run_statement(raw, operation, parameters, many)
 
         return pending
 
