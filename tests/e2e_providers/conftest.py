@@ -56,13 +56,15 @@ Serve = Callable[..., AbstractAsyncContextManager[AppClient]]
 def serve(make_settings: SettingsFactory) -> Serve:
     """``async with serve(**settings) as client``: the real app on a fresh database, configured
     by ``Settings`` keyword arguments (``agents={...}``, ``config_file=...``), with its own
-    ``AgentPool`` built from them unless ``pool=`` gives one."""
+    ``AgentPool`` built from them unless ``pool=`` gives one. Its lease lasts 30 s: these tests
+    are about providers, not leases, and on a loaded machine a run with several provider calls
+    can outlast the 2 s the API tests use, its lease then lapsing on the wall clock."""
 
     @asynccontextmanager
     async def factory(
         pool: Callable[[Settings], AgentPool] | None = None, **overrides: Any
     ) -> AsyncIterator[AppClient]:
-        settings = make_settings(**overrides)
+        settings = make_settings(**{"lease_seconds": 30.0, **overrides})
         app, http = await start_client(settings, pool(settings) if pool else None)
         async with app.router.lifespan_context(app), http:
             yield http
