@@ -160,14 +160,25 @@ class McpTool(BaseModel):
         return self.model_dump(mode="json", exclude={"headers"}, exclude_none=True)
 
 
-def _tool_type(value: Any) -> str:
-    kind = value.get("type", "function") if isinstance(value, dict) else value.type
+def _tool_type(value: Any) -> str | None:
+    """The entry's kind; None for what is not an entry at all (``null``, a number, a string),
+    which validation then refuses at the entry itself with a 422."""
+    if isinstance(value, dict):
+        kind = value.get("type", "function")
+    elif isinstance(value, (ClientTool, McpTool)):
+        kind = value.type
+    else:
+        return None
     return kind if kind in ("function", "mcp") else "function"
 
 
 ToolEntry = Annotated[
     Annotated[ClientTool, Tag("function")] | Annotated[McpTool, Tag("mcp")],
-    Discriminator(_tool_type),
+    Discriminator(
+        _tool_type,
+        custom_error_type="tool_entry",
+        custom_error_message='a tool is an object: a function tool, or an MCP server (type "mcp")',
+    ),
 ]
 
 

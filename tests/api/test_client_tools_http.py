@@ -309,6 +309,9 @@ async def test_answers_when_nothing_is_pending_are_refused_422(client: AppClient
         ([{**LOOKUP, "name": "time_now"}], "body.tools[0].name"),  # a server tool
         ([LOOKUP, LOOKUP], "body.tools[1].name"),
         ([{**LOOKUP, "parameters": {"type": "string"}}], "body.tools[0].parameters"),
+        ([None], "body.tools[0]"),  # not an entry at all: a 422, not a failure to read it
+        ([LOOKUP, 3], "body.tools[1]"),
+        (["lookup"], "body.tools[0]"),
     ],
 )
 async def test_bad_client_tools_are_refused_422(
@@ -317,6 +320,16 @@ async def test_bad_client_tools_are_refused_422(
     await create(client)
     problem = await refused(client, 422, "validation-error", prompts=["hi"], tools=tools)
     assert problem["errors"][0]["path"] == path
+
+
+async def test_a_tool_that_is_not_an_object_is_refused_422_saying_what_a_tool_is(
+    client: AppClient,
+) -> None:
+    await create(client)
+    problem = await refused(client, 422, "validation-error", prompts=False, tools=[None])
+    refusals = {e["path"]: e["message"] for e in problem["errors"]}
+    assert "a tool is an object" in refusals["body.tools[0]"]
+    assert "body.prompts" in refusals
 
 
 async def test_gating_a_tool_that_is_not_a_server_tool_is_refused_422(client: AppClient) -> None:
