@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import sqlite3
+import weakref
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -119,10 +120,9 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
 
     __slots__ = (
         "_begin",
+        "_calls",
         "_defer",
         "_deferred",
-        "_finished",
-        "_submitted",
         "_write_locked",
         "busy_timeout_ms",
         "inline",
@@ -146,14 +146,11 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         #: the connection's busy timeout (set where it is configured); None: unknown, and a
         #: ``BEGIN`` then never runs on the loop
         self.busy_timeout_ms: int | None = None
-        # calls handed to aiosqlite's thread, and those it finished (counted there): equal
-        # when nothing of this connection is queued or running in that thread
-        self._submitted = 0
-        self._finished = 0
+        #: the calls aiosqlite hands to its thread, counted (:class:`_ThreadCalls`)
+        self._calls = _ThreadCalls(connection)
         #: the open transaction began with ``BEGIN IMMEDIATE``: it holds SQLite's write lock,
         #: so its statements never wait on another connection's
         self._write_locked = False
-        connection._execute = self._counted  # every call aiosqlite makes goes through it
 
     def begin_with_next(self, statement: str) -> None:
         """Open the transaction with ``statement`` (``BEGIN`` or ``BEGIN IMMEDIATE``) in the
@@ -233,7 +230,7 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         timeout at 0 for it, a lock another process holds answers "busy" at once instead
         of holding up the loop, and the statement then goes to the thread (None), where the
         ``BEGIN`` waits up to the busy timeout as it always did."""
-        if self._submitted != self._finished:
+        if self._calls.submitted != self._calls.finished:
             return None
         raw = self._connection._conn
         if self._begin is not None:
@@ -253,20 +250,6 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         if before is not None:
             before(raw)
         return _run_statement(raw, operation, parameters, many)
-
-    async def _counted(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """aiosqlite's ``Connection._execute``, counting the calls it hands to its thread and
-        those the thread finished (:meth:`_on_loop` runs only when they are equal)."""
-
-        def counted() -> Any:
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self._finished += 1  # only aiosqlite's thread writes it
-
-        self._submitted += 1  # only the loop writes it
-        connection: Any = self._connection  # aiosqlite's Connection
-        return await type(connection)._execute(connection, counted)
 
     def cursor(self, server_side: bool = False) -> Any:
         if server_side:  # a streamed result: what is pending runs first, in a call of its own
@@ -326,6 +309,36 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
             return
         super().rollback()
         self.used = False
+
+
+class _ThreadCalls:
+    """aiosqlite's ``Connection._execute`` for one connection (set on it in its place),
+    counting the calls it hands to the connection's thread and those the thread finished:
+    equal when nothing of the connection is queued or running there
+    (:meth:`OneHopConnection._on_loop` runs a statement only then). It holds the connection
+    weakly: a connection dropped without being closed is freed as it was without it, not
+    kept by a reference cycle until a garbage collection, when its event loop may be gone."""
+
+    __slots__ = ("connection", "finished", "submitted")
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = weakref.ref(connection)
+        self.submitted = 0  # only the event loop writes it
+        self.finished = 0  # only aiosqlite's thread writes it
+        connection._execute = self  # every call aiosqlite makes goes through it
+
+    async def __call__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        connection = self.connection()
+        assert connection is not None  # it is calling
+
+        def counted() -> Any:
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.finished += 1
+
+        self.submitted += 1
+        return await type(connection)._execute(connection, counted)
 
 
 def _run_statement(raw: sqlite3.Connection, operation: str, parameters: Any, many: bool) -> _Done:

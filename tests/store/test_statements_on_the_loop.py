@@ -8,8 +8,10 @@ order, never timings."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import sqlite3
 import threading
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -177,3 +179,28 @@ async def test_a_statement_queues_behind_a_call_still_in_the_thread(
     # the INSERT (with the BEGIN) ran on the loop; the SELECT in the thread, behind that call
     assert ran == [("INSERT", True), ("SELECT", False)]
     assert [row.id for row in found] == [3]
+
+
+async def test_a_closed_connection_is_freed_without_waiting_for_a_garbage_collection(
+    tmp_path: Path,
+) -> None:
+    """What counts the calls into aiosqlite's thread holds the connection weakly: no
+    reference cycle keeps a closed connection until a later garbage collection (by then its
+    event loop may be closed, and aiosqlite's thread fails to hand it its last answer)."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'freed.db'}")
+    async with engine.connect() as conn:
+        await conn.exec_driver_sql("SELECT 1")
+        sync = conn.sync_connection
+        assert sync is not None
+        driver = sync.connection.dbapi_connection
+        assert isinstance(driver, sqlite_driver.OneHopConnection)
+        freed = weakref.ref(driver._connection)
+        del sync, driver
+    del conn
+    await engine.dispose()
+    gc.disable()
+    try:
+        del engine
+        assert freed() is None
+    finally:
+        gc.enable()
