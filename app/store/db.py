@@ -94,6 +94,8 @@ def _configure_sqlite(engine: AsyncEngine, busy_timeout_ms: int) -> None:
             cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
         finally:
             cursor.close()
+        if isinstance(dbapi_connection, sqlite_driver.OneHopConnection):
+            dbapi_connection.busy_timeout_ms = int(busy_timeout_ms)
 
 
 def is_sqlite(engine: AsyncEngine | AsyncConnection) -> bool:

@@ -8,8 +8,17 @@ cursor). This dialect is SQLAlchemy's ``sqlite+aiosqlite`` with one change: its 
 fetches and closes in **one** call in aiosqlite's thread. What a statement does, the thread it
 runs in and its errors are unchanged; a run issues ~15 statements, so this removes ~45 hops.
 And a transaction's ``BEGIN``, and the inserts it asks to hold (:class:`OneHopConnection`), ride
-with its next statement or its ``COMMIT``: a run makes 7 calls into the thread
-(docs/performance.md, "Calls into aiosqlite's thread").
+with its next statement or its ``COMMIT``.
+
+A run's prepared statements (:mod:`app.store.direct`) need no hop at all: each costs SQLite a few
+microseconds, less than the hop, so :meth:`OneHopConnection.execute_direct` runs a small one
+(:func:`light`) on the event loop's own thread, with what rides with it. Everything that could
+hold the loop up still goes to the thread: a statement with many rows or much text, every
+statement SQLAlchemy executes itself (a read of a whole context, say), a ``BEGIN`` whose lock
+another process holds (tried on the loop with the busy timeout at 0, then sent to the thread to
+wait), and every ``COMMIT`` (SQLite may checkpoint its log there, a write to disk). A run makes
+2 calls into the thread, its two ``COMMIT``s (docs/performance.md, "Calls into aiosqlite's
+thread").
 
 :func:`app.store.db.make_engine` uses it for every SQLite URL (``sqlite:///…`` and
 ``sqlite+aiosqlite:///…`` alike); it relies on SQLAlchemy 2.1's asyncio adapter classes, which
@@ -20,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import sqlite3
+import weakref
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -108,18 +118,39 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
       transaction then rolls back, as it would have). A rollback drops what was kept.
     """
 
-    __slots__ = ("_begin", "_defer", "_deferred", "used")
+    __slots__ = (
+        "_begin",
+        "_calls",
+        "_defer",
+        "_deferred",
+        "_write_locked",
+        "busy_timeout_ms",
+        "inline",
+        "used",
+    )
     _cursor_cls = OneHopCursor
 
-    def __init__(self, dbapi: Any, connection: Any) -> None:
+    def __init__(self, dbapi: Any, connection: Any, *, inline: bool = False) -> None:
         super().__init__(dbapi, connection)
         self._begin: str | None = None
         self._defer = False
         self._deferred: list[tuple[str, Any, bool]] = []
-        #: a call went into aiosqlite's thread since the last commit or rollback: a rollback
-        #: then always goes there too (behind that call, should it still run: its awaiting
-        #: task cancelled), whatever SQLite's autocommit flag reads at that moment
+        #: a call went into aiosqlite's thread, or a statement ran on the loop, since the last
+        #: commit or rollback: a rollback then always goes to the thread (behind such a call,
+        #: should it still run: its awaiting task cancelled), whatever SQLite's autocommit
+        #: flag reads at that moment
         self.used = False
+        #: the sqlite3 connection may be used on the event loop's thread as well
+        #: (``check_same_thread=False``): :meth:`execute_direct` may run there
+        self.inline = inline
+        #: the connection's busy timeout (set where it is configured); None: unknown, and a
+        #: ``BEGIN`` then never runs on the loop
+        self.busy_timeout_ms: int | None = None
+        #: the calls aiosqlite hands to its thread, counted (:class:`_ThreadCalls`)
+        self._calls = _ThreadCalls(connection)
+        #: the open transaction began with ``BEGIN IMMEDIATE``: it holds SQLite's write lock,
+        #: so its statements never wait on another connection's
+        self._write_locked = False
 
     def begin_with_next(self, statement: str) -> None:
         """Open the transaction with ``statement`` (``BEGIN`` or ``BEGIN IMMEDIATE``) in the
@@ -145,21 +176,14 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         if begin is None and not deferred:
             return None
         self._begin, self._deferred = None, []
+        if begin is not None:
+            self._write_locked = begin == "BEGIN IMMEDIATE"
 
         def pending(raw: sqlite3.Connection) -> None:
             if begin is not None:
                 raw.execute(begin)
             for operation, parameters, many in deferred:
-                cursor = raw.cursor()
-                try:
-                    if many:
-                        cursor.executemany(operation, parameters)
-                    elif parameters is None:
-                        cursor.execute(operation)
-                    else:
-                        cursor.execute(operation, parameters)
-                finally:
-                    cursor.close()
+                _run_statement(raw, operation, parameters, many)
 
         return pending
 
@@ -176,18 +200,7 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
             def run() -> _Done:
                 if before is not None:
                     before(raw)
-                cursor = raw.cursor()
-                try:
-                    if many:
-                        cursor.executemany(operation, parameters)
-                    elif parameters is None:
-                        cursor.execute(operation)
-                    else:
-                        cursor.execute(operation, parameters)
-                    rows = cursor.fetchall() if cursor.description else None
-                    return cursor.description, cursor.rowcount, cursor.lastrowid, rows
-                finally:
-                    cursor.close()
+                return _run_statement(raw, operation, parameters, many)
 
             return cast(_Done, await self._connection._execute(run))
 
@@ -196,13 +209,47 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
     ) -> tuple[list[Any] | None, int]:
         """A statement from outside SQLAlchemy's execution (app/store/direct.py): a plain
         ``INSERT`` (``insert``) while inserts are deferred is kept for the next call, as
-        :func:`_kept` keeps SQLAlchemy's; else :meth:`call`. Its rows, if any, and its row
+        :func:`_kept` keeps SQLAlchemy's; else, when it is small (:func:`light`), on the
+        event loop (:meth:`_on_loop`), or else :meth:`call`. Its rows, if any, and its row
         count (-1 when kept)."""
         if insert and self._defer:
             self.defer(operation, parameters, many)
             return None, -1
+        if self.inline and light(parameters, many, self._deferred):
+            async with self._execute_mutex:
+                done = self._on_loop(operation, parameters, many)
+            if done is not None:
+                return done[3], done[1]
         _, rowcount, _, rows = await self.call(operation, parameters, many=many)
         return rows, rowcount
+
+    def _on_loop(self, operation: str, parameters: Any, many: bool) -> _Done | None:
+        """Run one statement, with what is pending before it, on the event loop's thread: no
+        hop. Only when nothing of this connection is in aiosqlite's thread (it would run
+        behind that), and a ``BEGIN`` only when it takes its lock at once: with the busy
+        timeout at 0 for it, a lock another process holds answers "busy" at once instead
+        of holding up the loop, and the statement then goes to the thread (None), where the
+        ``BEGIN`` waits up to the busy timeout as it always did."""
+        if self._calls.submitted != self._calls.finished:
+            return None
+        raw = self._connection._conn
+        if self._begin is not None:
+            if (
+                self._begin != "BEGIN IMMEDIATE"
+                or self.busy_timeout_ms is None
+                or not _begun_at_once(raw, self._begin, self.busy_timeout_ms)
+            ):
+                return None
+            self._begin = None
+            self._write_locked = True
+            self.used = True
+        elif not self._write_locked:
+            return None
+        before = self.take_pending()
+        self.used = True
+        if before is not None:
+            before(raw)
+        return _run_statement(raw, operation, parameters, many)
 
     def cursor(self, server_side: bool = False) -> Any:
         if server_side:  # a streamed result: what is pending runs first, in a call of its own
@@ -229,6 +276,7 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         if self._deferred:  # the kept statements, then COMMIT, in one call
             pending = self.take_pending()
             assert pending is not None
+            self._write_locked = False
 
             def commit(raw: sqlite3.Connection) -> None:
                 pending(raw)
@@ -241,6 +289,7 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
             self._begin = None
             if not self.used:
                 return  # nothing ran since the BEGIN that was asked: no transaction to commit
+        self._write_locked = False
         super().commit()
         self.used = False
 
@@ -254,6 +303,7 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         begun), and the rollback must then queue behind it. What was kept for the next call
         is dropped: it would have been rolled back."""
         self._begin, self._defer, self._deferred = None, False, []
+        self._write_locked = False
         raw = self._connection._connection
         if not self.used and raw is not None and not raw.in_transaction:
             return
@@ -261,13 +311,103 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         self.used = False
 
 
+class _ThreadCalls:
+    """aiosqlite's ``Connection._execute`` for one connection (set on it in its place),
+    counting the calls it hands to the connection's thread and those the thread finished:
+    equal when nothing of the connection is queued or running there
+    (:meth:`OneHopConnection._on_loop` runs a statement only then). It holds the connection
+    weakly: a connection dropped without being closed is freed as it was without it, not
+    kept by a reference cycle until a garbage collection, when its event loop may be gone."""
+
+    __slots__ = ("connection", "finished", "submitted")
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = weakref.ref(connection)
+        self.submitted = 0  # only the event loop writes it
+        self.finished = 0  # only aiosqlite's thread writes it
+        connection._execute = self  # every call aiosqlite makes goes through it
+
+    async def __call__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        connection = self.connection()
+        assert connection is not None  # it is calling
+
+        def counted() -> Any:
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.finished += 1
+
+        self.submitted += 1
+        return await type(connection)._execute(connection, counted)
+
+
+def _run_statement(raw: sqlite3.Connection, operation: str, parameters: Any, many: bool) -> _Done:
+    """Execute (or executemany), fetch the rows, close the cursor: one statement's call."""
+    cursor = raw.cursor()
+    try:
+        if many:
+            cursor.executemany(operation, parameters)
+        elif parameters is None:
+            cursor.execute(operation)
+        else:
+            cursor.execute(operation, parameters)
+        rows = cursor.fetchall() if cursor.description else None
+        return cursor.description, cursor.rowcount, cursor.lastrowid, rows
+    finally:
+        cursor.close()
+
+
+def _begun_at_once(raw: sqlite3.Connection, begin: str, busy_timeout_ms: int) -> bool:
+    """Run ``begin`` with the busy timeout at 0, then back at ``busy_timeout_ms``: False when
+    another connection held the lock it needs (nothing was begun)."""
+    raw.execute("PRAGMA busy_timeout=0")
+    try:
+        raw.execute(begin)
+    except sqlite3.OperationalError as error:
+        if error.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+            return False
+        raise
+    finally:
+        raw.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
+    return True
+
+
+#: what :func:`light` lets run on the event loop: the rows of a statement and of the inserts
+#: riding with it, and the characters and bytes of their values
+LIGHT_ROWS = 256
+LIGHT_CHARACTERS = 256 * 1024
+
+
+def light(parameters: Any, many: bool, deferred: list[tuple[str, Any, bool]]) -> bool:
+    """Whether a statement with ``parameters``, and the ``deferred`` inserts that ride with
+    it, are small enough for the event loop: at most :data:`LIGHT_ROWS` rows and
+    :data:`LIGHT_CHARACTERS` of text and bytes. A run's statements are (they carry what the
+    run changed); a context of thousands of messages, or a prompt of megabytes, goes to
+    aiosqlite's thread as every other statement does."""
+    rows = 0
+    size = 0
+    for values, is_many in ((parameters, many), *((p, m) for _, p, m in deferred)):
+        for row in values if is_many else (values,) if values is not None else ():
+            rows += 1
+            for value in row:
+                if isinstance(value, (str, bytes)):
+                    size += len(value)
+            if rows > LIGHT_ROWS or size > LIGHT_CHARACTERS:
+                return False
+    return True
+
+
 class OneHopDBAPI(AsyncAdapt_aiosqlite_dbapi):
     def connect(self, *arg: Any, **kw: Any) -> OneHopConnection:
         creator_fn = kw.pop("async_creator_fn", None)
+        if not creator_fn:
+            # its statements may also run on the loop (OneHopConnection.execute_direct),
+            # one at a time with those in aiosqlite's thread
+            kw["check_same_thread"] = False
         connection = creator_fn(*arg, **kw) if creator_fn else self.aiosqlite.connect(*arg, **kw)
         if not creator_fn:
             connection._thread.daemon = True  # as SQLAlchemy's own adapter does
-        return OneHopConnection(self, await_(connection))
+        return OneHopConnection(self, await_(connection), inline=not creator_fn)
 
 
 class OneHopSQLiteDialect(SQLiteDialect_aiosqlite):
