@@ -27,6 +27,7 @@ thread").
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import sqlite3
 import weakref
@@ -376,6 +377,7 @@ def _begun_at_once(raw: sqlite3.Connection, begin: str, busy_timeout_ms: int) ->
 #: riding with it, and the characters and bytes of their values
 LIGHT_ROWS = 256
 LIGHT_CHARACTERS = 256 * 1024
+_THREAD_STOP_SECONDS = 5.0  # how long a failed connect waits for aiosqlite's thread to end
 
 
 def light(parameters: Any, many: bool, deferred: list[tuple[str, Any, bool]]) -> bool:
@@ -407,7 +409,15 @@ class OneHopDBAPI(AsyncAdapt_aiosqlite_dbapi):
         connection = creator_fn(*arg, **kw) if creator_fn else self.aiosqlite.connect(*arg, **kw)
         if not creator_fn:
             connection._thread.daemon = True  # as SQLAlchemy's own adapter does
-        return OneHopConnection(self, await_(connection), inline=not creator_fn)
+        try:
+            return OneHopConnection(self, await_(connection), inline=not creator_fn)
+        except BaseException:
+            if not creator_fn:
+                # aiosqlite stops its thread when the connect fails and does not wait for
+                # it; the thread then answers into this event loop. Wait for it (off the
+                # loop) so that answer lands while the loop still runs, not after it closed.
+                await_(asyncio.to_thread(connection._thread.join, _THREAD_STOP_SECONDS))
+            raise
 
 
 class OneHopSQLiteDialect(SQLiteDialect_aiosqlite):

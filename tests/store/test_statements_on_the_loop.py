@@ -209,3 +209,27 @@ async def test_a_closed_connection_is_freed_without_waiting_for_a_garbage_collec
         assert freed() is None
     finally:
         gc.enable()
+
+
+async def test_a_failed_connect_returns_after_aiosqlite_s_thread_has_ended(tmp_path: Path) -> None:
+    """aiosqlite stops its thread when a connect fails without waiting for it; the thread
+    then answers into the event loop. The error reaches the caller only once the thread has
+    ended, so no answer can arrive after the caller's event loop has closed."""
+
+    def workers() -> set[threading.Thread]:
+        return {
+            thread
+            for thread in threading.enumerate()
+            if "_connection_worker_thread" in thread.name and thread.is_alive()
+        }
+
+    before = workers()
+    engine = make_engine(f"sqlite:///{tmp_path / 'no-such-directory' / 'x.db'}")
+    try:
+        for _ in range(5):
+            with pytest.raises(Exception, match="unable to open database file"):
+                async with engine.connect() as conn:
+                    await conn.exec_driver_sql("SELECT 1")
+            assert workers() <= before
+    finally:
+        await engine.dispose()
