@@ -131,6 +131,17 @@ def prepare(context: Context, provider: str, wire: WireFormat | None) -> Provide
     return view
 
 
+def is_prepared(context: Context, provider: str, wire: WireFormat | None) -> bool:
+    """Whether :func:`prepare` would find everything remembered (O(1), no walk): a run on a
+    context a run returned needs no worker thread for it, however long the context."""
+    view = _remembered(context)
+    return (
+        view is not None
+        and view.describes(context, provider)
+        and (wire is None or wire.key in view.encodings)
+    )
+
+
 def carry_over(before: Context, after: Context, appended: Sequence[AnyMessage]) -> None:
     """``after`` is ``before`` with ``appended`` after its messages (same summary): give it the
     view ``before`` has, extended by ``appended`` in O(appended). Nothing when ``before`` has

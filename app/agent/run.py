@@ -54,7 +54,7 @@ from .messages import (
     text_of,
 )
 from .offload import offload, offload_text
-from .opaque import for_provider, prepare, view_of
+from .opaque import for_provider, is_prepared, prepare, view_of
 from .pending import (
     Kinds,
     PendingCall,
@@ -252,10 +252,12 @@ class Agent(_ToolBatches, _Folding):
                 await self._compact(state, emit, compact, keep_last=True)
             else:
                 # what the provider is sent, walked once if this Context object has no view
-                # yet; every append then carries it over (app.agent.opaque)
-                await offload(
-                    len(context.messages), prepare, context, self.provider.name, self._wire
-                )
+                # yet; every append then carries it over (app.agent.opaque). Remembered: no
+                # walk, so no worker thread either, however long the context.
+                if not is_prepared(context, self.provider.name, self._wire):
+                    await offload(
+                        len(context.messages), prepare, context, self.provider.name, self._wire
+                    )
                 await self._run(state, prompts, emit)
         except _RunFailed as failed:
             await self._close_unfinished(state, emit)

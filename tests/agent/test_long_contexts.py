@@ -364,6 +364,36 @@ async def test_a_short_context_is_handled_on_the_loop(monkeypatch: pytest.Monkey
     assert result.compactions and seen == [True]
 
 
+async def test_a_run_on_a_long_context_a_run_returned_uses_no_worker_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the provider is sent of a context a run returned is remembered: the next run finds
+    it without a walk, so it sends nothing to a thread either, however long the context (a
+    thread hop per run costs more than the O(1) lookup it would carry)."""
+    agent = echo_agent(context_window=100_000_000)
+    first = await agent.run(
+        Input(context=long_context(offload.OFFLOAD_MESSAGES + 10), prompts=(UserMessage.text("a"),))
+    )
+    tally = tally_of(first.context.messages)
+    hops: list[str] = []
+    to_thread = offload.asyncio.to_thread
+
+    async def counted(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        hops.append(getattr(fn, "__name__", repr(fn)))
+        return await to_thread(fn, *args, **kw)
+
+    monkeypatch.setattr(offload.asyncio, "to_thread", counted)
+    second = await agent.run(
+        Input(context=first.context, prompts=(UserMessage.text("b"),), tokens=tally)
+    )
+    assert second.status == "completed" and second.final is not None
+    assert hops == []
+    # a context never seen is walked once, in a thread
+    fresh = Context(messages=first.context.messages)
+    await agent.run(Input(context=fresh, prompts=(UserMessage.text("c"),), tokens=tally))
+    assert hops == ["prepare"]
+
+
 def test_a_tally_is_a_plain_value() -> None:
     assert TokenTally() == tally_of(())
     assert estimate_with(TokenTally(), "", "") == estimate("", "", ())
