@@ -107,7 +107,8 @@ class _State:
     def append(self, *messages: AnyMessage) -> None:
         """Messages that join both the continuation state and the run record."""
         before = self.context
-        self.context = before.model_copy(update={"messages": (*before.messages, *messages)})
+        # one concatenation of the tuples (unpacking both into a new one copies twice)
+        self.context = before.model_copy(update={"messages": before.messages + messages})
         carry_over(before, self.context, messages)  # what a provider is sent, in O(appended)
         self.tally = self.tally.extend(messages)
         if self.size is not None:

@@ -228,7 +228,9 @@ def check_append(context: Context, append: Sequence[AnyMessage]) -> None:
 
 def appended_result(loaded: Loaded, append: Sequence[AnyMessage]) -> Result:
     """The outcome of a run that only adds messages: the context with them, no model call."""
-    context = loaded.context.model_copy(update={"messages": (*loaded.context.messages, *append)})
+    context = loaded.context.model_copy(
+        update={"messages": loaded.context.messages + tuple(append)}
+    )
     return Result(status="completed", context=context, new_messages=tuple(append), admitted=True)
 
 
