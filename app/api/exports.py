@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, StrictBool, model_validator
 
 from app.agent.messages import AssistantMessage, Context, Integer, Message, Usage, UserMessage
+from app.store.changes import TranscriptKind
 
 from .schemas import ConversationId, Metadata, Timestamp, _Body
 
@@ -39,7 +40,7 @@ class ExportedConversation(_Body):
 class ExportedTranscriptEntry(_Body):
     seq: Integer = Field(ge=1, le=2**53 - 1)
     run_id: str | None = Field(max_length=36)
-    kind: str = Field(pattern=r"^[a-z_]{1,24}$")
+    kind: TranscriptKind
     failed: StrictBool
     body: dict[str, Any]
     created_at: Timestamp

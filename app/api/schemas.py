@@ -34,6 +34,7 @@ from app.agent.messages import (
 from app.agent.pending import Approval, PendingCall, RequiredAction
 from app.agent.records import Compaction, RunSettings
 from app.agent.structured import OutputSchema, schema_problem
+from app.store.changes import TranscriptKind
 
 from .tools import MAX_MCP_SERVERS, McpTool, ToolEntry
 
@@ -439,18 +440,7 @@ class RunPage(BaseModel):
 class TranscriptEntry(BaseModel):
     seq: int
     run_id: str | None
-    kind: Literal[
-        "prompt",
-        "attempt",
-        "tool_result",
-        "compaction",
-        "context_replaced",
-        "pause",
-        "client_result",
-        "approval",
-        "forked",
-        "item_deleted",
-    ]
+    kind: TranscriptKind
     failed: bool = Field(description="A failed or aborted assistant attempt")
     body: dict[str, Any] = Field(
         description="The message (prompt, attempt, tool_result, client_result), the "

@@ -567,6 +567,8 @@ async def test_import_under_its_own_id_and_409_over_an_existing_id(
         (lambda d: d["runs"][0].update(status="running"), "body.runs[0].status"),
         (lambda d: d["conversation"].pop("created_at"), "body.conversation.created_at"),
         (lambda d: d["transcript"].append(dict(d["transcript"][0])), "body"),
+        # a kind the transcript does not have: its reads could not serve the entry
+        (lambda d: d["transcript"][0].update(kind="eo"), "body.transcript[0].kind"),
         (
             lambda d: d["runs"][0]["new_messages"].append({"type": "user"}),
             "body.runs[0].new_messages",
