@@ -6,10 +6,20 @@ from __future__ import annotations
 import itertools
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, StrictBool, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, StrictBool, model_validator
 
-from app.agent.messages import AssistantMessage, Context, Integer, Message, Usage, UserMessage
+from app.agent.codec import CodecError, load_message
+from app.agent.messages import (
+    AssistantMessage,
+    AttemptError,
+    Context,
+    Integer,
+    Message,
+    Usage,
+    UserMessage,
+)
 from app.store.changes import TranscriptKind
+from app.store.texts import MESSAGE_KINDS
 
 from .schemas import ConversationId, Metadata, Timestamp, _Body
 
@@ -25,6 +35,21 @@ def _tag_of(value: Any) -> Any:
 
 TaggedUser = Annotated[UserMessage, BeforeValidator(_tag_of)]
 TaggedAssistant = Annotated[AssistantMessage, BeforeValidator(_tag_of)]
+
+
+def _readable_as(model: Any) -> AfterValidator:
+    """A JSON object kept as it was sent (an export of the import repeats it), refused unless
+    it reads as ``model``: the reads of what is imported parse it so."""
+
+    def check(value: dict[str, Any]) -> dict[str, Any]:
+        model.model_validate(value)
+        return value
+
+    return AfterValidator(check)
+
+
+RunUsage = Annotated[dict[str, Any], _readable_as(Usage)]
+RunError = Annotated[dict[str, Any], _readable_as(AttemptError)]
 
 
 class ExportedConversation(_Body):
@@ -44,6 +69,23 @@ class ExportedTranscriptEntry(_Body):
     failed: StrictBool
     body: dict[str, Any]
     created_at: Timestamp
+
+    @model_validator(mode="after")
+    def _readable(self) -> ExportedTranscriptEntry:
+        """The body of a message entry is a message, that of a deletion lists item ids: the
+        transcript's and /v1's reads parse them so."""
+        if self.kind in MESSAGE_KINDS:
+            try:
+                load_message(self.body)
+            except CodecError as exc:
+                raise ValueError(
+                    f"body: an entry of kind {self.kind} holds a message: {exc}"
+                ) from None
+        elif self.kind == "item_deleted":
+            items = self.body.get("items", [])
+            if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+                raise ValueError("body.items: an item_deleted entry lists item ids (strings)")
+        return self
 
 
 class ExportedCompaction(_Body):
@@ -67,8 +109,8 @@ class ExportedRun(_Body):
     base_etag: str = Field(max_length=80)
     result_etag: str | None = Field(max_length=80)
     prompts: list[TaggedUser]
-    usage: dict[str, Any]
-    error: dict[str, Any] | None
+    usage: RunUsage
+    error: RunError | None
     created_at: Timestamp
     finished_at: Timestamp | None
     cancel_requested: StrictBool

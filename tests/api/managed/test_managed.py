@@ -559,6 +559,10 @@ async def test_import_under_its_own_id_and_409_over_an_existing_id(
     assert without(await export(client, "src"), *differs) == without(document, *differs)
 
 
+def _attempts(document: dict[str, Any]) -> list[dict[str, Any]]:
+    return [e for e in document["transcript"] if e["kind"] == "attempt"]
+
+
 @pytest.mark.parametrize(
     ("mutate", "path"),
     [
@@ -569,6 +573,16 @@ async def test_import_under_its_own_id_and_409_over_an_existing_id(
         (lambda d: d["transcript"].append(dict(d["transcript"][0])), "body"),
         # a kind the transcript does not have: its reads could not serve the entry
         (lambda d: d["transcript"][0].update(kind="eo"), "body.transcript[0].kind"),
+        # what the reads of the imported conversation parse must parse
+        (lambda d: d["runs"][0].update(usage={"input_tokens": -5}), "body.runs[0].usage"),
+        (lambda d: d["runs"][0].update(error={"foo": 1}), "body.runs[0].error"),
+        (lambda d: _attempts(d)[0].update(body={"x": 1}), "body.transcript["),
+        (
+            lambda d: d["transcript"].append(
+                {**d["transcript"][-1], "seq": 10**6, "kind": "item_deleted", "body": {"items": 3}}
+            ),
+            "body.transcript[",
+        ),
         (
             lambda d: d["runs"][0]["new_messages"].append({"type": "user"}),
             "body.runs[0].new_messages",
