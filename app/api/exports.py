@@ -21,7 +21,7 @@ from app.agent.messages import (
 from app.store.changes import TranscriptKind
 from app.store.texts import MESSAGE_KINDS
 
-from .schemas import ConversationId, Metadata, Timestamp, _Body
+from .schemas import MAX_SAFE_INTEGER, ConversationId, Metadata, Timestamp, _Body
 
 EXPORT_FORMAT = "carryover.conversation"
 
@@ -58,12 +58,12 @@ class ExportedConversation(_Body):
     expires_at: Timestamp | None = None
     created_at: Timestamp
     updated_at: Timestamp = Field(description="On import: replaced by the time of import")
-    version: Integer = Field(ge=1, le=2**53 - 1, description="The version part of the ETag")
+    version: Integer = Field(ge=1, le=MAX_SAFE_INTEGER, description="The version part of the ETag")
     etag: str = Field(max_length=80, description="On import: a new one (new incarnation)")
 
 
 class ExportedTranscriptEntry(_Body):
-    seq: Integer = Field(ge=1, le=2**53 - 1)
+    seq: Integer = Field(ge=1, le=MAX_SAFE_INTEGER)
     run_id: str | None = Field(max_length=36)
     kind: TranscriptKind
     failed: StrictBool
@@ -93,8 +93,8 @@ class ExportedCompaction(_Body):
     previous_summary: str
     summary: str
     folded: list[Message]
-    tokens_before: Integer = Field(ge=0, le=2**53 - 1)
-    tokens_after: Integer = Field(ge=0, le=2**53 - 1)
+    tokens_before: Integer = Field(ge=0, le=MAX_SAFE_INTEGER)
+    tokens_after: Integer = Field(ge=0, le=MAX_SAFE_INTEGER)
     usage: Usage
 
 

@@ -38,6 +38,9 @@ from app.store.changes import TranscriptKind
 
 from .tools import MAX_MCP_SERVERS, McpTool, ToolEntry
 
+#: the largest integer a number in JSON keeps exactly everywhere (2**53 - 1): the bound of
+#: versions, sequence numbers and counts the API takes (a larger one cannot name anything)
+MAX_SAFE_INTEGER = 2**53 - 1
 CONVERSATION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
 ConversationId = Annotated[
@@ -144,7 +147,10 @@ class ConversationFork(_Body):
     """Fork a conversation: a new one with the source's context (or its first `messages`)."""
 
     id: ConversationId | None = None
-    messages: Annotated[int, Strict(), Field(ge=0), BeforeValidator(whole_number)] | None = Field(
+    messages: (
+        Annotated[int, Strict(), Field(ge=0, le=MAX_SAFE_INTEGER), BeforeValidator(whole_number)]
+        | None
+    ) = Field(
         default=None,
         description="Copy only the first N messages; N must not cut between a tool call and "
         "its result (422 `unsafe-cut`)",
@@ -152,7 +158,10 @@ class ConversationFork(_Body):
     metadata: Metadata | None = Field(
         default=None, description="The fork's metadata; left out, the source's is copied"
     )
-    version: Annotated[int, Strict(), Field(ge=1), BeforeValidator(whole_number)] | None = Field(
+    version: (
+        Annotated[int, Strict(), Field(ge=1, le=MAX_SAFE_INTEGER), BeforeValidator(whole_number)]
+        | None
+    ) = Field(
         default=None,
         description="Fork the context as it stood at this version (`GET …/versions`); "
         "404 for a version it never had, 410 `version-expired` past the version retention",

@@ -92,6 +92,14 @@ async def test_every_version_is_listed_read_back_and_forked_from(client: AppClie
     assert (await client.get("/conversations/g")).status_code == 404
     bad = await client.get("/conversations/c/context", params={"version": 0})
     assert bad.status_code == 422
+    # past what a JSON number names exactly (and what the database's integers hold): 422
+    for huge in (2**53, 2**63):
+        bad = await client.get("/conversations/c/context", params={"version": huge})
+        assert_problem(bad, 422, "validation-error")
+        for field in ("version", "messages"):
+            bad = await client.post("/conversations/c/fork", json={"id": "h", field: huge})
+            assert_problem(bad, 422, "validation-error")
+    assert (await client.get("/conversations/h")).status_code == 404
 
 
 async def test_a_version_past_retention_is_gone_the_current_one_stays(

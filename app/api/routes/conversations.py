@@ -49,6 +49,7 @@ from ..problems import (
     problem_responses,
 )
 from ..schemas import (
+    MAX_SAFE_INTEGER,
     METADATA_KEY_PATTERN,
     ContextVersion,
     ContextVersionPage,
@@ -260,6 +261,7 @@ async def get_context(
         int | None,
         Query(
             ge=1,
+            le=MAX_SAFE_INTEGER,
             description="The context as it stood at this version (`GET …/versions`), with "
             "that version's ETag: 404 for a version it never had, 410 `version-expired` past "
             "the version retention",

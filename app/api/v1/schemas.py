@@ -91,7 +91,7 @@ class ResponseCreate(_Body):
     tools: list[ResponseTool] = Field(default_factory=list)
     metadata: Metadata | None = None
     # per-run settings, as the agent profile allows them (docs/openai.md)
-    max_output_tokens: int | None = Field(default=None, ge=1)
+    max_output_tokens: int | None = Field(default=None, ge=1, le=2**31 - 1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     text: dict[str, Any] | None = Field(
         default=None, description='`format`: `{"type": "json_schema", "name", "schema", "strict"}`'
