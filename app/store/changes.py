@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 from app.agent.codec import dump_message, dumps_message, load_message, loads_message
 from app.agent.messages import (
@@ -51,6 +51,8 @@ TranscriptKind = Literal[
     # after a context_replaced entry: the /v1 items that replacement deleted (their ids)
     "item_deleted",
 ]
+#: the kinds a transcript entry can have, as a set (a stored row of another kind is damaged)
+TRANSCRIPT_KINDS: frozenset[str] = frozenset(get_args(TranscriptKind))
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql import Select
 
+from .changes import TRANSCRIPT_KINDS
 from .db import read_transaction
 from .direct import prepared
 from .errors import StoredRecordDamaged
@@ -203,6 +204,10 @@ def select_transcript() -> Select[Any]:
 def transcript_entry(row: Any) -> TranscriptEntry:
     """A row of :func:`select_transcript` (a mapping) as a transcript entry, its text checked."""
     values = {k: v for k, v in row.items() if k not in ("body_text", "body_sha256")}
+    if values.get("kind") not in TRANSCRIPT_KINDS:
+        raise StoredRecordDamaged(
+            f"a transcript entry has a kind it cannot have: {values.get('kind')!r}"
+        )
     values["body"] = load(row["body_text"], row["body_sha256"])
     return TranscriptEntry(**values)
 

@@ -337,6 +337,30 @@ async def test_a_damaged_transcript_entry_or_run_record_is_refused_not_a_500(
         assert again.status_code == 201, again.text
 
 
+async def test_a_transcript_entry_of_a_kind_it_cannot_have_is_refused_not_a_500(
+    app_factory: Callable[..., Any], database_url: str
+) -> None:
+    """A kind changed behind the service's back (or written by another version of it): the
+    transcript read answers the damaged-record problem, and the context and runs go on."""
+    async with app_factory() as client:
+        await put_context(client, A)
+        run = await client.post(f"/conversations/{A}/runs", json={"prompts": ["hi"]})
+        assert run.status_code == 201
+    engine = make_engine(database_url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text("UPDATE transcript SET kind = 'eo' WHERE kind = 'prompt'"))
+    finally:
+        await engine.dispose()
+    async with app_factory() as client:
+        got = await client.get(f"/conversations/{A}/transcript")
+        body = assert_problem(got, 409, "stored-data-damaged")
+        assert "'eo'" in body["detail"]
+        assert (await client.get(f"/conversations/{A}/context")).status_code == 200
+        again = await client.post(f"/conversations/{A}/runs", json={"prompts": ["again"]})
+        assert again.status_code == 201, again.text
+
+
 async def test_carryover_check_lists_a_damaged_message_text_and_the_conversations_using_it(
     app_factory: Callable[..., Any], cli_database: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
