@@ -8,10 +8,11 @@ for every message and block.
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     BeforeValidator,
@@ -69,8 +70,18 @@ def _rfc3339(value: Any) -> Any:
     return value
 
 
+def _in_utc_range(value: datetime) -> datetime:
+    """A time that is a time in UTC too: its offset must not carry it past year 1 or 9999
+    (times are compared and stored in UTC)."""
+    try:
+        value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("the time in UTC falls outside years 1 to 9999") from None
+    return value
+
+
 #: an RFC 3339 time with an offset, as the document's ``format: date-time`` says
-Timestamp = Annotated[AwareDatetime, BeforeValidator(_rfc3339)]
+Timestamp = Annotated[AwareDatetime, BeforeValidator(_rfc3339), AfterValidator(_in_utc_range)]
 
 METADATA_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 MetadataKey = Annotated[str, Field(pattern=METADATA_KEY_PATTERN, max_length=128)]

@@ -196,6 +196,17 @@ async def test_ordered_by_update_time_with_updated_after_and_before(
     assert await ids(client, updated_after=after, updated_before=before) == ["new", "mid"]
     naive = await client.get("/conversations", params={"updated_after": "2026-01-01T00:00:00"})
     assert_problem(naive, 422, "validation-error")
+    # a time whose offset carries it past year 9999 (or before year 1) in UTC is no time
+    for name, edge in (
+        ("updated_before", "9999-12-31T23:59:59-01:00"),
+        ("updated_after", "0001-01-01T00:00:00+01:00"),
+    ):
+        got = await client.get("/conversations", params={name: edge})
+        problem = assert_problem(got, 422, "validation-error")
+        assert problem["errors"][0]["path"] == f"query.{name}", problem
+    far = await client.patch("/conversations/old", json={"expires_at": "9999-12-31T23:59:59-01:00"})
+    assert_problem(far, 422, "validation-error")
+    assert await ids(client, updated_before="9999-12-31T23:59:59Z") == ["old", "new", "mid"]
 
 
 @pytest.mark.parametrize("order", ["desc", "asc"])
