@@ -162,6 +162,17 @@ class Usage(_Value):
         )
 
 
+#: the most tokens one request's usage counts (a provider saying more sent garbage: the count
+#: is kept at this, not stored as it came, which no database integer holds for long)
+MAX_TOKEN_COUNT = 2**31 - 1
+
+
+def token_count(value: int) -> int:
+    """A token count a provider reported, as usage keeps it: within 0 and
+    :data:`MAX_TOKEN_COUNT`."""
+    return min(max(0, value), MAX_TOKEN_COUNT)
+
+
 ErrorKind = Literal["overflow", "retryable", "fatal", "aborted", "tool_batch", "internal"]
 
 

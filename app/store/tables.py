@@ -328,8 +328,8 @@ class RunCompaction(SQLModel, table=True):
     previous_summary: str = Field(sa_type=Text)
     summary: str = Field(sa_type=Text)
     folded: list[Any] = Field(sa_type=JSONText)
-    tokens_before: int
-    tokens_after: int
+    tokens_before: int = Field(sa_type=BigInteger)
+    tokens_after: int = Field(sa_type=BigInteger)
     usage: dict[str, Any] = Field(sa_type=JSONText)
     at: int | None = None  # Compaction.at (null in rows older than migration 0002)
 
@@ -484,7 +484,7 @@ class TenantQuota(SQLModel, table=True):
     __tablename__ = "tenant_quotas"
 
     tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
-    tokens_per_day: int | None = None
+    tokens_per_day: int | None = Field(default=None, sa_type=BigInteger)
     runs_per_minute: int | None = None
     concurrent_runs: int | None = None
     updated_at: datetime = Field(sa_type=UTCDateTime)
@@ -498,9 +498,10 @@ class TenantUsage(SQLModel, table=True):
     tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
     day: str = Field(primary_key=True, max_length=10)  # YYYY-MM-DD, UTC
     runs: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cached_tokens: int = 0
+    # a busy tenant's day passes 2**31 tokens (PostgreSQL's INTEGER) with long contexts
+    input_tokens: int = Field(default=0, sa_type=BigInteger)
+    output_tokens: int = Field(default=0, sa_type=BigInteger)
+    cached_tokens: int = Field(default=0, sa_type=BigInteger)
 
 
 metadata = SQLModel.metadata

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from app.agent.compaction import SUMMARY_PREFIX, SUMMARY_SYSTEM_PROMPT
+from app.agent.messages import MAX_TOKEN_COUNT
 from app.agent.retry import RetryPolicy
 from app.config import AgentProfile
 from tests.fakes import anthropic_fake as A
@@ -699,3 +700,35 @@ async def test_anthropic_events_out_of_order_fail_the_run_at_once(
     assert kinds(body["new_messages"]) == ["user", "assistant"]
     assert kinds(context["messages"]) == ["user"]
     assert kinds(after["context"]["messages"]) == ["user", "user", "assistant"]
+
+
+# --- absurd usage ----------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("keys")
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_token_count_past_any_real_one_is_kept_at_the_maximum(
+    serve: Serve, anthropic_fake: A.AnthropicFake, openai_fake: O.OpenAIFake, provider: str
+) -> None:
+    """A provider reporting 10**30 tokens sent garbage, not an answer to refuse: the run
+    completes with the count kept at MAX_TOKEN_COUNT (stored as a number every database
+    integer holds), and the conversation is free for the next run."""
+    huge = 10**30
+    if provider == "openai":
+        openai_fake.add(O.Reply(text="big", prompt_tokens=huge, completion_tokens=2**63))
+        openai_fake.add(O.Reply(text="next"))
+        profile = gpt(openai_fake)
+    else:
+        anthropic_fake.add(A.Reply([A.Text("big")], input_tokens=huge, output_tokens=2**63))
+        anthropic_fake.add(A.Reply([A.Text("next")]))
+        profile = claude(anthropic_fake, thinking_budget=None)
+    async with serve(agents={"p": profile}) as client:
+        conv = await Conversation.create(client)
+        first = await conv.completed("Hello.", "p")
+        assert first["usage"]["input_tokens"] == MAX_TOKEN_COUNT
+        assert first["usage"]["output_tokens"] == MAX_TOKEN_COUNT
+        assert (await conv.record(first["run_id"]))["usage"] == first["usage"]
+        assert (await client.get(f"/conversations/{conv.id}")).json()["active_run_id"] is None
+        await conv.completed("Again.", "p")
+        usage = (await client.get("/usage")).json()["days"][0]
+        assert usage["input_tokens"] >= MAX_TOKEN_COUNT

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from app.agent.messages import (
+    MAX_TOKEN_COUNT,
     AssistantMessage,
     Base64Source,
     ImageBlock,
@@ -129,6 +130,14 @@ async def test_usage_counts_cached_and_reasoning_tokens(
     message = await answer(provider, req(UserMessage.text("hi")))
     assert message.usage == Usage(input_tokens=1200, output_tokens=300, cache_read_tokens=1024)
     assert message.provider_data["reasoning_tokens"] == 256
+
+
+async def test_a_count_past_any_real_one_is_kept_at_the_maximum(
+    provider: OpenAIResponsesProvider, responses_fake: ResponsesFake
+) -> None:
+    responses_fake.add(Reply([Text("ok")], input_tokens=10**30, output_tokens=2**63))
+    message = await answer(provider, req(UserMessage.text("hi")))
+    assert message.usage == Usage(input_tokens=MAX_TOKEN_COUNT, output_tokens=MAX_TOKEN_COUNT)
 
 
 async def test_settings_tools_and_the_output_schema_are_sent_natively(

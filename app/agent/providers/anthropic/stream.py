@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...messages import Usage
+from ...messages import Usage, token_count
 from .._http import protocol_error
 from ..base import (
     BlockStop,
@@ -68,7 +68,7 @@ def _merge_usage(usage: dict[str, int], raw: Any) -> dict[str, int]:
     for wire in _USAGE_FIELDS:
         value = _get(raw, wire)
         if isinstance(value, int) and value >= 0:
-            merged[wire] = value
+            merged[wire] = token_count(value)
     return merged
 
 
@@ -78,7 +78,7 @@ def _usage(wire: dict[str, int]) -> Usage:
     cache_write = wire.get("cache_creation_input_tokens", 0)
     cache_read = wire.get("cache_read_input_tokens", 0)
     return Usage(
-        input_tokens=wire.get("input_tokens", 0) + cache_write + cache_read,
+        input_tokens=token_count(wire.get("input_tokens", 0) + cache_write + cache_read),
         output_tokens=wire.get("output_tokens", 0),
         cache_read_tokens=cache_read,
         cache_write_tokens=cache_write,

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...messages import Usage
+from ...messages import Usage, token_count
 from ..base import (
     BlockStop,
     MessageStart,
@@ -50,9 +50,9 @@ def _usage(raw: Any) -> Usage | None:
         return None
     details = _get(raw, "prompt_tokens_details")
     return Usage(
-        input_tokens=max(0, int(_get(raw, "prompt_tokens") or 0)),
-        output_tokens=max(0, int(_get(raw, "completion_tokens") or 0)),
-        cache_read_tokens=max(0, int(_get(details, "cached_tokens") or 0)),
+        input_tokens=token_count(int(_get(raw, "prompt_tokens") or 0)),
+        output_tokens=token_count(int(_get(raw, "completion_tokens") or 0)),
+        cache_read_tokens=token_count(int(_get(details, "cached_tokens") or 0)),
     )
 
 

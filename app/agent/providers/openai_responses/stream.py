@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...messages import Usage
+from ...messages import Usage, token_count
 from ..base import (
     BlockStop,
     MessageStart,
@@ -85,7 +85,7 @@ def _text(value: Any, what: str) -> str:
 
 def _count(raw: dict[str, Any], name: str) -> int:
     value = raw.get(name)
-    return max(0, int(value)) if value is not None else 0
+    return token_count(int(value)) if value is not None else 0
 
 
 def usage_of(raw: Any) -> tuple[Usage, int] | None:
