@@ -5,6 +5,10 @@ a busy tenant's day with long contexts passes that, and settling a run's usage t
 SQLite's integers were 64-bit already; its tables are rebuilt with the new declared type
 (batch mode: none of the three is referenced by another table, so nothing cascades).
 
+``conversations.version`` becomes ``BIGINT`` on PostgreSQL too (an imported conversation keeps
+any version up to 2**53 - 1, as its ``context_versions`` rows already could). On SQLite it
+stays as declared: rebuilding ``conversations`` would cascade-delete its children.
+
 Revision ID: 0019
 Revises: 0018
 Create Date: 2026-12-06
@@ -43,9 +47,18 @@ def _retype(old: sa.types.TypeEngine[int], new: sa.types.TypeEngine[int]) -> Non
                     )
 
 
+def _retype_version(old: sa.types.TypeEngine[int], new: sa.types.TypeEngine[int]) -> None:
+    if op.get_bind().dialect.name == "postgresql":
+        op.alter_column(
+            "conversations", "version", existing_type=old, type_=new, existing_nullable=False
+        )
+
+
 def upgrade() -> None:
     _retype(sa.Integer(), sa.BigInteger())
+    _retype_version(sa.Integer(), sa.BigInteger())
 
 
 def downgrade() -> None:
+    _retype_version(sa.BigInteger(), sa.Integer())
     _retype(sa.BigInteger(), sa.Integer())

@@ -20,6 +20,7 @@ from sqlalchemy import (
     BigInteger,
     ForeignKeyConstraint,
     Index,
+    Integer,
     Table,
     Text,
     UniqueConstraint,
@@ -103,7 +104,9 @@ class Conversation(SQLModel, table=True):
     tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
     id: str = Field(primary_key=True, max_length=CONVERSATION_ID_LEN)
     incarnation: str = Field(max_length=32)
-    version: int
+    # 64-bit (an imported conversation keeps any version up to 2**53 - 1); SQLite's INTEGER
+    # is 64-bit already, declared as it was so the table is not rebuilt (its children cascade)
+    version: int = Field(sa_type=BigInteger().with_variant(Integer(), "sqlite"))
     system_prompt: str = Field(sa_type=Text)
     summary: str = Field(sa_type=Text)
     next_position: int = Field(sa_type=BigInteger)

@@ -1,6 +1,7 @@
-"""Revision 0019 (both engines): token counts become 64-bit integers. A tenant's daily totals
-and its token quota keep their values through the upgrade and then hold counts past 2**31 - 1
-(PostgreSQL's INTEGER, where settling a busy day's usage failed); the downgrade goes back."""
+"""Revision 0019 (both engines): token counts (and PostgreSQL's conversation versions) become
+64-bit integers. A tenant's daily totals and its token quota keep their values through the
+upgrade and then hold counts past 2**31 - 1 (PostgreSQL's INTEGER, where settling a busy day's
+usage failed); the downgrade goes back."""
 
 from __future__ import annotations
 
@@ -55,6 +56,13 @@ async def test_upgrade_keeps_the_counts_and_takes_ones_past_two_to_the_31(
         async with engine.begin() as conn:
             after = await conn.run_sync(_types)
             assert set(after.values()) == {"BIGINT"}, after
+            version = await conn.run_sync(
+                lambda c: {x["name"]: x for x in inspect(c).get_columns("conversations")}["version"]
+            )
+            # PostgreSQL's becomes 64-bit; SQLite's INTEGER is 64-bit as declared
+            assert str(version["type"]).upper() == (
+                "BIGINT" if url.startswith("postgresql") else "INTEGER"
+            )
             assert before != after
             row = (await conn.execute(text("SELECT * FROM tenant_usage"))).mappings().one()
             assert (row["runs"], row["input_tokens"], row["output_tokens"]) == (3, 2000000000, 5)

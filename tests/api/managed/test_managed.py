@@ -612,6 +612,21 @@ async def test_an_invalid_document_is_422_with_its_path_and_writes_nothing(
     assert set((await row_counts(client, "copy")).values()) == {0}
 
 
+async def test_an_import_keeps_a_version_past_two_to_the_31(
+    client: AppClient, clock: ManualClock
+) -> None:
+    """Any version the document may hold (up to 2**53 - 1) is kept, on both engines, and the
+    imported conversation runs on from it."""
+    await rich_conversation(client, clock)
+    document = await export(client, "src")
+    document["conversation"]["version"] = 2**40
+    imported = await client.post("/conversations/import", params={"id": "big"}, json=document)
+    assert imported.status_code == 201, imported.text
+    assert imported.headers["etag"].endswith(f'-{2**40}"')
+    await run(client, "big", "onwards")
+    assert (await export(client, "big"))["conversation"]["version"] == 2**40 + 1
+
+
 async def test_an_unreplayable_context_is_not_imported(client: AppClient) -> None:
     await create(client, "src")
     document = await export(client, "src")
