@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 from collections.abc import Callable
 from typing import Any
@@ -44,25 +45,26 @@ def add_parsers(commands: Any) -> None:
     actions = quotas.add_subparsers(dest="quotas_command", required=True, metavar="ACTION")
     put = actions.add_parser("set", help="set a tenant's limits (others are kept; 0 removes)")
     put.add_argument("--tenant", required=True, type=tenant)
-    for flag, what in (
-        ("--tokens-per-day", "input + output tokens of runs ended this UTC day"),
-        ("--runs-per-minute", "runs started in any 60 seconds"),
-        ("--concurrent-runs", "runs running at once"),
+    for flag, what, most in (
+        ("--tokens-per-day", "input + output tokens of runs ended this UTC day", 2**53 - 1),
+        ("--runs-per-minute", "runs started in any 60 seconds", 2**31 - 1),
+        ("--concurrent-runs", "runs running at once", 2**31 - 1),
     ):
-        put.add_argument(flag, type=_count, metavar="N", help=what)
+        put.add_argument(flag, type=functools.partial(_count, most=most), metavar="N", help=what)
     show = actions.add_parser("show", help="list quotas")
     show.add_argument("--tenant", type=tenant, help="only this tenant's")
     clear = actions.add_parser("clear", help="remove a tenant's quotas")
     clear.add_argument("--tenant", required=True, type=tenant)
 
 
-def _count(text: str) -> int:
+def _count(text: str, most: int) -> int:
+    """A limit: a whole number from 0 (no limit) to ``most`` (what its column holds)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 (no limit) or more, got {value}")
+    if not 0 <= value <= most:
+        raise argparse.ArgumentTypeError(f"must be from 0 (no limit) to {most}, got {value}")
     return value
 
 

@@ -168,3 +168,30 @@ def test_a_cancelled_run_is_said_once() -> None:
         }
     )
     assert out.getvalue() == "[run run_1 cancelled: The run was cancelled]\n"
+
+
+@pytest.mark.parametrize(
+    ("flag", "most"),
+    [
+        ("--runs-per-minute", 2**31 - 1),
+        ("--concurrent-runs", 2**31 - 1),
+        ("--tokens-per-day", 2**53 - 1),
+    ],
+)
+def test_a_quota_past_what_its_column_holds_is_refused_as_usage(
+    tmp_path: Path, flag: str, most: int
+) -> None:
+    """Before the database is touched: argparse's usage error (2), no traceback; the largest
+    value is taken."""
+    url = f"sqlite:///{tmp_path / 'server.db'}"
+    assert carryover(tmp_path, "migrate", CARRYOVER_DATABASE_URL=url).returncode == 0
+    over = carryover(
+        tmp_path, "quotas", "set", "--tenant", "a", flag, str(most + 1), CARRYOVER_DATABASE_URL=url
+    )
+    assert over.returncode == 2 and f"must be from 0 (no limit) to {most}" in over.stderr
+    assert "Traceback" not in over.stderr
+    done = carryover(
+        tmp_path, "quotas", "set", "--tenant", "a", flag, str(most), CARRYOVER_DATABASE_URL=url
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"{flag[2:]} {most}" in done.stdout
