@@ -1,13 +1,12 @@
-"""Token counts as 64-bit integers: a tenant's daily totals (``tenant_usage``), its daily
-token quota (``tenant_quotas.tokens_per_day``) and a compaction's ``tokens_before`` /
-``tokens_after`` (``run_compactions``). On PostgreSQL they were ``INTEGER`` (up to 2**31 - 1):
-a busy tenant's day with long contexts passes that, and settling a run's usage then failed.
-SQLite's integers were 64-bit already; its tables are rebuilt with the new declared type
-(batch mode: none of the three is referenced by another table, so nothing cascades).
+"""Token counts as 64-bit integers on PostgreSQL: a tenant's daily totals (``tenant_usage``),
+its daily token quota (``tenant_quotas.tokens_per_day``), a compaction's ``tokens_before`` /
+``tokens_after`` (``run_compactions``) and a conversation's ``version``. They were ``INTEGER``
+(up to 2**31 - 1): a busy tenant's day with long contexts passes that, and settling a run's
+usage then failed; an imported conversation may be at any version up to 2**53 - 1.
 
-``conversations.version`` becomes ``BIGINT`` on PostgreSQL too (an imported conversation keeps
-any version up to 2**53 - 1, as its ``context_versions`` rows already could). On SQLite it
-stays as declared: rebuilding ``conversations`` would cascade-delete its children.
+SQLite's ``INTEGER`` is 64-bit already: nothing changes there (the tables declare these columns
+``BIGINT`` on PostgreSQL only, ``app.store.tables.WIDE_INTEGER``), so no SQLite table is
+rebuilt. On PostgreSQL each ``ALTER COLUMN … TYPE BIGINT`` rewrites its table.
 
 Revision ID: 0019
 Revises: 0018
@@ -34,31 +33,20 @@ COLUMNS = (
     ("tenant_quotas", "tokens_per_day", True),
     ("run_compactions", "tokens_before", False),
     ("run_compactions", "tokens_after", False),
+    ("conversations", "version", False),
 )
 
 
 def _retype(old: sa.types.TypeEngine[int], new: sa.types.TypeEngine[int]) -> None:
-    for table in dict.fromkeys(t for t, _, _ in COLUMNS):
-        with op.batch_alter_table(table) as batch:
-            for name, column, nullable in COLUMNS:
-                if name == table:
-                    batch.alter_column(
-                        column, existing_type=old, type_=new, existing_nullable=nullable
-                    )
-
-
-def _retype_version(old: sa.types.TypeEngine[int], new: sa.types.TypeEngine[int]) -> None:
-    if op.get_bind().dialect.name == "postgresql":
-        op.alter_column(
-            "conversations", "version", existing_type=old, type_=new, existing_nullable=False
-        )
+    if op.get_context().dialect.name != "postgresql":
+        return
+    for table, column, nullable in COLUMNS:
+        op.alter_column(table, column, existing_type=old, type_=new, existing_nullable=nullable)
 
 
 def upgrade() -> None:
     _retype(sa.Integer(), sa.BigInteger())
-    _retype_version(sa.Integer(), sa.BigInteger())
 
 
 def downgrade() -> None:
-    _retype_version(sa.BigInteger(), sa.Integer())
     _retype(sa.BigInteger(), sa.Integer())

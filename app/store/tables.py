@@ -46,6 +46,10 @@ ETAG_LEN = 80
 # Column widths of metadata; the configured limits (max_metadata_*) must stay within them.
 METADATA_KEY_LEN = 128
 METADATA_VALUE_LEN = 1024
+#: A 64-bit integer column: BIGINT on PostgreSQL (whose INTEGER is 32-bit), INTEGER on SQLite
+#: (64-bit already). A column widened from INTEGER (migration 0019) is altered on PostgreSQL
+#: only: no SQLite table is rebuilt.
+WIDE_INTEGER = BigInteger().with_variant(Integer(), "sqlite")
 
 
 def _conversation_fk(name: str) -> ForeignKeyConstraint:
@@ -104,9 +108,8 @@ class Conversation(SQLModel, table=True):
     tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
     id: str = Field(primary_key=True, max_length=CONVERSATION_ID_LEN)
     incarnation: str = Field(max_length=32)
-    # 64-bit (an imported conversation keeps any version up to 2**53 - 1); SQLite's INTEGER
-    # is 64-bit already, declared as it was so the table is not rebuilt (its children cascade)
-    version: int = Field(sa_type=BigInteger().with_variant(Integer(), "sqlite"))
+    # 64-bit: an imported conversation keeps any version up to 2**53 - 1
+    version: int = Field(sa_type=WIDE_INTEGER)
     system_prompt: str = Field(sa_type=Text)
     summary: str = Field(sa_type=Text)
     next_position: int = Field(sa_type=BigInteger)
@@ -331,8 +334,8 @@ class RunCompaction(SQLModel, table=True):
     previous_summary: str = Field(sa_type=Text)
     summary: str = Field(sa_type=Text)
     folded: list[Any] = Field(sa_type=JSONText)
-    tokens_before: int = Field(sa_type=BigInteger)
-    tokens_after: int = Field(sa_type=BigInteger)
+    tokens_before: int = Field(sa_type=WIDE_INTEGER)
+    tokens_after: int = Field(sa_type=WIDE_INTEGER)
     usage: dict[str, Any] = Field(sa_type=JSONText)
     at: int | None = None  # Compaction.at (null in rows older than migration 0002)
 
@@ -487,7 +490,7 @@ class TenantQuota(SQLModel, table=True):
     __tablename__ = "tenant_quotas"
 
     tenant: str = Field(primary_key=True, max_length=TENANT_LEN)
-    tokens_per_day: int | None = Field(default=None, sa_type=BigInteger)
+    tokens_per_day: int | None = Field(default=None, sa_type=WIDE_INTEGER)
     runs_per_minute: int | None = None
     concurrent_runs: int | None = None
     updated_at: datetime = Field(sa_type=UTCDateTime)
@@ -502,9 +505,9 @@ class TenantUsage(SQLModel, table=True):
     day: str = Field(primary_key=True, max_length=10)  # YYYY-MM-DD, UTC
     runs: int = 0
     # a busy tenant's day passes 2**31 tokens (PostgreSQL's INTEGER) with long contexts
-    input_tokens: int = Field(default=0, sa_type=BigInteger)
-    output_tokens: int = Field(default=0, sa_type=BigInteger)
-    cached_tokens: int = Field(default=0, sa_type=BigInteger)
+    input_tokens: int = Field(default=0, sa_type=WIDE_INTEGER)
+    output_tokens: int = Field(default=0, sa_type=WIDE_INTEGER)
+    cached_tokens: int = Field(default=0, sa_type=WIDE_INTEGER)
 
 
 metadata = SQLModel.metadata
