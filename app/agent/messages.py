@@ -162,8 +162,11 @@ class Usage(_Value):
         )
 
 
-#: the most tokens one request's usage counts (a provider saying more sent garbage: the count
-#: is kept at this, not stored as it came, which no database integer holds for long)
+#: the largest integer a number in JSON keeps exactly everywhere: the bound of the versions,
+#: sequence numbers and counts the API takes (a larger one cannot name anything)
+MAX_SAFE_INTEGER = 2**53 - 1
+#: the most tokens one request counts: a token limit's bound, and where a provider's reported
+#: count is kept (saying more, it sent garbage, which no database integer holds for long)
 MAX_TOKEN_COUNT = 2**31 - 1
 
 

@@ -10,6 +10,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, StrictBool, model_v
 
 from app.agent.codec import CodecError, load_message
 from app.agent.messages import (
+    MAX_SAFE_INTEGER,
     AssistantMessage,
     AttemptError,
     Context,
@@ -21,7 +22,7 @@ from app.agent.messages import (
 from app.store.changes import TranscriptKind
 from app.store.texts import MESSAGE_KINDS
 
-from .schemas import MAX_SAFE_INTEGER, ConversationId, Metadata, Timestamp, _Body
+from .schemas import ConversationId, Metadata, Timestamp, _Body
 
 EXPORT_FORMAT = "carryover.conversation"
 

@@ -24,6 +24,8 @@ from pydantic import (
 )
 
 from app.agent.messages import (
+    MAX_SAFE_INTEGER,
+    MAX_TOKEN_COUNT,
     AssistantMessage,
     Context,
     Message,
@@ -39,9 +41,6 @@ from app.store.changes import TranscriptKind
 
 from .tools import MAX_MCP_SERVERS, McpTool, ToolEntry
 
-#: the largest integer a number in JSON keeps exactly everywhere (2**53 - 1): the bound of
-#: versions, sequence numbers and counts the API takes (a larger one cannot name anything)
-MAX_SAFE_INTEGER = 2**53 - 1
 CONVERSATION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
 ConversationId = Annotated[
@@ -341,7 +340,8 @@ class RunCreate(_Body):
         description="Sampling temperature (if the profile allows `temperature`)",
     )
     max_output_tokens: (
-        Annotated[int, Strict(), Field(ge=1, le=2**31 - 1), BeforeValidator(whole_number)] | None
+        Annotated[int, Strict(), Field(ge=1, le=MAX_TOKEN_COUNT), BeforeValidator(whole_number)]
+        | None
     ) = Field(
         default=None,
         description="The answer's token limit (if the profile allows `max_output_tokens`)",

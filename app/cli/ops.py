@@ -19,6 +19,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from app.agent.messages import MAX_SAFE_INTEGER
 from app.config.check import check, effective
 from app.observability import configure_logging
 
@@ -46,15 +47,19 @@ def add_parsers(commands: Any) -> None:
     put = actions.add_parser("set", help="set a tenant's limits (others are kept; 0 removes)")
     put.add_argument("--tenant", required=True, type=tenant)
     for flag, what, most in (
-        ("--tokens-per-day", "input + output tokens of runs ended this UTC day", 2**53 - 1),
-        ("--runs-per-minute", "runs started in any 60 seconds", 2**31 - 1),
-        ("--concurrent-runs", "runs running at once", 2**31 - 1),
+        ("--tokens-per-day", "input + output tokens of runs ended this UTC day", MAX_SAFE_INTEGER),
+        ("--runs-per-minute", "runs started in any 60 seconds", _INTEGER),
+        ("--concurrent-runs", "runs running at once", _INTEGER),
     ):
         put.add_argument(flag, type=functools.partial(_count, most=most), metavar="N", help=what)
     show = actions.add_parser("show", help="list quotas")
     show.add_argument("--tenant", type=tenant, help="only this tenant's")
     clear = actions.add_parser("clear", help="remove a tenant's quotas")
     clear.add_argument("--tenant", required=True, type=tenant)
+
+
+#: what a limit stored as INTEGER holds (PostgreSQL's is 32-bit)
+_INTEGER = 2**31 - 1
 
 
 def _count(text: str, most: int) -> int:

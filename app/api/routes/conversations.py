@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Query, Request, Response
 
-from app.agent.messages import Context
+from app.agent.messages import MAX_SAFE_INTEGER, Context
 from app.agent.offload import offload
 from app.etag import evaluate_conditions
 from app.service.conversations import NotModified, Search
@@ -49,7 +49,6 @@ from ..problems import (
     problem_responses,
 )
 from ..schemas import (
-    MAX_SAFE_INTEGER,
     METADATA_KEY_PATTERN,
     ContextVersion,
     ContextVersionPage,

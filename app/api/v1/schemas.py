@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from app.agent.mcp import McpServer
+from app.agent.messages import MAX_TOKEN_COUNT
 from app.config import Settings
 
 from ..tools import MAX_MCP_SERVERS
@@ -91,7 +92,7 @@ class ResponseCreate(_Body):
     tools: list[ResponseTool] = Field(default_factory=list)
     metadata: Metadata | None = None
     # per-run settings, as the agent profile allows them (docs/openai.md)
-    max_output_tokens: int | None = Field(default=None, ge=1, le=2**31 - 1)
+    max_output_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKEN_COUNT)
     temperature: float | None = Field(default=None, ge=0, le=2)
     text: dict[str, Any] | None = Field(
         default=None, description='`format`: `{"type": "json_schema", "name", "schema", "strict"}`'
