@@ -245,9 +245,12 @@ Message = Annotated[UserMessage | AssistantMessage | ToolResultMessage, Field(di
 AnyMessage = UserMessage | AssistantMessage | ToolResultMessage
 
 
-#: The stored system prompt and summary never hold NUL (a PostgreSQL text column cannot): the
-#: API refuses one (422) and a run's summary drops it. Said in the schema, not checked here.
-_NO_NUL: JsonDict = {"pattern": "^[^\\u0000]*$"}
+#: A string stored in a text column never holds NUL (a PostgreSQL text column cannot): the
+#: system prompt, the summary, a metadata value, a run's instructions. The API refuses one
+#: (422) on both engines alike and a run's summary drops it.
+NO_NUL_PATTERN = "^[^\\u0000]*$"
+#: said in the schema of the context's prompt and summary, not checked here
+_NO_NUL: JsonDict = {"pattern": NO_NUL_PATTERN}
 
 
 class Context(_Value):

@@ -52,6 +52,12 @@ def check_text(settings: Settings, value: str, path: str) -> None:
         problem = limit_exceeded("max_text_chars", settings.max_text_chars, len(value))
         problem.extras["path"] = path
         raise problem
+    refuse_nul(value, path)
+
+
+def refuse_nul(value: str, path: str) -> None:
+    """422 for a string bound for a text column that holds a NUL character (PostgreSQL's
+    cannot; refused on SQLite too, so that both engines agree)."""
     if "\x00" in value:
         raise validation_error(
             [
@@ -205,4 +211,5 @@ __all__ = [
     "check_prompts",
     "check_text",
     "json_text_problem",
+    "refuse_nul",
 ]

@@ -13,6 +13,7 @@ from fastapi import Request
 
 from app.config import Settings
 
+from .limits import refuse_nul
 from .problems import limit_exceeded, validation_error
 from .schemas import METADATA_KEY_PATTERN
 
@@ -20,8 +21,9 @@ from .schemas import METADATA_KEY_PATTERN
 def check_metadata(
     settings: Settings, metadata: Mapping[str, str | None], path: str, *, count: bool = True
 ) -> None:
-    """The configured metadata limits (422 ``limit-exceeded``); the store checks the count
-    after a merge patch."""
+    """The configured metadata limits (422 ``limit-exceeded``; the store checks the count
+    after a merge patch) and no NUL in a key or a value (422 ``validation-error``: they are
+    stored in text columns)."""
     if count and len(metadata) > settings.max_metadata_keys:
         raise limit_exceeded("max_metadata_keys", settings.max_metadata_keys, len(metadata))
     for key, value in metadata.items():
@@ -33,6 +35,9 @@ def check_metadata(
             raise limit_exceeded(
                 "max_metadata_value_chars", settings.max_metadata_value_chars, len(value)
             )
+        refuse_nul(key, f"{path}.{key}")
+        if value is not None:
+            refuse_nul(value, f"{path}.{key}")
 
 
 _METADATA_KEY = re.compile(METADATA_KEY_PATTERN)
@@ -86,5 +91,6 @@ def metadata_filters(request: Request) -> list[tuple[str, str]]:
             raise validation_error(
                 [{"path": f"query.{name}", "message": "at most 1024 characters"}]
             )
+        refuse_nul(value, f"query.{name}")  # no stored value holds one (check_metadata)
         found.append((key, value))
     return found

@@ -26,6 +26,7 @@ from pydantic import (
 from app.agent.messages import (
     MAX_SAFE_INTEGER,
     MAX_TOKEN_COUNT,
+    NO_NUL_PATTERN,
     AssistantMessage,
     Context,
     Message,
@@ -84,7 +85,10 @@ Timestamp = Annotated[AwareDatetime, BeforeValidator(_rfc3339), AfterValidator(_
 
 METADATA_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 MetadataKey = Annotated[str, Field(pattern=METADATA_KEY_PATTERN, max_length=128)]
-MetadataValue = Annotated[str, Field(max_length=1024)]
+#: no NUL (said here, checked by app.api.metadata.check_metadata on every way in)
+MetadataValue = Annotated[
+    str, Field(max_length=1024, json_schema_extra={"pattern": NO_NUL_PATTERN})
+]
 Metadata = Annotated[
     dict[MetadataKey, MetadataValue],
     Field(
@@ -133,7 +137,7 @@ class ConversationCreate(_Expiry):
     """Create a conversation. Without ``id`` the server generates one."""
 
     id: ConversationId | None = None
-    system_prompt: str = Field(default="", json_schema_extra={"pattern": "^[^\\u0000]*$"})
+    system_prompt: str = Field(default="", json_schema_extra={"pattern": NO_NUL_PATTERN})
     metadata: Metadata = Field(default_factory=dict)
 
 
@@ -348,7 +352,7 @@ class RunCreate(_Body):
     )
     instructions: str | None = Field(
         default=None,
-        pattern="^[^\\u0000]*$",
+        pattern=NO_NUL_PATTERN,
         description="A system prompt for this run only, the stored one unchanged (profiles "
         "allow `instructions` unless their allowed_run_settings leave it out)",
     )

@@ -126,6 +126,20 @@ async def test_a_bad_request_is_a_400_naming_the_parameter(
     assert error["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize("metadata", [{"k": "a\u0000b"}, {"a\u0000b": "v"}])
+async def test_metadata_with_a_nul_is_a_400_and_writes_nothing(
+    client: AppClient, metadata: dict[str, str]
+) -> None:
+    refused = await client.post("/v1/conversations", json={"metadata": metadata})
+    assert_error(refused, 400)
+    assert (await client.get("/conversations")).json()["items"] == []
+    created = (await client.post("/v1/conversations", json={"metadata": {"k": "v"}})).json()
+    replaced = await client.post(f"/v1/conversations/{created['id']}", json={"metadata": metadata})
+    assert_error(replaced, 400)
+    kept = await client.get(f"/v1/conversations/{created['id']}")
+    assert kept.json()["metadata"] == {"k": "v"}
+
+
 async def test_v1_requests_are_counted_under_their_own_route_templates(client: AppClient) -> None:
     await client.get("/v1/conversations/nothing-here")
     await client.get("/conversations/nothing-here")

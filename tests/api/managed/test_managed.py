@@ -102,7 +102,8 @@ async def test_metadata_over_the_configured_limits_is_422(
 
 
 @pytest.mark.parametrize(
-    "metadata", [{"": "v"}, {"bad key": "v"}, {"k": 1}, {"k": None}, {"k": {"nested": "x"}}]
+    "metadata",
+    [{"": "v"}, {"bad key": "v"}, {"k": 1}, {"k": None}, {"k": {"nested": "x"}}, {"k": "a\u0000b"}],
 )
 async def test_metadata_must_be_flat_strings_with_plain_keys(
     client: AppClient, metadata: dict[str, Any]
@@ -157,6 +158,10 @@ async def test_patch_needs_the_merge_patch_media_type_and_a_conversation(
     assert_problem(await patch(client, "ghost", {"metadata": {"a": "1"}}), 404, "not-found")
     bad = await patch(client, "p", {"metadata": {"a": 5}})
     assert assert_problem(bad, 422, "validation-error")["errors"][0]["path"] == "body.metadata.a"
+    # no text column holds NUL (PostgreSQL's cannot): refused on both engines, nothing written
+    nul = await patch(client, "p", {"metadata": {"b": "ok", "a": "x\u0000"}})
+    assert assert_problem(nul, 422, "validation-error")["errors"][0]["path"] == "body.metadata.a"
+    assert (await client.get("/conversations/p")).json()["metadata"] == {}
     assert_problem(await patch(client, "p", {"surprise": 1}), 422, "validation-error")
 
 
@@ -177,6 +182,10 @@ async def test_filters_by_metadata_all_must_match(client: AppClient) -> None:
     bad = await client.get("/conversations", params={"metadata.bad key": "x"})
     problem = assert_problem(bad, 422, "validation-error")
     assert problem["errors"][0]["path"] == "query.metadata.bad key"
+    # no stored value holds NUL: a filter with one is refused, not sent to the database
+    nul = await client.get("/conversations", params={"metadata.user": "u1\u0000"})
+    problem = assert_problem(nul, 422, "validation-error")
+    assert problem["errors"][0]["path"] == "query.metadata.user"
 
 
 async def test_ordered_by_update_time_with_updated_after_and_before(
