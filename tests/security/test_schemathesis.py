@@ -1,4 +1,5 @@
-"""The whole API fuzzed from its own OpenAPI document (schemathesis), on SQLite, in every run.
+"""The whole API fuzzed from its own OpenAPI document (schemathesis), on SQLite and PostgreSQL, in
+every run.
 
 - ``test_api``: every operation, with data that fits the document and data that does not
   (schemathesis' positive and negative modes), checked by all of schemathesis' checks: no
@@ -14,7 +15,8 @@ fuzzing goes through authentication like any client. Data that fits the document
 configured agent profile and a well-formed ``Prefer`` (random strings there are left to the
 negative mode); each stateful scenario starts from an empty service so that Hypothesis can
 replay it. Bounded: 30 examples per operation and 30 scenarios of up to 6 steps, no deadline
-(the database is real) — about 20 seconds.
+(the database is real) — about 20 seconds on SQLite and 80 on PostgreSQL. Both engines, because
+each refuses values of its own (PostgreSQL: a NUL in a text column, an integer past 32 bits).
 
 The schema is loaded from the document (``openapi_document()``, which the first test checks
 against what the app serves) and the requests go to the app in process through schemathesis'
@@ -29,9 +31,9 @@ import re
 import sqlite3
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
@@ -41,6 +43,7 @@ from schemathesis.config import SchemathesisConfig
 from schemathesis.config._checks import POSITIVE_DATA_ACCEPTANCE_EXPECTED_STATUSES as ACCEPTED
 from schemathesis.core.parameters import ParameterLocation
 from schemathesis.python import asgi
+from sqlalchemy.engine import make_url
 
 from app.agent.messages import Context
 from app.agent.replay import ReplayError, validate_context, validate_storable
@@ -48,7 +51,14 @@ from app.agent.structured import schema_problem
 from app.api.app import create_app, openapi_document
 from app.api.exports import ConversationExport
 from app.config import Settings
-from tests.conftest import _copy_sqlite
+from tests.conftest import (
+    BACKENDS,
+    _copy_sqlite,
+    _postgres_url,
+    _require_postgres,
+    _sqlite_url,
+    run_blocking,
+)
 from tests.fakes.mcp_server import FakeMcp
 
 from .conftest import ACME_KEY, API_KEYS
@@ -303,11 +313,24 @@ def filter_case(context: Any, case: Any) -> bool:
     return True
 
 
-@pytest.fixture(scope="module")
-def database(tmp_path_factory: pytest.TempPathFactory, _sqlite_template: Path) -> Path:
-    path = tmp_path_factory.mktemp("schemathesis") / "carryover.db"
-    _copy_sqlite(_sqlite_template, path)
-    return path
+@pytest.fixture(scope="module", params=BACKENDS)
+def database(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """The fuzzed service's database, migrated: SQLite and PostgreSQL in turn (each engine
+    refuses other values: a column's width, a text's bytes, an integer's range)."""
+    if request.param == "sqlite":
+        path = tmp_path_factory.mktemp("schemathesis") / "carryover.db"
+        _copy_sqlite(request.getfixturevalue("_sqlite_template"), path)
+        yield _sqlite_url(path)
+        return
+    _require_postgres()
+    pool = request.getfixturevalue("_postgres_pool")
+    name = pool.take()
+    try:
+        yield _postgres_url(name)
+    finally:
+        pool.give_back(name)
 
 
 @pytest.fixture(scope="module")
@@ -321,10 +344,10 @@ def mcp_server() -> Iterator[FakeMcp]:
 
 
 @pytest.fixture(scope="module")
-def fuzzed_app(database: Path, mcp_server: FakeMcp) -> Any:
+def fuzzed_app(database: str, mcp_server: FakeMcp) -> Any:
     return create_app(
         Settings(
-            database_url=f"sqlite:///{database}",
+            database_url=database,
             mcp_allowed_urls=(f"http://127.0.0.1:{mcp_server.port}/",),
             api_keys=API_KEYS,
             lease_seconds=2.0,
@@ -337,11 +360,23 @@ def fuzzed_app(database: Path, mcp_server: FakeMcp) -> Any:
     )
 
 
-def forget_conversations(database: Path) -> None:
+def forget_conversations(database: str) -> None:
     """Delete every conversation (and, by cascade, everything of it)."""
-    with sqlite3.connect(database, timeout=10) as conn:
-        conn.execute("PRAGMA foreign_keys = ON")
-        conn.execute("DELETE FROM conversations")
+    url = make_url(database)
+    if url.get_backend_name() == "sqlite":
+        with sqlite3.connect(url.database or "", timeout=10) as conn:
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute("DELETE FROM conversations")
+        return
+
+    async def delete() -> None:
+        conn = await asyncpg.connect(url.set(drivername="postgresql").render_as_string(False))
+        try:
+            await conn.execute("DELETE FROM conversations")
+        finally:
+            await conn.close()
+
+    run_blocking(delete)
 
 
 @pytest.fixture(scope="module")
@@ -370,7 +405,7 @@ def test_api(case: Any, session: Any) -> None:
     case.call_and_validate(checks=CHECKS)
 
 
-def test_stateful(session: Any, database: Path) -> None:
+def test_stateful(session: Any, database: str) -> None:
     answered: Counter[tuple[str, int]] = Counter()
 
     class Workflow(schema.as_state_machine()):  # type: ignore[misc]
