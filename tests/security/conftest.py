@@ -8,11 +8,13 @@ fresh migrated database per test (SQLite and PostgreSQL).
   :class:`~tests.fakes.gated.GatedProvider`) until the test releases them.
 - ``snapshot(database_url)``: every row of every table, to check a refused request wrote
   nothing.
+- ``fuzzed_database``: a migrated database URL for a whole fuzzing module, SQLite then
+  PostgreSQL (the module's tests run once per engine).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +35,7 @@ from tests.api.conftest import (  # noqa: F401  (fixtures)
     client,
     make_settings,
 )
+from tests.conftest import BACKENDS, _copy_sqlite, _postgres_url, _require_postgres, _sqlite_url
 
 from ..fakes.gated import GatedProvider, gated_pool
 
@@ -46,6 +49,26 @@ API_KEYS = f"acme:{ACME_KEY},globex:{GLOBEX_KEY}"
 UNTHROTTLED = {"auth_failure_limit": 0}
 
 Rows = dict[str, list[tuple[Any, ...]]]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def fuzzed_database(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """A fuzzing module's database, migrated, for the whole module: SQLite and PostgreSQL in
+    turn (each engine refuses values of its own: a NUL in text, an integer past 32 bits)."""
+    if request.param == "sqlite":
+        path = tmp_path_factory.mktemp("schemathesis") / "carryover.db"
+        _copy_sqlite(request.getfixturevalue("_sqlite_template"), path)
+        yield _sqlite_url(path)
+        return
+    _require_postgres()
+    pool = request.getfixturevalue("_postgres_pool")
+    name = pool.take()
+    try:
+        yield _postgres_url(name)
+    finally:
+        pool.give_back(name)
 
 
 async def snapshot(database_url: str) -> Rows:

@@ -51,14 +51,7 @@ from app.agent.structured import schema_problem
 from app.api.app import create_app, openapi_document
 from app.api.exports import ConversationExport
 from app.config import Settings
-from tests.conftest import (
-    BACKENDS,
-    _copy_sqlite,
-    _postgres_url,
-    _require_postgres,
-    _sqlite_url,
-    run_blocking,
-)
+from tests.conftest import run_blocking
 from tests.fakes.mcp_server import FakeMcp
 
 from .conftest import ACME_KEY, API_KEYS
@@ -313,26 +306,6 @@ def filter_case(context: Any, case: Any) -> bool:
     return True
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
-def database(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
-    """The fuzzed service's database, migrated: SQLite and PostgreSQL in turn (each engine
-    refuses other values: a column's width, a text's bytes, an integer's range)."""
-    if request.param == "sqlite":
-        path = tmp_path_factory.mktemp("schemathesis") / "carryover.db"
-        _copy_sqlite(request.getfixturevalue("_sqlite_template"), path)
-        yield _sqlite_url(path)
-        return
-    _require_postgres()
-    pool = request.getfixturevalue("_postgres_pool")
-    name = pool.take()
-    try:
-        yield _postgres_url(name)
-    finally:
-        pool.give_back(name)
-
-
 @pytest.fixture(scope="module")
 def mcp_server() -> Iterator[FakeMcp]:
     with FakeMcp("fuzzed") as fake:
@@ -344,10 +317,10 @@ def mcp_server() -> Iterator[FakeMcp]:
 
 
 @pytest.fixture(scope="module")
-def fuzzed_app(database: str, mcp_server: FakeMcp) -> Any:
+def fuzzed_app(fuzzed_database: str, mcp_server: FakeMcp) -> Any:
     return create_app(
         Settings(
-            database_url=database,
+            database_url=fuzzed_database,
             mcp_allowed_urls=(f"http://127.0.0.1:{mcp_server.port}/",),
             api_keys=API_KEYS,
             lease_seconds=2.0,
@@ -405,14 +378,14 @@ def test_api(case: Any, session: Any) -> None:
     case.call_and_validate(checks=CHECKS)
 
 
-def test_stateful(session: Any, database: str) -> None:
+def test_stateful(session: Any, fuzzed_database: str) -> None:
     answered: Counter[tuple[str, int]] = Counter()
 
     class Workflow(schema.as_state_machine()):  # type: ignore[misc]
         def setup(self) -> None:
             # Each scenario starts from an empty service, so that replaying a scenario's
             # steps gets the same answers (Hypothesis requires it).
-            forget_conversations(database)
+            forget_conversations(fuzzed_database)
 
         def validate_response(
             self, response: Any, case: Any, additional_checks: Any = None, **kwargs: Any

@@ -1,8 +1,8 @@
 """The ``/v1`` surface fuzzed from its own document (``openapi/v1.json``, schemathesis), on
-SQLite: with data that fits the document and data that does not, no answer is a 5xx, every
-status is one the document lists, data that does not fit is refused, authentication is
-enforced (each request sent again without the key and with a wrong one), and every refusal is
-OpenAI's error object (never a problem+json). Bounded: 20 examples per operation, no
+SQLite and PostgreSQL: with data that fits the document and data that does not, no answer is a
+5xx, every status is one the document lists, data that does not fit is refused, authentication
+is enforced (each request sent again without the key and with a wrong one), and every refusal
+is OpenAI's error object (never a problem+json). Bounded: 20 examples per operation, no
 deadline (the database is real).
 
 The document's item schemas are loose (an item is any object; its rules are the mapping's,
@@ -10,7 +10,6 @@ app/api/v1/items.py), so "valid data is accepted" is not one of the checks here.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,7 +28,6 @@ from schemathesis.specs.openapi.checks import (
 from app.api.app import create_app
 from app.api.v1 import v1_document
 from app.config import Settings
-from tests.conftest import _copy_sqlite
 
 from .conftest import ACME_KEY, API_KEYS
 
@@ -74,12 +72,10 @@ def openai_error_shape(ctx: Any, response: Any, case: Any) -> bool | None:
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory: pytest.TempPathFactory, _sqlite_template: Path) -> Any:
-    path = tmp_path_factory.mktemp("v1-schemathesis") / "carryover.db"
-    _copy_sqlite(_sqlite_template, path)
+def session(fuzzed_database: str) -> Any:
     APP.app = create_app(
         Settings(
-            database_url=f"sqlite:///{path}",
+            database_url=fuzzed_database,
             api_keys=API_KEYS,
             lease_seconds=2.0,
             auth_failure_limit=0,
