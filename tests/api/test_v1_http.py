@@ -140,6 +140,31 @@ async def test_metadata_with_a_nul_is_a_400_and_writes_nothing(
     assert kept.json()["metadata"] == {"k": "v"}
 
 
+async def test_a_system_text_with_a_nul_or_over_the_limit_is_a_400_and_writes_nothing(
+    make_settings: SettingsFactory,
+) -> None:
+    """A system or developer item and ``instructions`` become a system prompt, which never
+    holds NUL (PostgreSQL's text column cannot) nor more than ``max_text_chars``, as natively."""
+    async with apps(make_settings)(max_text_chars=100) as client:
+        system = {"role": "system", "content": "be\u0000brief"}
+        refused = await client.post("/v1/conversations", json={"items": [system]})
+        assert_error(refused, 400, "items[0].content")
+        long = {"role": "developer", "content": [{"type": "input_text", "text": "x" * 101}]}
+        assert_error(await client.post("/v1/conversations", json={"items": [long]}), 400)
+        for body in (
+            {"input": [system, {"role": "user", "content": "hi"}]},
+            {"input": "hi", "instructions": "be\u0000brief"},
+        ):
+            answer = await client.post("/v1/responses", json={"model": "default", **body})
+            assert_error(answer, 400)
+        assert (await client.get("/conversations")).json()["items"] == []
+        fine = {"role": "system", "content": "x" * 100}
+        created = await client.post("/v1/conversations", json={"items": [fine]})
+        assert created.status_code == 200, created.text
+        context = await client.get(f"/conversations/{created.json()['id']}/context")
+        assert context.json()["system_prompt"] == "x" * 100
+
+
 async def test_v1_requests_are_counted_under_their_own_route_templates(client: AppClient) -> None:
     await client.get("/v1/conversations/nothing-here")
     await client.get("/conversations/nothing-here")

@@ -372,7 +372,14 @@ def messages_of(
                     blocks.append(TextBlock(text=text))
             elif role in ("system", "developer"):
                 told = ("input_text",)
-                parsed.system.extend(_text_of(item.get("content"), f"{at}.content", told))
+                texts = _text_of(item.get("content"), f"{at}.content", told)
+                if any("\x00" in text for text in texts):
+                    # it becomes a system prompt, which never holds one (NO_NUL_PATTERN)
+                    raise bad_request(
+                        f"Invalid value for '{at}.content': must not contain NUL (\\u0000).",
+                        f"{at}.content",
+                    )
+                parsed.system.extend(texts)
             else:
                 raise bad_request(
                     f"Invalid value for '{at}.role': expected user, assistant, system or "

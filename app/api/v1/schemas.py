@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from app.agent.mcp import McpServer
-from app.agent.messages import MAX_TOKEN_COUNT
+from app.agent.messages import MAX_TOKEN_COUNT, NO_NUL_PATTERN
 from app.config import Settings
 
 from ..tools import MAX_MCP_SERVERS
@@ -83,7 +83,7 @@ ResponseTool = Annotated[FunctionTool | McpTool, Field(discriminator="type")]
 class ResponseCreate(_Body):
     model: str = Field(min_length=1, description="An agent profile (GET /v1/models)")
     input: str | list[dict[str, Any]] = Field(default_factory=list)
-    instructions: str | None = None
+    instructions: str | None = Field(default=None, pattern=NO_NUL_PATTERN)
     conversation: str | dict[str, Any] | None = None
     previous_response_id: str | None = None
     store: bool = True

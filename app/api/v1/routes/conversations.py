@@ -18,6 +18,7 @@ from app.service.runs import RunRequest
 from app.store.stores import Loaded
 
 from ...deps import ServicesDep, TenantDep
+from ...limits import check_text
 from ...metadata import check_metadata
 from ..deletion import deletion_plan
 from ..deps import (
@@ -71,8 +72,10 @@ async def create_conversation(
         check_metadata(svc.settings, body.metadata, "metadata")
     parsed = messages_of(body.items or [], no_pending_calls, "items")
     pending.check_append(Context(), parsed.messages)  # refused before anything is created
+    system_prompt = "\n\n".join(parsed.system)
+    check_text(svc.settings, system_prompt, "items")  # the stored one's limit, as natively
     info = await svc.conversations.create(
-        tenant, system_prompt="\n\n".join(parsed.system), metadata=body.metadata
+        tenant, system_prompt=system_prompt, metadata=body.metadata
     )
     if parsed.messages:
         await run_to_end(
