@@ -76,7 +76,9 @@ def check_prompts(settings: Settings, prompts: Sequence[AnyMessage]) -> None:
     _check_messages(settings, prompts, "body.prompts")
 
 
-def check_context(settings: Settings, context: object) -> None:
+def check_context(settings: Settings, context: object, where: str = "body") -> None:
+    """The limits of a context sent whole, at ``where`` in the request (``body.context`` in an
+    export document)."""
     from app.agent.messages import Context
 
     assert isinstance(context, Context)
@@ -85,8 +87,8 @@ def check_context(settings: Settings, context: object) -> None:
             "max_context_messages", settings.max_context_messages, len(context.messages)
         )
     for name in ("system_prompt", "summary"):
-        check_text(settings, getattr(context, name), f"body.{name}")
-    _check_messages(settings, context.messages, "body.messages")
+        check_text(settings, getattr(context, name), f"{where}.{name}")
+    _check_messages(settings, context.messages, f"{where}.messages")
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD]([89a-fA-F])[0-9a-fA-F]{2}")

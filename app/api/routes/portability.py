@@ -170,7 +170,7 @@ async def import_conversation(
     """Restore an export, under its own id or `id`; 409 when that id is taken. All of it is
     written, or nothing."""
     check_metadata(svc.settings, document.conversation.metadata, "body.conversation.metadata")
-    check_context(svc.settings, document.context)
+    check_context(svc.settings, document.context, "body.context")
     try:
         validate_storable(document.context)
     except ReplayError as exc:

@@ -589,6 +589,12 @@ def _attempts(document: dict[str, Any]) -> list[dict[str, Any]]:
         (lambda d: d.update(format_version=2), "body.format_version"),
         (lambda d: d["context"]["messages"].append({"type": "nope"}), "body.context.messages["),
         (lambda d: d["runs"][0].update(status="running"), "body.runs[0].status"),
+        # text columns hold no NUL (PostgreSQL's cannot): refused on both engines
+        (lambda d: d["context"].update(summary="a\u0000b"), "body.context.summary"),
+        (
+            lambda d: d["conversation"]["metadata"].update(k="\u0000"),
+            "body.conversation.metadata.k",
+        ),
         (lambda d: d["conversation"].pop("created_at"), "body.conversation.created_at"),
         (lambda d: d["transcript"].append(dict(d["transcript"][0])), "body"),
         # a kind the transcript does not have: its reads could not serve the entry
