@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Query, Request, Response
 
-from app.agent.messages import MAX_SAFE_INTEGER, Context
+from app.agent.messages import MAX_SAFE_INTEGER, NO_NUL_PATTERN, Context
 from app.agent.offload import offload
 from app.etag import evaluate_conditions
 from app.service.conversations import NotModified, Search
@@ -145,7 +145,7 @@ ListCursorQuery = Annotated[
                 "conversations whose metadata has `user` = `u-17`. Repeatable with "
                 "different keys; all must match. (The parameter name is `metadata.` "
                 "followed by a key matching " + METADATA_KEY_PATTERN + ".)",
-                "schema": {"type": "string", "maxLength": 1024},
+                "schema": {"type": "string", "maxLength": 1024, "pattern": NO_NUL_PATTERN},
             }
         ]
     },
