@@ -70,6 +70,11 @@ def refuse_nul(value: str, path: str) -> None:
         )
 
 
+def check_messages(settings: Settings, messages: Sequence[AnyMessage], where: str) -> None:
+    """Messages to be stored as they are (``/v1`` items): each block within the limits."""
+    _check_messages(settings, messages, where)
+
+
 def check_prompts(settings: Settings, prompts: Sequence[AnyMessage]) -> None:
     if len(prompts) > settings.max_prompts_per_run:
         raise limit_exceeded("max_prompts_per_run", settings.max_prompts_per_run, len(prompts))
@@ -210,6 +215,7 @@ __all__ = [
     "BodyLimitMiddleware",
     "Problem",
     "check_context",
+    "check_messages",
     "check_prompts",
     "check_text",
     "json_text_problem",

@@ -165,6 +165,58 @@ async def test_a_system_text_with_a_nul_or_over_the_limit_is_a_400_and_writes_no
         assert context.json()["system_prompt"] == "x" * 100
 
 
+async def test_items_over_the_limits_are_a_400_and_nothing_is_added_or_created(
+    make_settings: SettingsFactory,
+) -> None:
+    """/v1 items are stored as they are: a text block over ``max_text_chars`` is refused before
+    anything is written, on each way in, as natively."""
+    async with apps(make_settings)(max_text_chars=100) as client:
+        long = {"role": "user", "content": "x" * 101}
+        refused = await client.post("/v1/conversations", json={"items": [long]})
+        assert_error(refused, 400)
+        stateless = await client.post(
+            "/v1/responses",
+            json={"model": "default", "input": [long, {"role": "user", "content": "hi"}]},
+        )
+        assert_error(stateless, 400)
+        assert (await client.get("/conversations")).json()["items"] == []
+        made = (await client.post("/v1/conversations", json={})).json()["id"]
+        added = await client.post(f"/v1/conversations/{made}/items", json={"items": [long]})
+        assert_error(added, 400)
+        response = await client.post(
+            "/v1/responses", json={"model": "default", "conversation": made, "input": [long]}
+        )
+        assert_error(response, 400)
+        assert (await client.get(f"/conversations/{made}/context")).json()["messages"] == []
+        assert (await client.get(f"/conversations/{made}/runs")).json()["items"] == []
+
+
+async def test_items_a_run_could_not_store_are_an_error_not_a_list_of_added_items(
+    make_settings: SettingsFactory,
+) -> None:
+    """Past the checks made before anything is written, the run that appends the items may
+    still store nothing (here: the context would pass max_context_messages). The answer says
+    so; it never lists items as added that were not, and a conversation made for them is not
+    kept."""
+    async with apps(make_settings)(max_context_messages=2) as client:
+        three = [{"role": "user", "content": f"m{i}"} for i in range(3)]
+        refused = await client.post("/v1/conversations", json={"items": three})
+        error = assert_error(refused, 400, "items")
+        assert error["code"] == "run_context_too_large", error
+        assert (await client.get("/conversations")).json()["items"] == []
+        made = (await client.post("/v1/conversations", json={})).json()["id"]
+        added = await client.post(f"/v1/conversations/{made}/items", json={"items": three})
+        assert assert_error(added, 400, "items")["code"] == "run_context_too_large"
+        assert (await client.get(f"/conversations/{made}/context")).json()["messages"] == []
+        said = {"role": "assistant", "content": "ok"}
+        history = [three[0], said, three[1], said]  # stored first, then the response runs
+        stateless = await client.post(
+            "/v1/responses", json={"model": "default", "input": [*history, three[2]]}
+        )
+        assert assert_error(stateless, 400, "input")["code"] == "run_context_too_large"
+        assert [c["id"] for c in (await client.get("/conversations")).json()["items"]] == [made]
+
+
 async def test_v1_requests_are_counted_under_their_own_route_templates(client: AppClient) -> None:
     await client.get("/v1/conversations/nothing-here")
     await client.get("/conversations/nothing-here")

@@ -3,6 +3,7 @@ for, tool names of a conversation's pending calls, and ``item_reference`` resolu
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
@@ -16,7 +17,9 @@ from app.store.changes import pending_blocks
 from app.store.errors import conversation_not_found
 
 from ..deps import Services, ServicesDep
-from .errors import OpenAIError, bad_request
+from ..problems import PROBLEM_TYPES
+from ..views import run_problem
+from .errors import OpenAIError, bad_request, openai_status
 from .items import Parsed, calls_by_item, items_of, parse_item_id
 from .mcp_items import ItemView
 
@@ -26,16 +29,45 @@ async def response_service(svc: ServicesDep) -> ResponseService:
 
 
 ResponsesDep = Annotated[ResponseService, Depends(response_service)]
+log = logging.getLogger(__name__)
 
 
 async def run_to_end(
-    svc: Services, tenant: str, conversation_id: str, request: RunRequest, **options: Any
+    svc: Services,
+    tenant: str,
+    conversation_id: str,
+    request: RunRequest,
+    param: str = "items",
+    **options: Any,
 ) -> FinishedRun:
-    """Start a native run (refusals raise) and wait for its outcome."""
+    """Start a native run that only appends ``request.append`` (refusals raise) and wait for
+    its outcome. A run that stored nothing (its messages would pass the stored-context limits,
+    the database went away) raises: the items were not added, and the answer must not say
+    they were."""
     started = await svc.runs.start(tenant, conversation_id, request, if_match=None, **options)
     if not isinstance(started, ActiveRun):  # a replay, a queued run: /v1 asks for neither
         raise OpenAIError("The run could not be started.", status=500)
-    return await svc.runs.wait(started, on_disconnect="continue", disconnected=None)
+    finished = await svc.runs.wait(started, on_disconnect="continue", disconnected=None)
+    if not finished.outcome.stored:
+        problem = run_problem(finished.result.error, finished.outcome.status)
+        slug = problem.type.rsplit("/", 1)[-1] if problem is not None else "run-internal-error"
+        detail = problem.detail if problem is not None else "the run stored nothing"
+        raise OpenAIError(
+            f"The items were not added: {detail}",
+            status=openai_status(PROBLEM_TYPES[slug].status),
+            param=param,
+            code=slug.replace("-", "_"),
+        )
+    return finished
+
+
+async def discard_conversation(svc: Services, tenant: str, conversation_id: str) -> None:
+    """Delete a conversation made for a request that was then refused; what made the refusal
+    is what the client hears, so a failure here is only logged (the conversation stays)."""
+    try:
+        await svc.conversations.delete(tenant, conversation_id)
+    except Exception:
+        log.warning("a conversation made for a refused request was kept: %s", conversation_id)
 
 
 def no_pending_calls(call_id: str) -> str | None:

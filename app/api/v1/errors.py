@@ -90,11 +90,16 @@ def body_of(status: int, message: str, param: str | None, code: str | None) -> d
     }
 
 
+def openai_status(status: int) -> int:
+    """The ``/v1`` status of a native one (422 → 400, 412 → 409, ...)."""
+    return _STATUS.get(status, status)
+
+
 def openai_error(exc: CarryoverError) -> tuple[int, dict[str, Any], dict[str, str]]:
     """The status, body and headers of any refusal on ``/v1``."""
     if isinstance(exc, OpenAIError):
         return exc.status, body_of(exc.status, exc.detail, exc.param, exc.code), exc.headers
-    status = _STATUS.get(exc.status, exc.status)
+    status = openai_status(exc.status)
     message, param = exc.detail, None
     if exc.slug == "tool-results-required":  # OpenAI's wording, naming the call
         status = 400

@@ -4,6 +4,7 @@ items are its transcript's messages (docs/openai.md)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
@@ -18,12 +19,13 @@ from app.service.runs import RunRequest
 from app.store.stores import Loaded
 
 from ...deps import ServicesDep, TenantDep
-from ...limits import check_text
+from ...limits import check_messages, check_text
 from ...metadata import check_metadata
 from ..deletion import deletion_plan
 from ..deps import (
     ResponsesDep,
     added_items,
+    discard_conversation,
     find_item,
     item_view,
     no_pending_calls,
@@ -71,16 +73,21 @@ async def create_conversation(
     if body.metadata:
         check_metadata(svc.settings, body.metadata, "metadata")
     parsed = messages_of(body.items or [], no_pending_calls, "items")
-    pending.check_append(Context(), parsed.messages)  # refused before anything is created
+    # refused before anything is created
+    pending.check_append(Context(), parsed.messages)
+    check_messages(svc.settings, parsed.messages, "items")
     system_prompt = "\n\n".join(parsed.system)
     check_text(svc.settings, system_prompt, "items")  # the stored one's limit, as natively
     info = await svc.conversations.create(
         tenant, system_prompt=system_prompt, metadata=body.metadata
     )
     if parsed.messages:
-        await run_to_end(
-            svc, tenant, info.conversation.id, RunRequest(prompts=(), append=tuple(parsed.messages))
-        )
+        append = RunRequest(prompts=(), append=tuple(parsed.messages))
+        try:
+            await run_to_end(svc, tenant, info.conversation.id, append)
+        except BaseException:  # the items were not stored: neither is the conversation
+            await asyncio.shield(discard_conversation(svc, tenant, info.conversation.id))
+            raise
     return JSONResponse(conversation_object(info))
 
 
@@ -174,6 +181,7 @@ async def create_items(
         )
     if not parsed.messages:
         return JSONResponse(list_object([], has_more=False))
+    check_messages(svc.settings, parsed.messages, "items")
     finished = await run_to_end(
         svc, tenant, conversation_id, RunRequest(prompts=(), append=tuple(parsed.messages))
     )

@@ -20,10 +20,12 @@ from app.service.runs import ActiveRun, RunRequest
 from app.store.tables import Run
 
 from ...deps import Services, ServicesDep, TenantDep
+from ...limits import check_messages
 from .. import answers
 from .. import request as request_
 from ..deps import (
     ResponsesDep,
+    discard_conversation,
     pending_names,
     resolve_approvals,
     resolve_references,
@@ -124,6 +126,7 @@ async def create_response(
         )
         names = await pending_names(svc, tenant, conversation_id if answers_calls else None)
         parsed = messages_of(items, names)
+        check_messages(svc.settings, parsed.messages, "input")  # refused before anything is made
         instructions = (
             "\n\n".join(
                 [*([body.instructions] if body.instructions is not None else []), *parsed.system]
@@ -170,7 +173,7 @@ async def create_response(
             conversation_id = made = info.conversation.id
             if history_items:  # stored first, as items added without a response
                 append = RunRequest(prompts=(), append=history_items)
-                await run_to_end(svc, tenant, conversation_id, append)
+                await run_to_end(svc, tenant, conversation_id, append, param="input")
         if_match = None
         if previous is not None:  # still at the head when the run starts, or 409
             if_match = parse_condition(previous.result_etag, "If-Match")
@@ -188,7 +191,7 @@ async def create_response(
         # an older response's version, or a new one) is not kept, so a refused request leaves
         # nothing behind
         if made is not None:
-            await asyncio.shield(_discard(svc, tenant, made))
+            await asyncio.shield(discard_conversation(svc, tenant, made))
         raise
     if body.stream:
         return answers.streaming(svc, answers.live_events(svc, started, body))
@@ -196,15 +199,6 @@ async def create_response(
         started, on_disconnect="continue", disconnected=request.is_disconnected
     )
     return JSONResponse(answers.response_view(finished, body))
-
-
-async def _discard(svc: Services, tenant: str, conversation_id: str) -> None:
-    """Delete a conversation made for a response that was refused; what made the refusal is
-    what the client hears, so a failure here is only logged (the conversation stays)."""
-    try:
-        await svc.conversations.delete(tenant, conversation_id)
-    except Exception:
-        log.warning("a conversation made for a refused response was kept: %s", conversation_id)
 
 
 async def _previous(
