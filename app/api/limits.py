@@ -11,7 +11,7 @@ Limits, their settings and defaults (``CARRYOVER_`` + the name in capitals):
 ``max_body_bytes``          8 MiB       request body (413 ``payload-too-large``)
 ``max_image_bytes``         5 MiB       one base64 image, decoded
 ``max_prompts_per_run``     32          prompts of one run
-``max_text_chars``          200 000     one text block, a system prompt, a summary
+``max_text_chars``          200 000     a text block, a system prompt or instructions, a summary
 ``max_context_messages``    10 000      messages of an uploaded context
 ``max_page_size``           200         ``limit`` of a listing (default page: 50)
 ==========================  ==========  ======================================================

@@ -154,6 +154,7 @@ async def test_a_system_text_with_a_nul_or_over_the_limit_is_a_400_and_writes_no
         for body in (
             {"input": [system, {"role": "user", "content": "hi"}]},
             {"input": "hi", "instructions": "be\u0000brief"},
+            {"input": "hi", "instructions": "x" * 101},
         ):
             answer = await client.post("/v1/responses", json={"model": "default", **body})
             assert_error(answer, 400)

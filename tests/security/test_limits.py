@@ -185,6 +185,13 @@ REFUSED: dict[str, tuple[str, Callable[[AppClient], Any], str | None]] = {
         ),
         "body.summary",
     ),
+    "a run's instructions": (
+        "max_text_chars",
+        lambda c: c.post(
+            f"/conversations/{CONV}/runs", json={"prompts": ["q"], "instructions": "i" * 101}
+        ),
+        "body.instructions",
+    ),
     "assistant text in a context": (
         "max_text_chars",
         lambda c: c.put(
@@ -245,7 +252,8 @@ async def test_a_limit_exceeded_is_422_naming_it_and_writes_nothing(
 async def test_everything_at_the_limits_is_accepted(limited: AppClient) -> None:
     at_most = image(300)
     ran = await limited.post(
-        f"/conversations/{CONV}/runs", json={"prompts": ["x" * 100, user(at_most)]}
+        f"/conversations/{CONV}/runs",
+        json={"prompts": ["x" * 100, user(at_most)], "instructions": "i" * 100},
     )
     assert ran.status_code == 201, ran.text
     current = (await limited.get(f"/conversations/{CONV}/context")).headers["etag"]

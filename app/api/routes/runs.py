@@ -47,7 +47,7 @@ from ..deps import (
 )
 from ..fingerprint import legacy_fingerprint, request_fingerprint
 from ..headers import ETAG_HEADER, LOCATION_HEADER, RETRY_AFTER_HEADER
-from ..limits import check_prompts
+from ..limits import check_prompts, check_text
 from ..problems import (
     PRECONDITION_FAILED,
     RUN_IN_PROGRESS,
@@ -119,6 +119,8 @@ async def create_run(
     """Run the agent on new prompts and store the returned context conditionally."""
     request_ = run_request(body, svc.settings)
     check_prompts(svc.settings, (*request_.tool_results, *request_.prompts))
+    if body.instructions is not None:  # this run's system prompt: a system prompt's limit
+        check_text(svc.settings, body.instructions, "body.instructions")
     stream = body.stream or "text/event-stream" in (accept or "")
     minimal = wants_minimal(prefer)
     respond_async = "respond-async" in parse_prefer(prefer)

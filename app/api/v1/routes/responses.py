@@ -20,7 +20,7 @@ from app.service.runs import ActiveRun, RunRequest
 from app.store.tables import Run
 
 from ...deps import Services, ServicesDep, TenantDep
-from ...limits import check_messages
+from ...limits import check_messages, check_text
 from .. import answers
 from .. import request as request_
 from ..deps import (
@@ -134,6 +134,8 @@ async def create_response(
             if body.instructions is not None or parsed.system
             else None
         )
+        if instructions is not None:  # this response's system prompt: a system prompt's limit
+            check_text(svc.settings, instructions, "instructions")
         tools = request_.run_tools(body, svc.settings)
         approvals, approved = await resolve_approvals(
             svc, responses, tenant, conversation_id, parsed
