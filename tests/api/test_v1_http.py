@@ -218,6 +218,38 @@ async def test_items_a_run_could_not_store_are_an_error_not_a_list_of_added_item
         assert [c["id"] for c in (await client.get("/conversations")).json()["items"]] == [made]
 
 
+@pytest.mark.parametrize("bad", ["a%00b", "a%20b", "x" * 129])
+async def test_an_id_no_conversation_or_response_can_have_is_not_found(
+    client: AppClient, bad: str
+) -> None:
+    """Ids are looked up only when they fit the native grammar: on PostgreSQL a NUL cannot even
+    be sent as a parameter (it was a 500)."""
+    for method, url, body in [
+        ("GET", f"/v1/conversations/{bad}", None),
+        ("POST", f"/v1/conversations/{bad}", {"metadata": {}}),
+        ("DELETE", f"/v1/conversations/{bad}", None),
+        ("GET", f"/v1/conversations/{bad}/items", None),
+        ("POST", f"/v1/conversations/{bad}/items", {"items": []}),
+        ("GET", f"/v1/conversations/{bad}/items/msg_x", None),
+        ("GET", f"/v1/responses/resp_{bad}", None),
+        ("DELETE", f"/v1/responses/resp_{bad}", None),
+        ("POST", f"/v1/responses/resp_{bad}/cancel", None),
+        ("GET", f"/v1/responses/resp_{bad}/input_items", None),
+    ]:
+        assert_error(await client.request(method, url, json=body), 404)
+    raw = bad.replace("%00", "\u0000").replace("%20", " ")
+    for field, value, status in [
+        ("conversation", raw, 404),
+        ("conversation", {"id": raw}, 404),
+        ("previous_response_id", f"resp_{raw}", 400),
+    ]:
+        answer = await client.post(
+            "/v1/responses", json={"model": "default", "input": "hi", field: value}
+        )
+        assert_error(answer, status)
+    assert (await client.get("/conversations")).json()["items"] == []
+
+
 async def test_v1_requests_are_counted_under_their_own_route_templates(client: AppClient) -> None:
     await client.get("/v1/conversations/nothing-here")
     await client.get("/conversations/nothing-here")

@@ -4,6 +4,7 @@ for, tool names of a conversation's pending calls, and ``item_reference`` resolu
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
@@ -18,6 +19,7 @@ from app.store.errors import conversation_not_found
 
 from ..deps import Services, ServicesDep
 from ..problems import PROBLEM_TYPES
+from ..schemas import CONVERSATION_ID_PATTERN
 from ..views import run_problem
 from .errors import OpenAIError, bad_request, openai_status
 from .items import Parsed, calls_by_item, items_of, parse_item_id
@@ -30,6 +32,25 @@ async def response_service(svc: ServicesDep) -> ResponseService:
 
 ResponsesDep = Annotated[ResponseService, Depends(response_service)]
 log = logging.getLogger(__name__)
+
+_CONVERSATION_ID = re.compile(CONVERSATION_ID_PATTERN)
+
+
+def conversation_id_of(value: str) -> str:
+    """``value`` as a conversation id. One that no conversation can have (outside the native
+    ids' grammar: a NUL, a space, more than 128 characters) is not found, without a query: a
+    PostgreSQL text parameter cannot even hold a NUL."""
+    if not _CONVERSATION_ID.fullmatch(value):
+        raise conversation_not_found(value)
+    return value
+
+
+def _conversation_path(conversation_id: str) -> str:
+    return conversation_id_of(conversation_id)
+
+
+#: a ``{conversation_id}`` path parameter of ``/v1``, checked by :func:`conversation_id_of`
+ConversationIdPath = Annotated[str, Depends(_conversation_path)]
 
 
 async def run_to_end(

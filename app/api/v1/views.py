@@ -3,6 +3,7 @@ as a ``conversation``, usage, the list envelope."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -12,10 +13,12 @@ from app.agent.messages import AnyMessage, AssistantMessage, ToolResultMessage, 
 from app.agent.structured import parsed_output, violation
 from app.service.conversations import ConversationInfo
 
+from ..deps import RUN_ID_PATTERN
 from .items import items_of
 from .mcp_items import Approved, ItemView
 
 RESPONSE_PREFIX = "resp_"
+_RUN_ID = re.compile(RUN_ID_PATTERN)
 
 #: a run's status → the response's
 _STATUS = {
@@ -35,10 +38,12 @@ def response_id(run_id: str) -> str:
 
 
 def run_id_of(value: str) -> str | None:
-    """The run id a response id names (None: not a response id)."""
-    if not value.startswith(RESPONSE_PREFIX) or len(value) == len(RESPONSE_PREFIX):
+    """The run id a response id names (None: not a response id, or one no run can have: its
+    run id outside the native grammar, e.g. with a NUL a PostgreSQL parameter cannot hold)."""
+    if not value.startswith(RESPONSE_PREFIX):
         return None
-    return value[len(RESPONSE_PREFIX) :]
+    run_id = value[len(RESPONSE_PREFIX) :]
+    return run_id if _RUN_ID.fullmatch(run_id) else None
 
 
 def timestamp(value: datetime | None) -> int:

@@ -23,6 +23,7 @@ from ...limits import check_messages, check_text
 from ...metadata import check_metadata
 from ..deletion import deletion_plan
 from ..deps import (
+    ConversationIdPath,
     ResponsesDep,
     added_items,
     discard_conversation,
@@ -93,14 +94,17 @@ async def create_conversation(
 
 @router.get("/conversations/{conversation_id}", operation_id="retrieve_conversation")
 async def retrieve_conversation(
-    svc: ServicesDep, tenant: TenantDep, conversation_id: str
+    svc: ServicesDep, tenant: TenantDep, conversation_id: ConversationIdPath
 ) -> JSONResponse:
     return JSONResponse(conversation_object(await svc.conversations.get(tenant, conversation_id)))
 
 
 @router.post("/conversations/{conversation_id}", operation_id="update_conversation")
 async def update_conversation(
-    svc: ServicesDep, tenant: TenantDep, conversation_id: str, body: ConversationUpdate
+    svc: ServicesDep,
+    tenant: TenantDep,
+    conversation_id: ConversationIdPath,
+    body: ConversationUpdate,
 ) -> JSONResponse:
     """Replace the conversation's metadata."""
     info = await svc.conversations.get(tenant, conversation_id)
@@ -115,7 +119,7 @@ async def update_conversation(
 
 @router.delete("/conversations/{conversation_id}", operation_id="delete_conversation")
 async def delete_conversation(
-    svc: ServicesDep, tenant: TenantDep, conversation_id: str
+    svc: ServicesDep, tenant: TenantDep, conversation_id: ConversationIdPath
 ) -> JSONResponse:
     await svc.conversations.delete(tenant, conversation_id)
     return JSONResponse({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
@@ -126,7 +130,7 @@ async def list_items(
     svc: ServicesDep,
     responses: ResponsesDep,
     tenant: TenantDep,
-    conversation_id: str,
+    conversation_id: ConversationIdPath,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     order: Literal["asc", "desc"] = "desc",
     after: str | None = None,
@@ -167,7 +171,7 @@ async def list_items(
 
 @router.post("/conversations/{conversation_id}/items", operation_id="create_items")
 async def create_items(
-    svc: ServicesDep, tenant: TenantDep, conversation_id: str, body: ItemsCreate
+    svc: ServicesDep, tenant: TenantDep, conversation_id: ConversationIdPath, body: ItemsCreate
 ) -> JSONResponse:
     """Add up to 20 items without a response, under the one-run-at-a-time rule; an item that
     would break the pairing of calls and outputs is refused (400)."""
@@ -193,7 +197,7 @@ async def retrieve_item(
     svc: ServicesDep,
     responses: ResponsesDep,
     tenant: TenantDep,
-    conversation_id: str,
+    conversation_id: ConversationIdPath,
     item_id: str,
 ) -> JSONResponse:
     found = await find_item(svc, responses, tenant, conversation_id, item_id)
@@ -207,7 +211,7 @@ async def delete_item(
     svc: ServicesDep,
     responses: ResponsesDep,
     tenant: TenantDep,
-    conversation_id: str,
+    conversation_id: ConversationIdPath,
     item_id: str,
 ) -> JSONResponse:
     """Delete an item: the context gets a new version without it (a ``function_call`` and its

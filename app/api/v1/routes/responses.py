@@ -25,6 +25,7 @@ from .. import answers
 from .. import request as request_
 from ..deps import (
     ResponsesDep,
+    conversation_id_of,
     discard_conversation,
     pending_names,
     resolve_approvals,
@@ -98,6 +99,8 @@ async def create_response(
         raise bad_request("`store: false` cannot be used with `conversation`.", "store")
     if conversation_id is not None and not isinstance(conversation_id, str):
         raise bad_request("Invalid value for 'conversation.id'.", "conversation")
+    if conversation_id is not None:
+        conversation_id = conversation_id_of(conversation_id)
 
     items = (
         [{"type": "message", "role": "user", "content": body.input}]
