@@ -126,12 +126,26 @@ async def test_a_bad_request_is_a_400_naming_the_parameter(
     assert error["type"] == "invalid_request_error"
 
 
-@pytest.mark.parametrize("metadata", [{"k": "a\u0000b"}, {"a\u0000b": "v"}])
-async def test_metadata_with_a_nul_is_a_400_and_writes_nothing(
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        {"k": "a\u0000b"},
+        {"a\u0000b": "v"},
+        {"k": "v" * 513},  # max_metadata_value_chars
+        {f"k{i}": "v" for i in range(65)},  # max_metadata_keys
+    ],
+)
+async def test_metadata_with_a_nul_or_past_the_limits_is_a_400_and_writes_nothing(
     client: AppClient, metadata: dict[str, str]
 ) -> None:
     refused = await client.post("/v1/conversations", json={"metadata": metadata})
     assert_error(refused, 400)
+    for store in (True, False):
+        answer = await client.post(
+            "/v1/responses",
+            json={"model": "default", "input": "hi", "metadata": metadata, "store": store},
+        )
+        assert_error(answer, 400)
     assert (await client.get("/conversations")).json()["items"] == []
     created = (await client.post("/v1/conversations", json={"metadata": {"k": "v"}})).json()
     replaced = await client.post(f"/v1/conversations/{created['id']}", json={"metadata": metadata})

@@ -21,6 +21,7 @@ from app.store.tables import Run
 
 from ...deps import Services, ServicesDep, TenantDep
 from ...limits import check_messages, check_text
+from ...metadata import check_metadata
 from .. import answers
 from .. import request as request_
 from ..deps import (
@@ -88,6 +89,8 @@ async def create_response(
         raise bad_request(f"The model '{body.model}' does not exist", "model", "model_not_found")
     if body.background and not body.store:
         raise bad_request("`background: true` needs `store: true`.", "background")
+    if body.metadata:  # a new conversation's metadata; kept with the response in any case
+        check_metadata(svc.settings, body.metadata, "metadata")
     conversation = body.conversation
     conversation_id = conversation.get("id") if isinstance(conversation, dict) else conversation
     if conversation_id is not None and body.previous_response_id is not None:
