@@ -11,6 +11,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, StrictBool, model_v
 from app.agent.codec import CodecError, load_message
 from app.agent.messages import (
     MAX_SAFE_INTEGER,
+    NO_NUL_PATTERN,
     AssistantMessage,
     AttemptError,
     Context,
@@ -65,7 +66,7 @@ class ExportedConversation(_Body):
 
 class ExportedTranscriptEntry(_Body):
     seq: Integer = Field(ge=1, le=MAX_SAFE_INTEGER)
-    run_id: str | None = Field(max_length=36)
+    run_id: str | None = Field(max_length=36, pattern=NO_NUL_PATTERN)
     kind: TranscriptKind
     failed: StrictBool
     body: dict[str, Any]
@@ -91,8 +92,8 @@ class ExportedTranscriptEntry(_Body):
 
 class ExportedCompaction(_Body):
     reason: Literal["threshold", "overflow", "manual"]
-    previous_summary: str
-    summary: str
+    previous_summary: str = Field(pattern=NO_NUL_PATTERN)
+    summary: str = Field(pattern=NO_NUL_PATTERN)
     folded: list[Message]
     tokens_before: Integer = Field(ge=0, le=MAX_SAFE_INTEGER)
     tokens_after: Integer = Field(ge=0, le=MAX_SAFE_INTEGER)
@@ -106,9 +107,10 @@ class ExportedRun(_Body):
     ] = Field(description="A finished status (a run in flight is not exported)")
     stored: StrictBool
     on_failure: Literal["keep", "discard"]
-    agent: str = Field(max_length=128)
-    base_etag: str = Field(max_length=80)
-    result_etag: str | None = Field(max_length=80)
+    # text columns: no NUL (PostgreSQL's cannot hold one)
+    agent: str = Field(max_length=128, pattern=NO_NUL_PATTERN)
+    base_etag: str = Field(max_length=80, pattern=NO_NUL_PATTERN)
+    result_etag: str | None = Field(max_length=80, pattern=NO_NUL_PATTERN)
     prompts: list[TaggedUser]
     usage: RunUsage
     error: RunError | None

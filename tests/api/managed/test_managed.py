@@ -590,6 +590,15 @@ def _attempts(document: dict[str, Any]) -> list[dict[str, Any]]:
         (lambda d: d["context"]["messages"].append({"type": "nope"}), "body.context.messages["),
         (lambda d: d["runs"][0].update(status="running"), "body.runs[0].status"),
         # text columns hold no NUL (PostgreSQL's cannot): refused on both engines
+        (lambda d: d["runs"][0].update(agent="a\u0000"), "body.runs[0].agent"),
+        (lambda d: d["runs"][0].update(base_etag='"\u0000"'), "body.runs[0].base_etag"),
+        (lambda d: d["transcript"][0].update(run_id="r\u0000"), "body.transcript[0].run_id"),
+        (
+            lambda d: next(r for r in d["runs"] if r["compactions"])["compactions"][0].update(
+                summary="s\u0000"
+            ),
+            "body.runs[",
+        ),
         (lambda d: d["context"].update(summary="a\u0000b"), "body.context.summary"),
         (
             lambda d: d["conversation"]["metadata"].update(k="\u0000"),
