@@ -8,8 +8,8 @@ fresh migrated database per test (SQLite and PostgreSQL).
   :class:`~tests.fakes.gated.GatedProvider`) until the test releases them.
 - ``snapshot(database_url)``: every row of every table, to check a refused request wrote
   nothing.
-- ``fuzzed_database``: a migrated database URL for a whole fuzzing module, SQLite then
-  PostgreSQL (the module's tests run once per engine).
+- ``fuzzed_database``: a migrated database URL for a whole fuzzing module, on the engines
+  its ``pytestmark = fuzz_on(...)`` names.
 """
 
 from __future__ import annotations
@@ -51,12 +51,22 @@ UNTHROTTLED = {"auth_failure_limit": 0}
 Rows = dict[str, list[tuple[Any, ...]]]
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
+def fuzz_on(*engines: str) -> pytest.MarkDecorator:
+    """A fuzzing module's ``pytestmark``: its tests run once per engine named (``sqlite``,
+    ``postgresql``), each on a ``fuzzed_database`` of its own. Each engine refuses values of
+    its own (PostgreSQL: a NUL in text, an integer past 32 bits), so the API is fuzzed on
+    both; a long module runs each engine in a module of its own, which a parallel run can put
+    on two workers."""
+    assert set(engines) <= set(BACKENDS), engines
+    return pytest.mark.parametrize("fuzzed_database", engines, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
 def fuzzed_database(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    """A fuzzing module's database, migrated, for the whole module: SQLite and PostgreSQL in
-    turn (each engine refuses values of its own: a NUL in text, an integer past 32 bits)."""
+    """A fuzzing module's database, migrated, for the whole module, on the engine
+    :func:`fuzz_on` names."""
     if request.param == "sqlite":
         path = tmp_path_factory.mktemp("schemathesis") / "carryover.db"
         _copy_sqlite(request.getfixturevalue("_sqlite_template"), path)

@@ -1,5 +1,5 @@
-"""The whole API fuzzed from its own OpenAPI document (schemathesis), on SQLite and PostgreSQL, in
-every run.
+"""The whole API fuzzed from its own OpenAPI document (schemathesis), on SQLite (and, by
+test_schemathesis_postgresql.py, on PostgreSQL), in every run.
 
 - ``test_api``: every operation, with data that fits the document and data that does not
   (schemathesis' positive and negative modes), checked by all of schemathesis' checks: no
@@ -54,7 +54,10 @@ from app.config import Settings
 from tests.conftest import run_blocking
 from tests.fakes.mcp_server import FakeMcp
 
-from .conftest import ACME_KEY, API_KEYS
+from .conftest import ACME_KEY, API_KEYS, fuzz_on
+
+#: SQLite here; test_schemathesis_postgresql.py runs these tests on PostgreSQL
+pytestmark = fuzz_on("sqlite")
 
 load_all_checks()
 #: every check schemathesis has (its CLI's ``--checks all``); ``max_response_time`` is none of

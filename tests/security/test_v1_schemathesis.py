@@ -29,7 +29,9 @@ from app.api.app import create_app
 from app.api.v1 import v1_document
 from app.config import Settings
 
-from .conftest import ACME_KEY, API_KEYS
+from .conftest import ACME_KEY, API_KEYS, fuzz_on
+
+pytestmark = fuzz_on("sqlite", "postgresql")
 
 SETTINGS = settings(
     max_examples=20, deadline=None, database=None, suppress_health_check=list(HealthCheck)
