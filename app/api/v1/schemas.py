@@ -15,7 +15,14 @@ from app.config import Settings
 from ..tools import MAX_MCP_SERVERS
 from ..tools import McpTool as McpToolBody
 
-Metadata = dict[str, str]
+Metadata = Annotated[
+    dict[str, str],
+    Field(
+        description="String keys and values, held to the service's metadata limits "
+        "(`max_metadata_keys`, `max_metadata_key_chars`, `max_metadata_value_chars`; by default "
+        "64 keys, keys of 64 and values of 512 characters) and without NUL characters (400)"
+    ),
+]
 
 
 class _Body(BaseModel):
@@ -30,7 +37,7 @@ class ConversationCreate(_Body):
 
 
 class ConversationUpdate(_Body):
-    metadata: Metadata = Field(description="Replaces the conversation's metadata")
+    metadata: Metadata = Field(description="Replaces the conversation's metadata (same limits)")
 
 
 class ItemsCreate(_Body):
