@@ -264,6 +264,19 @@ async def test_an_id_no_conversation_or_response_can_have_is_not_found(
     assert (await client.get("/conversations")).json()["items"] == []
 
 
+async def test_a_failed_response_read_back_keeps_its_error_message(
+    make_settings: SettingsFactory,
+) -> None:
+    async with apps(make_settings)(max_context_messages=2) as client:
+        three = [{"role": "user", "content": f"m{i}"} for i in range(3)]
+        answer = await client.post("/v1/responses", json={"model": "default", "input": three})
+        live = answer.json()
+        assert live["status"] == "failed", live
+        assert "max_context_messages" in live["error"]["message"], live["error"]
+        read = (await client.get(f"/v1/responses/{live['id']}")).json()
+        assert (read["status"], read["error"]) == ("failed", live["error"])
+
+
 async def test_v1_requests_are_counted_under_their_own_route_templates(client: AppClient) -> None:
     await client.get("/v1/conversations/nothing-here")
     await client.get("/conversations/nothing-here")

@@ -54,7 +54,7 @@ def response_view(
         run, messages, final = record.run, record.result.new_messages, record.result.final
         status, usage = record.outcome.status, record.result.usage.model_dump()
         failure = record.result.error
-        error = {"detail": failure.message} if failure is not None else None
+        error = failure.model_dump() if failure is not None else None
         required: Any = record.result.required_action if status == "requires_action" else None
     else:
         run, messages, final = record.run, record.new_messages, record.final
@@ -295,7 +295,7 @@ async def unstored(
                 approved_calls(kept_fields(body)),
             ).output,
             usage=result.usage.model_dump(),
-            error={"detail": result.error.message} if result.error else None,
+            error=result.error.model_dump() if result.error else None,
             store=False,
             instructions=body.instructions,
             tools=tools_echo(body),

@@ -130,7 +130,9 @@ def response_object(
     output_schema: dict[str, Any] | None = None,
     final: AssistantMessage | None = None,
 ) -> dict[str, Any]:
-    """``settings``: what the request set (``text``, ``temperature``, ``max_output_tokens``);
+    """``error``: the run's error as its record keeps it (an ``AttemptError``'s fields: its
+    ``message`` is the failed response's). ``settings``: what the request set (``text``,
+    ``temperature``, ``max_output_tokens``);
     ``output_schema`` and ``final``: a structured response's schema and last answer, given as
     ``output_parsed`` once it matched (a message that does not match is left out: an attempt
     corrected on retry, or the last answer of a response that failed)."""
@@ -148,7 +150,7 @@ def response_object(
         ]
     failure = None
     if state == "failed":
-        detail = (error or {}).get("detail") or (error or {}).get("title") or "the run failed"
+        detail = (error or {}).get("message") or "the run failed"
         failure = {"code": "server_error", "message": str(detail)}
     return {
         "id": response_id(run_id),
