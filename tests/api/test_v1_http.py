@@ -273,6 +273,8 @@ async def test_a_failed_response_read_back_keeps_its_error_message(
         live = answer.json()
         assert live["status"] == "failed", live
         assert "max_context_messages" in live["error"]["message"], live["error"]
+        # the input is what the client can change: not the service's fault
+        assert live["error"]["code"] == "invalid_prompt", live["error"]
         read = (await client.get(f"/v1/responses/{live['id']}")).json()
         assert (read["status"], read["error"]) == ("failed", live["error"])
 

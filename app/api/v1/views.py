@@ -110,6 +110,28 @@ def output_text(output: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
+#: a failed response's ``error.code`` (one of OpenAI's) by the run error's code, then kind;
+#: anything else is ``server_error``
+_ERROR_CODES = {
+    "quota_exceeded": "rate_limit_exceeded",  # a background run refused at its turn
+    "context_too_large": "invalid_prompt",  # the context would pass the stored limits
+    "validation_error": "invalid_prompt",  # a queued run's request, checked at its turn
+    "unexpected_tool_answer": "invalid_prompt",
+    "tool_results_required": "invalid_prompt",
+    "overflow": "invalid_prompt",  # the context does not fit the model's window
+}
+
+
+def response_error_code(error: Mapping[str, Any] | None) -> str:
+    """The OpenAI ``error.code`` of a response whose run failed with ``error`` (an
+    ``AttemptError``'s fields): the client's input for what it can change, else the service's."""
+    error = error or {}
+    for key in (error.get("code"), error.get("kind")):
+        if isinstance(key, str) and key in _ERROR_CODES:
+            return _ERROR_CODES[key]
+    return "server_error"
+
+
 def response_object(
     *,
     run_id: str,
@@ -151,7 +173,7 @@ def response_object(
     failure = None
     if state == "failed":
         detail = (error or {}).get("message") or "the run failed"
-        failure = {"code": "server_error", "message": str(detail)}
+        failure = {"code": response_error_code(error), "message": str(detail)}
     return {
         "id": response_id(run_id),
         "object": "response",
