@@ -38,7 +38,9 @@ from app.service.bounds import oversized_block
 from .problems import MALFORMED_JSON, Problem, limit_exceeded, payload_too_large, validation_error
 
 
-def _check_messages(settings: Settings, messages: Sequence[AnyMessage], where: str) -> None:
+def check_messages(settings: Settings, messages: Sequence[AnyMessage], where: str) -> None:
+    """Messages to be stored as they are (prompts, a context, ``/v1`` items): each text block
+    and image within the limits, the problem naming its place under ``where``."""
     found = oversized_block(settings, messages)
     if found is not None:
         problem = limit_exceeded(found.limit, found.maximum, found.actual)
@@ -70,15 +72,10 @@ def refuse_nul(value: str, path: str) -> None:
         )
 
 
-def check_messages(settings: Settings, messages: Sequence[AnyMessage], where: str) -> None:
-    """Messages to be stored as they are (``/v1`` items): each block within the limits."""
-    _check_messages(settings, messages, where)
-
-
 def check_prompts(settings: Settings, prompts: Sequence[AnyMessage]) -> None:
     if len(prompts) > settings.max_prompts_per_run:
         raise limit_exceeded("max_prompts_per_run", settings.max_prompts_per_run, len(prompts))
-    _check_messages(settings, prompts, "body.prompts")
+    check_messages(settings, prompts, "body.prompts")
 
 
 def check_context(settings: Settings, context: object, where: str = "body") -> None:
@@ -93,7 +90,7 @@ def check_context(settings: Settings, context: object, where: str = "body") -> N
         )
     for name in ("system_prompt", "summary"):
         check_text(settings, getattr(context, name), f"{where}.{name}")
-    _check_messages(settings, context.messages, f"{where}.messages")
+    check_messages(settings, context.messages, f"{where}.messages")
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD]([89a-fA-F])[0-9a-fA-F]{2}")
