@@ -291,12 +291,13 @@ def start_server(
     app_root: Path = ROOT,
     name: str = "carryover",
     timeout: float = 180,
+    wrapper: list[str] | None = None,
 ) -> Proc:
     """``carryover serve`` (``python -m app.cli`` of ``app_root``) on a free port; ``url`` set
-    once ``/readyz`` answers 200."""
+    once ``/readyz`` answers 200. ``wrapper``: a command it runs under (valgrind, say)."""
     port = free_port()
     env = {**env, "PYTHONPATH": str(app_root)}
-    argv = [sys.executable, "-m", "app.cli", "serve", "--port", str(port)]
+    argv = [*(wrapper or []), sys.executable, "-m", "app.cli", "serve", "--port", str(port)]
     if workers != 1:
         argv += ["--workers", str(workers)]
     proc = procs.start(f"{name}-{port}", argv, env=env, cwd=app_root)

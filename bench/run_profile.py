@@ -14,6 +14,7 @@ to the figure; compare two checkouts with ``--app-root``, one after the other.
 
     .venv/bin/python bench/run_profile.py                        # echo, 10 messages, 400 runs
     .venv/bin/python bench/run_profile.py --provider openai --app-root /tmp/before
+    .venv/bin/python bench/run_profile.py --engine postgresql    # the shared server on 5432
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import collections
 import re
 import shutil
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import _common as c  # bench/_common.py: a script's folder is on sys.path
@@ -84,6 +86,7 @@ def main() -> None:
     parser.add_argument("--provider", default="echo", choices=["echo", "openai", "anthropic"])
     parser.add_argument("--messages", type=int, default=10)
     parser.add_argument("--runs", type=int, default=400)
+    parser.add_argument("--engine", default="sqlite", choices=["sqlite", "postgresql"])
     parser.add_argument("--rate", type=int, default=500, help="py-spy samples per second")
     parser.add_argument("--py-spy", type=Path, default=None)
     parser.add_argument("--app-root", type=Path, default=c.ROOT, help="the checkout served")
@@ -94,9 +97,9 @@ def main() -> None:
         raise SystemExit("py-spy not found: see this script's docstring (--py-spy PATH)")
 
     print(f"run_profile: {c.machine_note()}", flush=True)
-    with c.Procs() as procs:
+    with c.Procs() as procs, ExitStack() as stack:
         fake_url = c.start_fake(procs, args.provider).url if args.provider != "echo" else ""
-        url = f"sqlite:///{procs.workdir}/profile.db"
+        url = c.database(args.engine, stack, procs.workdir, "profile")
         env = c.server_env(url, args.provider, fake_url, max(args.messages, 1_000))
         server = c.start_server(procs, env, app_root=args.app_root.resolve())
         raw = args.raw or procs.workdir / "stacks.txt"
@@ -128,7 +131,10 @@ def main() -> None:
             sampler.popen.wait(60)
         counts = parts(raw)
     total = sum(counts.values()) or 1
-    print(f"\n{args.provider}, {args.messages} messages: {cpu_ms:.2f} ms server CPU per run")
+    print(
+        f"\n{args.provider}, {args.messages} messages, {args.engine}:"
+        f" {cpu_ms:.2f} ms server CPU per run"
+    )
     print(f"(py-spy attached; {total} samples of the thread holding the GIL)\n")
     print(
         c.table(

@@ -10,7 +10,10 @@
 - PostgreSQL (``postgresql://…``) runs on asyncpg. Writes use the default READ COMMITTED (every
   write that matters is a conditional ``UPDATE … WHERE version = …``); reads run in a
   REPEATABLE READ, read-only transaction so that the conversation row and its messages come
-  from one snapshot.
+  from one snapshot. A pooled connection is checked when it is taken from the pool
+  (:func:`_configure_postgresql`): one the driver knows is closed (a restart, a terminated
+  backend) is replaced at once, and one that sat idle for :data:`IDLE_PING_SECONDS` is pinged
+  first; a connection in steady use is not pinged.
 
 Every transaction is opened with :func:`write_transaction` or :func:`read_transaction`. The
 engine has no event listener of its own (a ``begin`` listener used to emit the ``BEGIN``): with
@@ -20,16 +23,17 @@ none, SQLAlchemy skips its event dispatch on every statement (docs/performance.m
 from __future__ import annotations
 
 import asyncio
+import time
 import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import event
+from sqlalchemy import event, exc
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
-from sqlalchemy.pool import ConnectionPoolEntry
+from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 
 from . import sqlite_driver
 from .direct import DirectConnection
@@ -38,6 +42,10 @@ _DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
 _ALIASES = {"postgres": "postgresql"}
 
 DEFAULT_BUSY_TIMEOUT_MS = 5000
+
+#: a PostgreSQL connection idle in the pool longer than this is pinged before it is used
+#: (a middlebox may have dropped it without a word); one used more recently is not
+IDLE_PING_SECONDS = 30.0
 
 
 def async_url(url: str | URL) -> URL:
@@ -59,9 +67,16 @@ def async_url(url: str | URL) -> URL:
 
 
 def make_engine(
-    url: str | URL, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS, **kwargs: Any
+    url: str | URL,
+    *,
+    busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+    idle_ping_seconds: float | None = IDLE_PING_SECONDS,
+    **kwargs: Any,
 ) -> AsyncEngine:
-    """An AsyncEngine for ``url`` with Carryover's connection and transaction setup."""
+    """An AsyncEngine for ``url`` with Carryover's connection and transaction setup.
+
+    ``idle_ping_seconds`` (PostgreSQL): how long a pooled connection may sit idle before it is
+    pinged when taken (:func:`_configure_postgresql`); None: no check on checkout at all."""
     target = async_url(url)
     if target.get_backend_name() == "sqlite":
         # one thread hop per statement instead of up to four (app/store/sqlite_driver.py)
@@ -69,8 +84,14 @@ def make_engine(
         _configure_sqlite(engine, busy_timeout_ms)
         # prepared statements straight on that driver (app/store/direct.py)
         return SQLiteEngine(engine.sync_engine)
-    kwargs.setdefault("pool_pre_ping", True)
-    return create_async_engine(target, **kwargs)
+    # the most recently used connection first: the others stay idle and are pinged when
+    # next taken, and the busy one's prepared statements stay warm
+    if "poolclass" not in kwargs:  # the default queue pool
+        kwargs.setdefault("pool_use_lifo", True)
+    engine = create_async_engine(target, **kwargs)
+    if idle_ping_seconds is not None and not kwargs.get("pool_pre_ping"):
+        _configure_postgresql(engine, idle_ping_seconds)
+    return engine
 
 
 class SQLiteEngine(AsyncEngine):
@@ -79,6 +100,45 @@ class SQLiteEngine(AsyncEngine):
 
     __slots__ = ()
     _connection_cls = DirectConnection
+
+
+def _configure_postgresql(engine: AsyncEngine, idle_ping_seconds: float) -> None:
+    """Check a connection as it leaves the pool, without a round trip when it was in use
+    lately.
+
+    SQLAlchemy's ``pool_pre_ping`` sends three statements (``BEGIN``, an empty query,
+    ``ROLLBACK``) on every checkout, two checkouts per run. Here: a connection asyncpg knows
+    is closed (the server restarted or ended its backend: it sent its goodbye and closed the
+    socket) is replaced without asking the server; one that was idle for more than
+    ``idle_ping_seconds`` is pinged as ``pool_pre_ping`` would, since a connection dropped
+    silently on the way (a NAT or firewall timeout) looks open until used. Either way a dead
+    connection raises :class:`~sqlalchemy.exc.DisconnectionError`: the pool discards every
+    connection older than it and hands out a new one. A connection that dies between the
+    check and its first statement fails that statement as ``connection_lost``
+    (app/store/faults.py), retried where that is safe."""
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _connected(_dbapi_connection: DBAPIConnection, record: ConnectionPoolEntry) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine.sync_engine, "checkin")
+    def _checked_in(_dbapi_connection: DBAPIConnection | None, record: ConnectionPoolEntry) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine.sync_engine, "checkout")
+    def _checked_out(
+        dbapi_connection: DBAPIConnection,
+        record: ConnectionPoolEntry,
+        _proxy: PoolProxiedConnection,
+    ) -> None:
+        if cast(Any, dbapi_connection).driver_connection.is_closed():
+            raise exc.DisconnectionError("the connection was closed")
+        idle_since = record.info.get("idle_since")
+        if idle_since is None or time.monotonic() - idle_since > idle_ping_seconds:
+            try:
+                dbapi_connection.ping()
+            except Exception as error:
+                raise exc.DisconnectionError(f"the ping failed: {error}") from error
 
 
 def _configure_sqlite(engine: AsyncEngine, busy_timeout_ms: int) -> None:

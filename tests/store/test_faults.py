@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import socket
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -176,11 +177,13 @@ async def test_smart_shutdown_refuses_new_connections(pg_cluster: PgCluster) -> 
 
 
 async def test_restart_under_a_pooled_connection(pg_cluster: PgCluster) -> None:
-    """Without the pre-ping, the pooled connection is dead after a restart: the query fails
-    as a lost connection, and a retry gets a fresh one. With make_engine's default pre-ping
-    the same restart is invisible."""
-    bare = make_engine(pg_cluster.url, pool_pre_ping=False, pool_size=1, max_overflow=0)
-    pinged = make_engine(pg_cluster.url, pool_size=1, max_overflow=0)
+    """Without a check on checkout, the pooled connection is dead after a restart: the query
+    fails as a lost connection, and a retry gets a fresh one. With make_engine's default check
+    the same restart is invisible, with no ping (the connection was in use a moment ago: the
+    driver knows it was closed), or with SQLAlchemy's pre-ping."""
+    bare = make_engine(pg_cluster.url, idle_ping_seconds=None, pool_size=1, max_overflow=0)
+    checked = make_engine(pg_cluster.url, pool_size=1, max_overflow=0)
+    pinged = make_engine(pg_cluster.url, pool_pre_ping=True, pool_size=1, max_overflow=0)
 
     async def select_one(engine: AsyncEngine) -> int:
         async with engine.connect() as conn:
@@ -188,26 +191,78 @@ async def test_restart_under_a_pooled_connection(pg_cluster: PgCluster) -> None:
             return value
 
     try:
-        assert await select_one(bare) == 1 and await select_one(pinged) == 1
-        await asyncio.to_thread(pg_cluster.restart)
-        exc = await raised(select_one(bare))
-        fault = fault_of(exc)
-        assert (fault.kind, fault.transient) == ("connection_lost", True), (fault, repr(exc))
-        assert isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.connection_invalidated
+        with counted_pings() as pings:
+            assert all([await select_one(e) == 1 for e in (bare, checked, pinged)])
+            await asyncio.to_thread(pg_cluster.restart)
+            exc = await raised(select_one(bare))
+            fault = fault_of(exc)
+            assert (fault.kind, fault.transient) == ("connection_lost", True), (fault, repr(exc))
+            assert isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.connection_invalidated
 
-        sleeps: list[float] = []
+            sleeps: list[float] = []
 
-        async def fake_sleep(seconds: float) -> None:
-            sleeps.append(seconds)
+            async def fake_sleep(seconds: float) -> None:
+                sleeps.append(seconds)
 
-        assert await select_one(bare) == 1  # a fresh pooled connection, then kill it again
-        await asyncio.to_thread(pg_cluster.restart)
-        assert await retry_transient(lambda: select_one(bare), attempts=3, sleep=fake_sleep) == 1
-        assert len(sleeps) == 1
-        assert await select_one(pinged) == 1  # the pre-ping replaced the dead connection
+            assert await select_one(bare) == 1  # a fresh pooled connection, then kill it again
+            await asyncio.to_thread(pg_cluster.restart)
+            assert await retry_transient(lambda: select_one(bare), attempts=3, sleep=fake_sleep) == 1
+            assert len(sleeps) == 1
+            pinged_before = len(pings)
+            assert await select_one(checked) == 1  # the check replaced the dead connection
+            assert len(pings) == pinged_before  # without asking the server
+            assert await select_one(pinged) == 1  # the pre-ping replaced the dead connection
+            assert len(pings) > pinged_before
     finally:
-        await bare.dispose()
-        await pinged.dispose()
+        for engine in (bare, checked, pinged):
+            await engine.dispose()
+
+
+@contextmanager
+def counted_pings() -> Iterator[list[object]]:
+    """The pings sent through asyncpg's adapter inside the block (pre-ping's and the
+    checkout check's alike), each as the connection that sent it."""
+    pings: list[object] = []
+    original = AsyncAdapt_asyncpg_connection._async_ping
+
+    async def counted(self: AsyncAdapt_asyncpg_connection) -> None:
+        pings.append(self)
+        await original(self)
+
+    AsyncAdapt_asyncpg_connection._async_ping = counted  # type: ignore[method-assign]
+    try:
+        yield pings
+    finally:
+        AsyncAdapt_asyncpg_connection._async_ping = original  # type: ignore[method-assign]
+
+
+async def test_a_connection_in_use_is_not_pinged_and_an_idle_one_is(pg_cluster: PgCluster) -> None:
+    """The checkout check asks the server only about a connection that sat idle longer than
+    ``idle_ping_seconds``: none of 20 transactions in a row is pinged at the default; with the
+    threshold at 0 every checkout is, and a backend ended behind the pool's back is replaced
+    before the transaction sees it."""
+    busy = make_engine(pg_cluster.url, pool_size=1, max_overflow=0)
+    idle = make_engine(pg_cluster.url, idle_ping_seconds=0, pool_size=1, max_overflow=0)
+    killer = await asyncpg.connect(pg_cluster.url)
+    try:
+        with counted_pings() as pings:
+            for _ in range(20):
+                async with write_transaction(busy) as conn:
+                    await conn.execute(text("SELECT 1"))
+            assert pings == []
+            for _ in range(3):
+                async with write_transaction(idle) as conn:
+                    await conn.execute(text("SELECT 1"))
+            assert len(pings) == 3
+            async with idle.connect() as conn:
+                pid = await backend_pid(conn)
+            await killer.execute("SELECT pg_terminate_backend($1)", pid)
+            async with write_transaction(idle) as conn:
+                assert await backend_pid(conn) != pid
+    finally:
+        await killer.close()
+        await busy.dispose()
+        await idle.dispose()
 
 
 async def test_connect_timeout_is_unavailable() -> None:
@@ -368,7 +423,7 @@ async def test_terminating_an_idle_connection_in_every_form_it_arrives(
     forms, all through SQLAlchemy. Each is a transient fault; the race is tried until the
     rarest form has been seen (skipped, never failed, if it does not happen: the test below
     covers that form by hand)."""
-    engine = make_engine(pg_cluster.url, pool_pre_ping=False)
+    engine = make_engine(pg_cluster.url, idle_ping_seconds=None)
     killer = await asyncpg.connect(pg_cluster.url)
     forms: dict[str, DbFault] = {}
     try:
