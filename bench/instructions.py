@@ -51,8 +51,12 @@ def count(args: argparse.Namespace, root: Path) -> float:
                         headers=c.MINIMAL,
                     )
                 )
-            control = ["callgrind_control", str(server.pid)]
-            subprocess.run([*control[:1], "-i", "on", *control[1:]], check=True, capture_output=True)
+
+            def control(*flags: str) -> None:
+                argv = ["callgrind_control", *flags, str(server.pid)]
+                subprocess.run(argv, check=True, capture_output=True)
+
+            control("-i", "on")
             for i in range(args.runs):
                 c.check_run(
                     http.post(
@@ -61,8 +65,8 @@ def count(args: argparse.Namespace, root: Path) -> float:
                         headers=c.MINIMAL,
                     )
                 )
-            subprocess.run([*control[:1], "-i", "off", *control[1:]], check=True, capture_output=True)
-            subprocess.run([*control[:1], "-d", *control[1:]], check=True, capture_output=True)
+            control("-i", "off")
+            control("-d")
         total = sum(
             int(found)
             for dump in procs.workdir.glob("callgrind.out*")

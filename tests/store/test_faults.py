@@ -206,7 +206,9 @@ async def test_restart_under_a_pooled_connection(pg_cluster: PgCluster) -> None:
 
             assert await select_one(bare) == 1  # a fresh pooled connection, then kill it again
             await asyncio.to_thread(pg_cluster.restart)
-            assert await retry_transient(lambda: select_one(bare), attempts=3, sleep=fake_sleep) == 1
+            assert (
+                await retry_transient(lambda: select_one(bare), attempts=3, sleep=fake_sleep) == 1
+            )
             assert len(sleeps) == 1
             pinged_before = len(pings)
             assert await select_one(checked) == 1  # the check replaced the dead connection
