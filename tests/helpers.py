@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -202,3 +203,52 @@ async def run_sql(url: str, sql: str) -> Any:
             return result.scalar() if result.returns_rows else result.rowcount
     finally:
         await engine.dispose()
+
+
+@contextmanager
+def server_calls(
+    monkeypatch: Any, counted: Callable[[], bool] = lambda: True
+) -> Iterator[list[str]]:
+    """What asyncpg sends PostgreSQL inside the block, one entry per round trip: a prepared
+    statement's execution (its first two words), an ``executemany``, a plain query
+    (``BEGIN``, ``COMMIT``) or a statement prepared; only while ``counted()`` holds."""
+    import asyncpg
+
+    calls: list[str] = []
+    recording = [True]
+    fetch = asyncpg.prepared_stmt.PreparedStatement.fetch
+    executemany = asyncpg.connection.Connection.executemany
+    execute = asyncpg.connection.Connection.execute
+    prepare = asyncpg.connection.Connection.prepare
+
+    def words(query: str) -> str:
+        return " ".join(query.split()[:2])
+
+    async def counted_fetch(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if recording[0] and counted():
+            calls.append(words(self.get_query()))
+        return await fetch(self, *args, **kwargs)
+
+    async def counted_executemany(self: Any, query: str, *args: Any, **kwargs: Any) -> Any:
+        if recording[0] and counted():
+            calls.append(f"many {words(query)}")
+        return await executemany(self, query, *args, **kwargs)
+
+    async def counted_execute(self: Any, query: str, *args: Any, **kwargs: Any) -> Any:
+        if recording[0] and counted():
+            calls.append(words(query).rstrip(";"))
+        return await execute(self, query, *args, **kwargs)
+
+    async def counted_prepare(self: Any, query: str, *args: Any, **kwargs: Any) -> Any:
+        if recording[0] and counted():
+            calls.append(f"prepare {words(query)}")
+        return await prepare(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(asyncpg.prepared_stmt.PreparedStatement, "fetch", counted_fetch)
+    monkeypatch.setattr(asyncpg.connection.Connection, "executemany", counted_executemany)
+    monkeypatch.setattr(asyncpg.connection.Connection, "execute", counted_execute)
+    monkeypatch.setattr(asyncpg.connection.Connection, "prepare", counted_prepare)
+    try:
+        yield calls
+    finally:
+        recording[0] = False

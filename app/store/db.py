@@ -35,7 +35,7 @@ from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 
-from . import sqlite_driver
+from . import pg_driver, sqlite_driver
 from .direct import DirectConnection
 
 _DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
@@ -59,7 +59,7 @@ def async_url(url: str | URL) -> URL:
     if backend not in _DRIVERS:
         raise ValueError(f"unsupported database {parsed.drivername!r}: use sqlite or postgresql")
     wanted = _DRIVERS[backend]
-    if parsed.drivername == sqlite_driver.DRIVERNAME:  # an engine's own URL, given back
+    if parsed.drivername in (sqlite_driver.DRIVERNAME, pg_driver.DRIVERNAME):  # given back
         return parsed
     if "+" in parsed.drivername and parsed.drivername != wanted:
         raise ValueError(f"unsupported driver {parsed.drivername!r}: Carryover uses {wanted!r}")
@@ -88,7 +88,8 @@ def make_engine(
     # next taken, and the busy one's prepared statements stay warm
     if "poolclass" not in kwargs:  # the default queue pool
         kwargs.setdefault("pool_use_lifo", True)
-    engine = create_async_engine(target, **kwargs)
+    # inserts held for the next statement ride with it (app/store/pg_driver.py)
+    engine = create_async_engine(target.set(drivername=pg_driver.DRIVERNAME), **kwargs)
     if idle_ping_seconds is not None and not kwargs.get("pool_pre_ping"):
         _configure_postgresql(engine, idle_ping_seconds)
     return engine
@@ -214,11 +215,17 @@ async def read_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection
 def _one_hop(conn: AsyncConnection) -> sqlite_driver.OneHopConnection | None:
     """The one-hop driver connection under ``conn`` (:mod:`app.store.sqlite_driver`), when
     no statement listener is on the engine or the connection; else None."""
+    driver = _driver(conn)
+    return driver if isinstance(driver, sqlite_driver.OneHopConnection) else None
+
+
+def _driver(conn: AsyncConnection) -> Any:
+    """The driver connection under ``conn`` when no statement listener is on the engine or
+    the connection (a listener must see every statement when it is executed); else None."""
     sync = conn.sync_connection
     if sync is None or sync._has_events or sync.engine._has_events:
         return None
-    driver = sync.connection.dbapi_connection
-    return driver if isinstance(driver, sqlite_driver.OneHopConnection) else None
+    return sync.connection.dbapi_connection
 
 
 async def _sqlite_begin(conn: AsyncConnection, statement: str) -> None:
@@ -238,14 +245,18 @@ async def _sqlite_begin(conn: AsyncConnection, statement: str) -> None:
 
 
 def defer_inserts(conn: AsyncConnection) -> None:
-    """From here to the end of this write transaction, on SQLite, a plain ``INSERT`` (no
-    ``RETURNING``) runs with the transaction's next statement or its ``COMMIT``, in that
-    statement's call into aiosqlite's thread, instead of a call of its own
-    (:meth:`app.store.sqlite_driver.OneHopConnection.defer_inserts`). For the inserts of a
-    transaction whose results nobody reads and whose errors nobody catches one by one:
-    what one raises, the next statement or the commit raises, and everything rolls back.
-    Nothing changes on PostgreSQL, or when a statement listener (tracing, a test) is on the
-    engine: then each runs when it is executed."""
-    driver = _one_hop(conn) if conn.dialect.name == "sqlite" else None
-    if driver is not None:
+    """From here to the end of this write transaction, a plain ``INSERT`` (no ``RETURNING``)
+    runs with the transaction's next statement or its ``COMMIT`` instead of on its own: on
+    SQLite in that statement's call into aiosqlite's thread
+    (:meth:`app.store.sqlite_driver.OneHopConnection.defer_inserts`), on PostgreSQL as a
+    ``WITH`` clause of that statement, or of one statement just before it when it could see
+    their rows (:mod:`app.store.pg_driver`). For the inserts of a transaction whose results
+    nobody reads and whose errors nobody catches one by one: what one raises, the next
+    statement or the commit raises, and everything rolls back. Nothing changes when a
+    statement listener (tracing, a test) is on the engine: then each runs when it is
+    executed."""
+    driver = _driver(conn)
+    if isinstance(driver, sqlite_driver.OneHopConnection):
         driver.defer_inserts()
+    elif isinstance(driver, pg_driver.KeepingConnection):
+        driver.holding = True

@@ -229,9 +229,6 @@ class RunStore(FinishingStore):
             # the tenant's quota, under the same locks (app/store/quotas.py): refused, nothing
             # of this transaction is written
             await admit(conn, tenant, now)
-            await conn.execute(
-                _TAKE_LEASE, {"b_tenant": tenant, "b_conv_id": conv_id, "b_run_id": run_id}
-            )
             values = run_values(
                 tenant,
                 conv_id,
@@ -250,6 +247,10 @@ class RunStore(FinishingStore):
                 tool_inputs=tool_inputs,
             )
             await conn.execute(_INSERT_RUN, values)  # as parameters: no per-call coercion
+            # after the run row: on PostgreSQL the held inserts ride with this statement
+            await conn.execute(
+                _TAKE_LEASE, {"b_tenant": tenant, "b_conv_id": conv_id, "b_run_id": run_id}
+            )
             if idempotency is not None:
                 await insert_claim(conn, tenant, conv_id, run_id, idempotency, now)
             if cached is not None:

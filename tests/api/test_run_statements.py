@@ -14,19 +14,20 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from ..helpers import server_calls
 from .conftest import AppClient
 
 MINIMAL = {"Prefer": "return=minimal"}
 API_KEY = "statements-key-0123456789"
 
-#: a run's statements, by their first words: the start (lease, quota, run row), then the outcome
+#: a run's statements, by their first words: the start (quota, run row, lease), then the outcome
 #: (the conditional save, its rows, the run's records, the transcript, events and the outbox)
 START = [
     "SELECT conversations",  # the row and its queue head, under the write lock
     "SELECT tenant_quotas",
     "INSERT INTO tenant_usage",  # the run counts in the tenant's day
-    "UPDATE conversations",  # the lease
     "INSERT INTO runs",
+    "UPDATE conversations",  # the lease (the inserts before it ride with it)
 ]
 OUTCOME = [
     "UPDATE conversations",  # the conditional save
@@ -214,10 +215,15 @@ async def test_a_run_on_sqlite_executes_every_statement_straight_on_the_driver(
 async def _one_warm_run_counted_on_sqlite(app_factory: Callable[..., Any], conv: str) -> None:
     """A run on a conversation of 10 messages this process ran before, with :data:`_COUNTED`
     set around it (skipped on PostgreSQL: what the callers count is SQLite's driver)."""
+    await _one_warm_run_counted(app_factory, conv, "sqlite")
+
+
+async def _one_warm_run_counted(app_factory: Callable[..., Any], conv: str, on: str) -> None:
+    """:func:`_one_warm_run_counted_on_sqlite` on the database ``on`` (skipped on the other)."""
     async with app_factory(api_keys=f"acme:{API_KEY}") as client:
         engine: AsyncEngine = client.app.state.services.engine
-        if engine.dialect.name != "sqlite":
-            pytest.skip("counts SQLite's driver")
+        if engine.dialect.name != on:
+            pytest.skip(f"counts what goes to {on}")
         client.headers["Authorization"] = f"Bearer {API_KEY}"
         await put(client, conv, 10)
         warm = await client.post(f"/conversations/{conv}/runs", json={"prompts": ["warm"]})
@@ -230,3 +236,18 @@ async def _one_warm_run_counted_on_sqlite(app_factory: Callable[..., Any], conv:
         finally:
             _COUNTED.reset(token)
         assert answer.status_code == 201 and answer.json()["status"] == "completed"
+
+
+async def test_a_run_on_postgresql_makes_ten_round_trips(
+    app_factory: Callable[..., Any], monkeypatch: Any
+) -> None:
+    # Each statement is a round trip to the server. The inserts nobody reads in the
+    # transaction ride with its next statement as WITH clauses (app/store/pg_driver.py), and
+    # a connection in use is not pinged when taken from the pool (app/store/db.py): a run is
+    # two transactions of five round trips, whatever the conversation's length.
+    with server_calls(monkeypatch, counted=_COUNTED.get) as calls:
+        await _one_warm_run_counted(app_factory, "trips", "postgresql")
+    trips = [c.split()[0] for c in calls if not c.startswith("prepare ")]
+    start = ["BEGIN", "SELECT", "SELECT", "WITH", "COMMIT"]
+    outcome = ["BEGIN", "UPDATE", "WITH", "WITH", "COMMIT"]
+    assert trips == [*start, *outcome], calls
