@@ -35,6 +35,7 @@ as on SQLite.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -74,6 +75,12 @@ class Held:
     on_conflict: bool
 
 
+#: the statement texts of one process are few (SQLAlchemy compiles each once): what is worked
+#: out of a text is kept, so that holding, renumbering and joining cost a lookup per statement
+_cached = functools.lru_cache(maxsize=1024)
+
+
+@_cached
 def holdable(operation: str, rows: int) -> Held | None:
     """``operation`` with ``rows`` rows as a :class:`Held` with no parameters yet, or None when
     it may not ride with another statement (module docstring)."""
@@ -153,6 +160,7 @@ def _numbers(operation: str) -> list[int]:
     return [int(m.group(1)) for m in _TOKEN.finditer(operation) if m.group(1)]
 
 
+@_cached
 def _shifted(operation: str, offset: int) -> str:
     """``operation`` with its parameters ``$n`` numbered from ``offset + 1`` (not within its
     string literals)."""
@@ -163,6 +171,7 @@ def _shifted(operation: str, offset: int) -> str:
     )
 
 
+@_cached
 def _names(operation: str, table: str) -> bool:
     """Whether ``operation`` names ``table`` (a word of it: a column of the same name counts,
     which only costs a statement of their own to what was held)."""
@@ -193,22 +202,36 @@ def fused(
     group: list[Held], operation: str, parameters: tuple[Any, ...]
 ) -> tuple[str, tuple[Any, ...]]:
     """One statement: each held insert of ``group`` as a ``WITH`` clause, then ``operation``."""
+    text = _fused_text(
+        tuple(one.operation for one in group),
+        tuple(len(one.parameters) for one in group),
+        operation,
+    )
+    values = [value for one in group for value in one.parameters]
+    return text, (*values, *parameters)
+
+
+@_cached
+def _fused_text(operations: tuple[str, ...], widths: tuple[int, ...], operation: str) -> str:
     clauses = []
-    values: list[Any] = []
-    for i, one in enumerate(group):
-        clauses.append(f"carryover_held_{i} AS ({_shifted(one.operation, len(values))})")
-        values.extend(one.parameters)
-    return f"WITH {', '.join(clauses)} {_shifted(operation, len(values))}", (*values, *parameters)
+    offset = 0
+    for i, (held, width) in enumerate(zip(operations, widths, strict=True)):
+        clauses.append(f"carryover_held_{i} AS ({_shifted(held, offset)})")
+        offset += width
+    return f"WITH {', '.join(clauses)} {_shifted(operation, offset)}"
 
 
 def rides(group: list[Held], operation: str, parameters: tuple[Any, ...]) -> bool:
     """Whether ``group`` may ride with ``operation``: it starts no ``WITH`` of its own, holds no
     literal text, names none of the group's tables, and the values stay within bounds."""
-    if operation.lstrip()[:4].upper() == "WITH" or not _plain(operation):
-        return False
     if sum(len(one.parameters) for one in group) + len(parameters) > MAX_PARAMETERS:
         return False
-    return not any(_names(operation, table) for table in {one.table for one in group})
+    return _may_carry(operation) and not any(_names(operation, one.table) for one in group)
+
+
+@_cached
+def _may_carry(operation: str) -> bool:
+    return operation.lstrip()[:4].upper() != "WITH" and _plain(operation)
 
 
 class KeepingCursor(AsyncAdapt_asyncpg_cursor):
