@@ -309,6 +309,11 @@ class KeepingConnection(AsyncAdapt_asyncpg_connection):
                 except Exception as error:
                     self._handle_exception(error)
 
+    def cursor(self, server_side: bool = False) -> Any:
+        if server_side and self.held:  # a streamed result: what is held goes first
+            await_(self.send(self.take_groups()))
+        return super().cursor(server_side)
+
     def commit(self) -> None:
         self.holding = False
         if self.held:

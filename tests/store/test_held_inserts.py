@@ -149,6 +149,16 @@ async def test_a_statement_that_reads_a_held_table_sees_its_rows(
 
 
 @on_postgresql
+async def test_a_streamed_read_sees_the_held_rows(engine: AsyncEngine) -> None:
+    async with write_transaction(engine) as conn:
+        await conn.execute(select(tallies.c.n))
+        defer_inserts(conn)
+        await conn.execute(insert(notes).values(id=1, text="one"))
+        streamed = await conn.stream(select(notes.c.text))
+        assert [row.text async for row in streamed] == ["one"]
+
+
+@on_postgresql
 async def test_upserts_of_one_row_take_effect_one_after_the_other(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
