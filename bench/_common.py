@@ -316,14 +316,17 @@ def start_server(
         time.sleep(0.2)
 
 
-def start_floor(procs: Procs) -> Proc:
-    """shared/bench/floor_app.py served by uvicorn from this venv, as its README says."""
+def start_floor(procs: Procs, wrapper: list[str] | None = None, timeout: float = 120) -> Proc:
+    """shared/bench/floor_app.py served by uvicorn from this venv, as its README says.
+    ``wrapper``: a command it runs under (valgrind, say)."""
     port = free_port()
     env = {**os.environ, "FLOOR_DB": str(procs.workdir / f"floor-{port}.db")}
-    argv = [sys.executable, "-m", "uvicorn", "floor_app:app", "--app-dir", str(SHARED)]
+    argv = [*(wrapper or []), sys.executable, "-m", "uvicorn", "floor_app:app"]
+    argv += ["--app-dir", str(SHARED)]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     argv += ["--no-access-log"]
-    proc = procs.start(f"floor-{port}", argv, env=env, ready=f"http://127.0.0.1:{port}/docs")
+    ready = f"http://127.0.0.1:{port}/docs"
+    proc = procs.start(f"floor-{port}", argv, env=env, ready=ready, timeout=timeout)
     proc.url = f"http://127.0.0.1:{port}"
     return proc
 

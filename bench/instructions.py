@@ -8,10 +8,13 @@ a temporary directory or on a fresh PostgreSQL database. After a context of ``--
 (``Prefer: return=minimal``), then the counts are dumped and divided by the runs. Every thread
 of the server is counted (the event loop's and aiosqlite's); the database server's own work on
 PostgreSQL is not. Each run is about 50 times slower under valgrind: a few hundred runs are
-enough, as the count per run barely varies.
+enough, as the count per run barely varies. ``--floor`` counts the floor app's requests
+(shared/bench/floor_app.py, the same way) and prints each checkout's count over it: the
+``10 ÷ floor`` ratio of ``provider_cost.py`` without the machine's load in it.
 
     .venv/bin/python bench/instructions.py                              # echo, SQLite
     .venv/bin/python bench/instructions.py --engine postgresql --app-root /tmp/before
+    .venv/bin/python bench/instructions.py --floor                      # and over the floor app
 """
 
 from __future__ import annotations
@@ -27,19 +30,49 @@ import _common as c  # bench/_common.py: a script's folder is on sys.path
 import httpx
 
 
+def callgrind(out: Path) -> list[str]:
+    """valgrind counting nothing until told (``callgrind_control -i on``), dumping to ``out``."""
+    return ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
+
+
+def control(pid: int, *flags: str) -> None:
+    subprocess.run(["callgrind_control", *flags, str(pid)], check=True, capture_output=True)
+
+
+def totals(workdir: Path, requests: int) -> float:
+    """The instructions counted in ``workdir``'s dumps, per request."""
+    total = sum(
+        int(found)
+        for dump in workdir.glob("callgrind.out*")
+        for found in re.findall(r"^totals: (\d+)", dump.read_text(), re.MULTILINE)
+    )
+    return total / requests
+
+
+def count_floor(args: argparse.Namespace) -> float:
+    """Instructions per ``POST /c/{id}/runs`` of the floor app."""
+    body = {"prompts": [{"type": "user", "content": [{"type": "text", "text": "hi"}]}]}
+    with c.Procs() as procs:
+        floor = c.start_floor(procs, callgrind(procs.workdir / "callgrind.out"), timeout=600)
+        with httpx.Client(base_url=floor.url, timeout=600) as http:
+            http.put("/c/floor").raise_for_status()
+            for _ in range(args.warm):
+                http.post("/c/floor/runs", json=body).raise_for_status()
+            control(floor.pid, "-i", "on")
+            for _ in range(args.runs):
+                http.post("/c/floor/runs", json=body).raise_for_status()
+            control(floor.pid, "-i", "off")
+            control(floor.pid, "-d")
+        return totals(procs.workdir, args.runs)
+
+
 def count(args: argparse.Namespace, root: Path) -> float:
     """Instructions per run of the checkout at ``root``."""
     with c.Procs() as procs, ExitStack() as stack:
         fake_url = c.start_fake(procs, args.provider).url if args.provider != "echo" else ""
         url = c.database(args.engine, stack, procs.workdir, "instructions")
         env = c.server_env(url, args.provider, fake_url, max(args.messages, 1_000))
-        out = procs.workdir / "callgrind.out"
-        wrapper = [
-            "valgrind",
-            "--tool=callgrind",
-            "--instr-atstart=no",
-            f"--callgrind-out-file={out}",
-        ]
+        wrapper = callgrind(procs.workdir / "callgrind.out")
         server = c.start_server(procs, env, app_root=root.resolve(), wrapper=wrapper, timeout=600)
         with httpx.Client(base_url=server.url, timeout=600) as http:
             c.put_context_sync(http, "counted", args.messages)
@@ -51,12 +84,7 @@ def count(args: argparse.Namespace, root: Path) -> float:
                         headers=c.MINIMAL,
                     )
                 )
-
-            def control(*flags: str) -> None:
-                argv = ["callgrind_control", *flags, str(server.pid)]
-                subprocess.run(argv, check=True, capture_output=True)
-
-            control("-i", "on")
+            control(server.pid, "-i", "on")
             for i in range(args.runs):
                 c.check_run(
                     http.post(
@@ -65,14 +93,9 @@ def count(args: argparse.Namespace, root: Path) -> float:
                         headers=c.MINIMAL,
                     )
                 )
-            control("-i", "off")
-            control("-d")
-        total = sum(
-            int(found)
-            for dump in procs.workdir.glob("callgrind.out*")
-            for found in re.findall(r"^totals: (\d+)", dump.read_text(), re.MULTILINE)
-        )
-        return total / args.runs
+            control(server.pid, "-i", "off")
+            control(server.pid, "-d")
+        return totals(procs.workdir, args.runs)
 
 
 def main() -> None:
@@ -85,22 +108,29 @@ def main() -> None:
     parser.add_argument(
         "--app-root", type=Path, action="append", help="a checkout to count (repeatable)"
     )
+    parser.add_argument("--floor", action="store_true", help="count the floor app too")
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind not found (Debian: apt-get install valgrind)")
     roots = args.app_root or [c.ROOT]
     print(f"instructions: {c.machine_note()}", flush=True)
+    floor = count_floor(args) if args.floor else None
+    if floor is not None:
+        print(f"  floor app: {floor / 1e6:.2f} M instructions per request", flush=True)
     rows = []
     for root in roots:
         per_run = count(args, root)
-        rows.append([str(root), f"{per_run / 1e6:.2f} M"])
+        over = f"{per_run / floor:.2f}" if floor else "—"
+        rows.append([str(root), f"{per_run / 1e6:.2f} M", over])
         print(f"  {root}: {per_run / 1e6:.2f} M instructions per run", flush=True)
+    if floor is not None:
+        rows.append(["floor app (shared/bench/floor_app.py)", f"{floor / 1e6:.2f} M", "1"])
     print()
     print(
         f"{args.provider}, {args.engine}, {args.messages} messages, {args.runs} runs counted"
         f" after {args.warm}:\n"
     )
-    print(c.table(["checkout", "instructions per run"], rows))
+    print(c.table(["checkout", "instructions per run", "÷ floor"], rows))
 
 
 if __name__ == "__main__":
