@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -281,14 +281,27 @@ class EventRecorder:
             self._task = None
 
 
-class EventFeed:
-    """``GET …/runs/{id}/events``: a run's stored events after a seq, live until its end."""
+#: the statuses of a run whose events may still come: followed, not refused as expired
+_NOT_ENDED = ("queued", "running")
 
-    def __init__(self, stores: Stores, clock: Clock, retention_seconds: int, poll: float):
+
+class EventFeed:
+    """``GET …/runs/{id}/events``: a run's stored events after a seq, live until its end (a
+    queued run's from when its turn comes)."""
+
+    def __init__(
+        self,
+        stores: Stores,
+        clock: Clock,
+        retention_seconds: int,
+        poll: float,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ):
         self.stores = stores
         self.clock = clock
         self.retention_seconds = retention_seconds
         self.poll = poll
+        self.sleep = sleep  # between two reads that found nothing new
 
     async def open(
         self, tenant: str, conversation_id: str, run_id: str, after: int
@@ -303,9 +316,16 @@ class EventFeed:
         bounds = await self.stores.events.event_bounds(tenant, conversation_id, run_id)
         finished_at = record.run.finished_at
         cutoff = self.clock.now() - timedelta(seconds=self.retention_seconds)
-        ended = record.run.status != "running"
+        ended = record.run.status not in _NOT_ENDED
+        # a run that ended before it ran (cancelled while queued) never had events: its stream
+        # is its end alone, not a refusal
+        never_ran = record.run.started_at is None
         if (bounds is not None and bounds[0] > after + 1) or (
-            ended and (bounds is None or (finished_at is not None and finished_at < cutoff))
+            ended
+            and (
+                (bounds is None and not never_ran)
+                or (finished_at is not None and finished_at < cutoff)
+            )
         ):
             raise EventsExpired(run_id, self.retention_seconds)
         return self._follow(tenant, conversation_id, run_id, after)
@@ -328,11 +348,11 @@ class EventFeed:
             # Nothing new. The run's status first, then the events once more: an outcome
             # commits with the run's last events and marker, so after a finished status the
             # next read has them all.
-            record = await self.stores.records.get_run(tenant, conversation_id, run_id)
-            if record is None:
+            status = await self.stores.records.run_status(tenant, conversation_id, run_id)
+            if status is None:
                 return  # the conversation was deleted meanwhile
-            if record.run.status == "running":
-                await asyncio.sleep(self.poll)
+            if status in _NOT_ENDED:
+                await self.sleep(self.poll)
                 continue
             rows = await self.stores.events.read_events(
                 tenant, conversation_id, run_id, after=last, limit=READ_BATCH

@@ -25,15 +25,16 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, cast
 
 from sqlalchemy import event, exc
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import URL, RowMapping, make_url
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
+from sqlalchemy.sql.base import Executable
 
 from . import pg_driver, sqlite_driver
 from .direct import DirectConnection
@@ -210,6 +211,23 @@ async def read_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection
             if conn.dialect.name == "sqlite":
                 await _sqlite_begin(conn, "BEGIN")
             yield conn
+
+
+async def read_one(
+    engine: AsyncEngine, statement: Executable, parameters: Mapping[str, Any] | None = None
+) -> list[RowMapping]:
+    """The rows of one read-only ``statement``, read at once.
+
+    One statement sees one snapshot on either engine. On PostgreSQL it therefore runs with no
+    transaction of its own: one round trip, not three (``BEGIN``, the statement, ``COMMIT``), for
+    what is read again and again (a reader's poll of a running run). On SQLite it runs in
+    :func:`read_transaction`, whose ``BEGIN`` rides with it."""
+    if engine.dialect.name != "postgresql":
+        async with read_transaction(engine) as conn:
+            return list((await conn.execute(statement, parameters)).mappings().all())
+    async with engine.connect() as conn:
+        autocommit = await conn.execution_options(isolation_level="AUTOCOMMIT")
+        return list((await autocommit.execute(statement, parameters)).mappings().all())
 
 
 def _one_hop(conn: AsyncConnection) -> sqlite_driver.OneHopConnection | None:

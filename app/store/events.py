@@ -16,7 +16,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ._sql import StoreBase, child_key
-from .db import read_transaction, write_transaction
+from .db import read_one, write_transaction
 from .direct import prepared
 from .tables import run_events
 from .texts import MESSAGE_EVENT, TextBatch, collect_garbage, load, with_text
@@ -96,41 +96,37 @@ class EventStore(StoreBase):
         """Up to ``limit`` events of a run with ``seq > after``, in order (the primary key)."""
         joined, data, digest = with_text(run_events, "data")
         columns = [c for c in run_events.c if c.name not in ("data", "data_sha256")]
-        async with read_transaction(self.engine) as conn:
-            rows = (
-                await conn.execute(
-                    select(*columns, data, digest)
-                    .select_from(joined)
-                    .where(
-                        *child_key(run_events, tenant, conv_id),
-                        run_events.c.run_id == run_id,
-                        run_events.c.seq > after,
-                    )
-                    .order_by(run_events.c.seq)
-                    .limit(limit)
-                )
-            ).mappings()
-            return [
-                EventRow(
-                    **{k: v for k, v in row.items() if k not in ("data_text", "data_sha256")},
-                    data=load(row["data_text"], row["data_sha256"]),
-                )
-                for row in rows
-            ]
+        rows = await read_one(
+            self.engine,
+            select(*columns, data, digest)
+            .select_from(joined)
+            .where(
+                *child_key(run_events, tenant, conv_id),
+                run_events.c.run_id == run_id,
+                run_events.c.seq > after,
+            )
+            .order_by(run_events.c.seq)
+            .limit(limit),
+        )
+        return [
+            EventRow(
+                **{k: v for k, v in row.items() if k not in ("data_text", "data_sha256")},
+                data=load(row["data_text"], row["data_sha256"]),
+            )
+            for row in rows
+        ]
 
     async def event_bounds(self, tenant: str, conv_id: str, run_id: str) -> tuple[int, int] | None:
         """The first and last stored ``seq`` of a run (``None`` when none is stored)."""
-        async with read_transaction(self.engine) as conn:
-            row = (
-                await conn.execute(
-                    select(func.min(run_events.c.seq), func.max(run_events.c.seq)).where(
-                        *child_key(run_events, tenant, conv_id), run_events.c.run_id == run_id
-                    )
-                )
-            ).first()
-        if row is None or row[0] is None:
+        [row] = await read_one(
+            self.engine,
+            select(
+                func.min(run_events.c.seq).label("first"), func.max(run_events.c.seq).label("last")
+            ).where(*child_key(run_events, tenant, conv_id), run_events.c.run_id == run_id),
+        )
+        if row["first"] is None:
             return None
-        return int(row[0]), int(row[1])
+        return int(row["first"]), int(row["last"])
 
     async def purge_events(self, retention_seconds: float) -> int:
         """Delete events written more than ``retention_seconds`` ago, oldest first, at most

@@ -20,7 +20,7 @@ from app.agent.messages import AnyMessage, AssistantMessage
 from app.agent.records import Compaction, Result
 
 from ._sql import StoreBase, child_key, require_conversation
-from .db import read_transaction, write_transaction
+from .db import read_one, read_transaction, write_transaction
 from .direct import prepared
 from .tables import (
     Dumped,
@@ -73,6 +73,15 @@ class RecordStore(StoreBase):
                 return None
             [record] = await _records(conn, tenant, conv_id, [run_of(row)])
         return record
+
+    async def run_status(self, tenant: str, conv_id: str, run_id: str) -> str | None:
+        """A run's status alone (None: no such run), in one statement: what a reader following
+        a run's events reads each time it finds none new."""
+        rows = await read_one(
+            self.engine,
+            select(runs.c.status).where(*child_key(runs, tenant, conv_id), runs.c.run_id == run_id),
+        )
+        return str(rows[0]["status"]) if rows else None
 
     async def recent_run_durations(self, tenant: str, conv_id: str, *, limit: int) -> list[float]:
         """Seconds each of the conversation's last ``limit`` finished runs took (one read on
