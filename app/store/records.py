@@ -86,19 +86,17 @@ class RecordStore(StoreBase):
     async def recent_run_durations(self, tenant: str, conv_id: str, *, limit: int) -> list[float]:
         """Seconds each of the conversation's last ``limit`` finished runs took (one read on
         ``ix_runs_conversation_created``)."""
-        async with read_transaction(self.engine) as conn:
-            rows = (
-                await conn.execute(
-                    select(runs.c.created_at, runs.c.finished_at)
-                    .where(*child_key(runs, tenant, conv_id), runs.c.finished_at.is_not(None))
-                    .order_by(runs.c.created_at.desc())
-                    .limit(limit)
-                )
-            ).all()
+        rows = await read_one(
+            self.engine,
+            select(runs.c.created_at, runs.c.finished_at)
+            .where(*child_key(runs, tenant, conv_id), runs.c.finished_at.is_not(None))
+            .order_by(runs.c.created_at.desc())
+            .limit(limit),
+        )
         return [
-            (row.finished_at - row.created_at).total_seconds()
+            (row["finished_at"] - row["created_at"]).total_seconds()
             for row in rows
-            if row.finished_at is not None and row.created_at is not None
+            if row["finished_at"] is not None and row["created_at"] is not None
         ]
 
     async def list_runs(
@@ -154,9 +152,8 @@ class RecordStore(StoreBase):
         stmt = select_runs(self.engine.dialect.name).where(
             runs.c.tenant == tenant, runs.c.run_id == run_id
         )
-        async with read_transaction(self.engine) as conn:
-            row = (await conn.execute(stmt)).mappings().first()
-        return None if row is None else run_of(row)
+        rows = await read_one(self.engine, stmt)
+        return run_of(rows[0]) if rows else None
 
     async def delete_response(self, tenant: str, run_id: str) -> bool:
         """Mark the tenant's run ``run_id`` deleted as a response, unless it is queued or
