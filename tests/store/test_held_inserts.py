@@ -7,6 +7,7 @@ timed."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 import sqlalchemy.exc
@@ -74,6 +75,16 @@ async def tally(engine: AsyncEngine) -> tuple[int, str | None]:
         return int(row.n), row.note
 
 
+@asynccontextmanager
+async def holding(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A write transaction that read something (its BEGIN and a SELECT), then holds its
+    inserts."""
+    async with write_transaction(engine) as conn:
+        await conn.execute(select(tallies.c.n))
+        defer_inserts(conn)
+        yield conn
+
+
 def without_prepares(calls: list[str]) -> list[str]:
     return [c for c in calls if not c.startswith("prepare ")]
 
@@ -83,9 +94,7 @@ async def test_held_inserts_ride_with_the_next_statement(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with server_calls(monkeypatch) as calls:
-        async with write_transaction(engine) as conn:
-            await conn.execute(select(tallies.c.n))
-            defer_inserts(conn)
+        async with holding(engine) as conn:
             await conn.execute(insert(notes).values(id=1, text="one"))
             await conn.execute(insert(notes), [{"id": 2, "text": "two"}, {"id": 3, "text": "3"}])
             await conn.execute(update(tallies).values(n=tallies.c.n + 1))
@@ -110,9 +119,7 @@ async def test_what_is_held_at_the_commit_goes_in_one_statement_before_it(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with server_calls(monkeypatch) as calls:
-        async with write_transaction(engine) as conn:
-            await conn.execute(select(tallies.c.n))
-            defer_inserts(conn)
+        async with holding(engine) as conn:
             for i in range(5):
                 await conn.execute(insert(notes).values(id=i, text=f"note {i}"))
     assert without_prepares(calls)[-2:] == ["WITH carryover_held_0", "COMMIT"]
@@ -128,9 +135,7 @@ async def test_a_statement_that_reads_a_held_table_sees_its_rows(
     """One snapshot per statement: a statement naming a held table does not carry the inserts
     (it would not see their rows); they go just before it."""
     with server_calls(monkeypatch) as calls:
-        async with write_transaction(engine) as conn:
-            await conn.execute(select(tallies.c.n))
-            defer_inserts(conn)
+        async with holding(engine) as conn:
             await conn.execute(insert(notes).values(id=1, text="one"))
             assert await count(conn, notes) == 1
             await conn.execute(insert(notes).values(id=2, text="two"))
@@ -150,9 +155,7 @@ async def test_a_statement_that_reads_a_held_table_sees_its_rows(
 
 @on_postgresql
 async def test_a_streamed_read_sees_the_held_rows(engine: AsyncEngine) -> None:
-    async with write_transaction(engine) as conn:
-        await conn.execute(select(tallies.c.n))
-        defer_inserts(conn)
+    async with holding(engine) as conn:
         await conn.execute(insert(notes).values(id=1, text="one"))
         streamed = await conn.stream(select(notes.c.text))
         assert [row.text async for row in streamed] == ["one"]
@@ -168,9 +171,7 @@ async def test_upserts_of_one_row_take_effect_one_after_the_other(
     add = pg_insert(tallies)
     add = add.on_conflict_do_update(index_elements=["id"], set_={"n": tallies.c.n + add.excluded.n})
     with server_calls(monkeypatch) as calls:
-        async with write_transaction(engine) as conn:
-            await conn.execute(select(tallies.c.n))
-            defer_inserts(conn)
+        async with holding(engine) as conn:
             await conn.execute(add, {"id": 1, "n": 1})
             await conn.execute(add, {"id": 1, "n": 10})
             await conn.execute(add, [{"id": 1, "n": 100}, {"id": 1, "n": 1000}])
@@ -195,16 +196,12 @@ async def test_a_failing_held_insert_fails_the_statement_it_rides_with_and_write
     async with engine.begin() as conn:
         await conn.execute(insert(notes).values(id=1, text="there before"))
     with pytest.raises(sqlalchemy.exc.IntegrityError):
-        async with write_transaction(engine) as conn:
-            await conn.execute(select(tallies.c.n))
-            defer_inserts(conn)
+        async with holding(engine) as conn:
             await conn.execute(insert(notes).values(id=2, text="fine"))
             await conn.execute(insert(notes).values(id=1, text="a duplicate key"))
             await conn.execute(update(tallies).values(n=tallies.c.n + 1))
     with pytest.raises(sqlalchemy.exc.IntegrityError):
-        async with write_transaction(engine) as conn:
-            await conn.execute(select(tallies.c.n))
-            defer_inserts(conn)
+        async with holding(engine) as conn:
             await conn.execute(update(tallies).values(n=tallies.c.n + 1))
             await conn.execute(insert(notes).values(id=1, text="a duplicate, at the COMMIT"))
     async with engine.connect() as conn:
@@ -218,9 +215,7 @@ async def test_a_rollback_drops_what_was_held(engine: AsyncEngine) -> None:
         pass
 
     with pytest.raises(Refused):
-        async with write_transaction(engine) as conn:
-            await conn.execute(select(tallies.c.n))
-            defer_inserts(conn)
+        async with holding(engine) as conn:
             await conn.execute(insert(notes).values(id=1, text="dropped"))
             raise Refused
     # the same pooled connection, a transaction without held inserts
@@ -233,9 +228,7 @@ async def test_a_rollback_drops_what_was_held(engine: AsyncEngine) -> None:
 
 @on_postgresql
 async def test_parameters_are_renumbered_outside_string_literals(engine: AsyncEngine) -> None:
-    async with write_transaction(engine) as conn:
-        await conn.execute(select(tallies.c.n))
-        defer_inserts(conn)
+    async with holding(engine) as conn:
         await conn.execute(insert(notes).values(id=1, text="$1 and '$2'"))
         await conn.execute(
             update(tallies).values(
