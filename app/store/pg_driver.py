@@ -222,8 +222,9 @@ def _fused_text(operations: tuple[str, ...], widths: tuple[int, ...], operation:
 
 
 def rides(group: list[Held], operation: str, parameters: tuple[Any, ...]) -> bool:
-    """Whether ``group`` may ride with ``operation``: it starts no ``WITH`` of its own, holds no
-    literal text, names none of the group's tables, and the values stay within bounds."""
+    """Whether ``group`` may ride with ``operation``: it starts no ``WITH`` of its own, its
+    text reads plainly (:func:`_plain`), it names none of the group's tables, and the values
+    stay within bounds."""
     if sum(len(one.parameters) for one in group) + len(parameters) > MAX_PARAMETERS:
         return False
     return _may_carry(operation) and not any(_names(operation, one.table) for one in group)
@@ -316,13 +317,8 @@ class KeepingConnection(AsyncAdapt_asyncpg_connection):
 
     def commit(self) -> None:
         self.holding = False
-        if self.held:
-            groups = self.take_groups()
-            try:
-                await_(self.send(groups))
-            except Exception:
-                self.held = []
-                raise
+        if self.held:  # what is held, then the COMMIT (not reached if it fails)
+            await_(self.send(self.take_groups()))
         super().commit()  # type: ignore[no-untyped-call]
 
     def rollback(self) -> None:
