@@ -15,7 +15,8 @@
   backend) is replaced at once, and one that sat idle for :data:`IDLE_PING_SECONDS` is pinged
   first; a connection in steady use is not pinged.
 
-Every transaction is opened with :func:`write_transaction` or :func:`read_transaction`. The
+Every transaction is opened with :func:`write_transaction` or :func:`read_transaction`; a read
+of one statement may use :func:`read_one`, which on PostgreSQL opens none. The
 engine has no event listener of its own (a ``begin`` listener used to emit the ``BEGIN``): with
 none, SQLAlchemy skips its event dispatch on every statement (docs/performance.md).
 """
