@@ -49,6 +49,8 @@ from sqlalchemy.dialects.postgresql.asyncpg import (
 )
 from sqlalchemy.util.concurrency import await_
 
+from .held import HoldsInserts
+
 #: the drivername :func:`app.store.db.make_engine` gives PostgreSQL URLs
 DRIVERNAME = "postgresql+carryover_asyncpg"
 
@@ -272,6 +274,11 @@ class KeepingConnection(AsyncAdapt_asyncpg_connection):
         self.holding = False
         self.held: list[Held] = []
 
+    def offer_insert(self, operation: str, parameters: Any, many: bool) -> bool:
+        """Hold a plain insert while inserts are held (:mod:`app.store.held`) and it may ride
+        (:meth:`hold`); False: run it now."""
+        return self.holding and self.hold(operation, parameters, many)
+
     def hold(self, operation: str, parameters: Any, many: bool) -> bool:
         """Hold ``operation`` when it may ride (:func:`holdable`); False: run it now."""
         rows = list(parameters) if many else [parameters]
@@ -341,45 +348,13 @@ class KeepingDBAPI(AsyncAdapt_asyncpg_dbapi):
         )
 
 
-class KeepingPGDialect(PGDialect_asyncpg):
+class KeepingPGDialect(HoldsInserts, PGDialect_asyncpg):
     driver = "carryover_asyncpg"
     supports_statement_cache = True
-
-    def do_execute(self, cursor: Any, statement: Any, parameters: Any, context: Any = None) -> None:
-        if not _held(cursor, statement, parameters, context, many=False):
-            cursor.execute(statement, parameters)
-
-    def do_executemany(
-        self, cursor: Any, statement: Any, parameters: Any, context: Any = None
-    ) -> None:
-        if not _held(cursor, statement, parameters, context, many=True):
-            cursor.executemany(statement, parameters)
 
     @classmethod
     def import_dbapi(cls) -> Any:
         return KeepingDBAPI(__import__("asyncpg"))  # type: ignore[no-untyped-call]
-
-
-def _held(cursor: Any, statement: str, parameters: Any, context: Any, *, many: bool) -> bool:
-    """Hold a plain INSERT for the connection's next statement when it holds them."""
-    connection = getattr(cursor, "_adapt_connection", None)
-    if (
-        isinstance(connection, KeepingConnection)
-        and connection.holding
-        and context is not None
-        and context.isinsert
-        and not context.compiled.effective_returning
-        and connection.hold(statement, parameters, many)
-    ):
-        # SQLAlchemy's async execute insists on one await per statement: a coroutine that
-        # returns at once (no wait, no turn of the event loop)
-        await_(_held_for_later())
-        return True
-    return False
-
-
-async def _held_for_later() -> None:
-    return None
 
 
 registry.register("postgresql.carryover_asyncpg", __name__, "KeepingPGDialect")

@@ -44,6 +44,8 @@ from sqlalchemy.dialects.sqlite.aiosqlite import (
 from sqlalchemy.util import EMPTY_DICT
 from sqlalchemy.util.concurrency import await_
 
+from .held import HoldsInserts
+
 #: the drivername :func:`app.store.db.make_engine` gives SQLite URLs
 DRIVERNAME = "sqlite+carryover_aiosqlite"
 
@@ -164,11 +166,16 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         (class docstring); the transaction's end turns it off."""
         self._defer = True
 
-    def deferring(self) -> bool:
-        return self._defer
-
     def defer(self, operation: str, parameters: Any, many: bool) -> None:
         self._deferred.append((operation, parameters, many))
+
+    def offer_insert(self, operation: str, parameters: Any, many: bool) -> bool:
+        """Keep a plain insert for the next call when inserts are deferred
+        (:mod:`app.store.held`)."""
+        if not self._defer:
+            return False
+        self.defer(operation, parameters, many)
+        return True
 
     def take_pending(self) -> Callable[[sqlite3.Connection], None] | None:
         """What must run before the next statement, in its call: the ``BEGIN``, then the
@@ -210,7 +217,7 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
     ) -> tuple[list[Any] | None, int]:
         """A statement from outside SQLAlchemy's execution (app/store/direct.py): a plain
         ``INSERT`` (``insert``) while inserts are deferred is kept for the next call, as
-        :func:`_kept` keeps SQLAlchemy's; else, when it is small (:func:`light`), on the
+        :meth:`offer_insert` keeps SQLAlchemy's; else, when it is small (:func:`light`), on the
         event loop (:meth:`_on_loop`), or else :meth:`call`. Its rows, if any, and its row
         count (-1 when kept)."""
         if insert and self._defer:
@@ -420,45 +427,13 @@ class OneHopDBAPI(AsyncAdapt_aiosqlite_dbapi):
             raise
 
 
-class OneHopSQLiteDialect(SQLiteDialect_aiosqlite):
+class OneHopSQLiteDialect(HoldsInserts, SQLiteDialect_aiosqlite):
     driver = "carryover_aiosqlite"
     supports_statement_cache = True
-
-    def do_execute(self, cursor: Any, statement: Any, parameters: Any, context: Any = None) -> None:
-        if not _kept(cursor, statement, parameters, context, many=False):
-            cursor.execute(statement, parameters)
-
-    def do_executemany(
-        self, cursor: Any, statement: Any, parameters: Any, context: Any = None
-    ) -> None:
-        if not _kept(cursor, statement, parameters, context, many=True):
-            cursor.executemany(statement, parameters)
 
     @classmethod
     def import_dbapi(cls) -> OneHopDBAPI:
         return OneHopDBAPI(__import__("aiosqlite"), __import__("sqlite3"))
-
-
-def _kept(cursor: Any, statement: str, parameters: Any, context: Any, *, many: bool) -> bool:
-    """Keep a plain INSERT for the connection's next call when it defers them."""
-    connection = getattr(cursor, "_adapt_connection", None)
-    if (
-        isinstance(connection, OneHopConnection)
-        and connection.deferring()
-        and context is not None
-        and context.isinsert
-        and not context.compiled.effective_returning
-    ):
-        connection.defer(statement, parameters, many)
-        # SQLAlchemy's async execute insists on one await per statement: a coroutine that
-        # returns at once (no wait, no turn of the event loop)
-        await_(_kept_for_later())
-        return True
-    return False
-
-
-async def _kept_for_later() -> None:
-    return None
 
 
 registry.register("sqlite.carryover_aiosqlite", __name__, "OneHopSQLiteDialect")
