@@ -13,7 +13,7 @@ from sqlalchemy import ColumnElement, and_, delete, literal, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ._sql import StoreBase, child_key, conversation_key
-from .db import read_transaction, write_transaction
+from .db import read_one, write_transaction
 from .tables import conversations, idempotency_keys, runs
 from .webhooks import enqueue_deliveries
 
@@ -110,19 +110,18 @@ class LeaseStore(StoreBase):
             runs.c.conversation_id == conversations.c.id,
             runs.c.run_id == conversations.c.active_run_id,
         )
-        async with read_transaction(self.engine) as conn:
-            row = (
-                await conn.execute(
-                    select(conversations.c.active_run_id, runs.c.status, runs.c.lease_expires_at)
-                    .select_from(conversations.outerjoin(runs, holder))
-                    .where(*conversation_key(tenant, conv_id))
-                )
-            ).first()
-        if row is None or row.active_run_id is None or row.status != "running":
+        rows = await read_one(
+            self.engine,
+            select(conversations.c.active_run_id, runs.c.status, runs.c.lease_expires_at)
+            .select_from(conversations.outerjoin(runs, holder))
+            .where(*conversation_key(tenant, conv_id)),
+        )
+        row = rows[0] if rows else None
+        if row is None or row["active_run_id"] is None or row["status"] != "running":
             return None
-        if row.lease_expires_at is None or row.lease_expires_at <= self.clock.now():
+        if row["lease_expires_at"] is None or row["lease_expires_at"] <= self.clock.now():
             return None
-        active: str = row.active_run_id
+        active: str = row["active_run_id"]
         return active
 
     async def renew_leases(
@@ -156,8 +155,7 @@ class LeaseStore(StoreBase):
 
     async def ping(self) -> None:
         """One round trip to the database (the lease keeper's: does it answer again?)."""
-        async with read_transaction(self.engine) as conn:
-            await conn.execute(select(literal(1)))
+        await read_one(self.engine, select(literal(1)))
 
     async def interrupt_expired(self, *, alive: Collection[str] = ()) -> int:
         """Mark runs whose lease expired (their process died) ``interrupted``; free their
@@ -166,21 +164,19 @@ class LeaseStore(StoreBase):
         ``alive``: runs the caller is running itself and knows to be alive (a process never
         interrupts its own runs because its renewals were late; other processes may).
         """
-        async with read_transaction(self.engine) as conn:
-            expired = (
-                await conn.execute(
-                    select(runs.c.tenant, runs.c.conversation_id, runs.c.run_id)
-                    .where(runs.c.status == "running", runs.c.lease_expires_at < self.clock.now())
-                    .order_by(runs.c.tenant, runs.c.conversation_id, runs.c.run_id)
-                )
-            ).all()
-        expired = [row for row in expired if row.run_id not in alive]
+        found = await read_one(
+            self.engine,
+            select(runs.c.tenant, runs.c.conversation_id, runs.c.run_id)
+            .where(runs.c.status == "running", runs.c.lease_expires_at < self.clock.now())
+            .order_by(runs.c.tenant, runs.c.conversation_id, runs.c.run_id),
+        )
+        expired = [row for row in found if row["run_id"] not in alive]
         marked = 0
         # One short transaction each: no transaction holds the locks of several conversations.
         for row in expired:
             async with write_transaction(self.engine) as conn:
                 marked += await interrupt(
-                    conn, row.tenant, row.conversation_id, row.run_id, self.clock.now()
+                    conn, row["tenant"], row["conversation_id"], row["run_id"], self.clock.now()
                 )
         return marked
 
