@@ -222,10 +222,27 @@ async def read_one(
     One statement sees one snapshot on either engine. On PostgreSQL it therefore runs with no
     transaction of its own: one round trip, not three (``BEGIN``, the statement, ``COMMIT``), for
     what is read again and again (a reader's poll of a running run). On SQLite it runs in
-    :func:`read_transaction`, whose ``BEGIN`` rides with it."""
+    :func:`read_transaction`, whose ``BEGIN`` rides with it.
+
+    A read is safe to repeat, so on PostgreSQL a statement whose connection turns out to be
+    gone (a backend ended or a server restarted behind the pool's back: SQLAlchemy drops the
+    connection, and the pool's others with it) is sent once more, on a fresh one. A database
+    that is still down then answers as it is (refused: ``unavailable``), not as the stale
+    connection did."""
     if engine.dialect.name != "postgresql":
         async with read_transaction(engine) as conn:
             return list((await conn.execute(statement, parameters)).mappings().all())
+    try:
+        return await _read_autocommit(engine, statement, parameters)
+    except exc.DBAPIError as error:
+        if not error.connection_invalidated:
+            raise
+    return await _read_autocommit(engine, statement, parameters)
+
+
+async def _read_autocommit(
+    engine: AsyncEngine, statement: Executable, parameters: Mapping[str, Any] | None
+) -> list[RowMapping]:
     async with engine.connect() as conn:
         autocommit = await conn.execution_options(isolation_level="AUTOCOMMIT")
         return list((await autocommit.execute(statement, parameters)).mappings().all())

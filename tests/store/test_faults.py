@@ -29,7 +29,7 @@ from sqlalchemy import text
 from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.store.db import make_engine, write_transaction
+from app.store.db import make_engine, read_one, write_transaction
 from app.store.faults import DatabaseUnavailable, DbFault, classify, retry_transient
 from tests.pgcluster import PgCluster
 from tests.pgcluster import pg_cluster as pg_cluster
@@ -218,6 +218,29 @@ async def test_restart_under_a_pooled_connection(pg_cluster: PgCluster) -> None:
     finally:
         for engine in (bare, checked, pinged):
             await engine.dispose()
+
+
+async def test_a_one_statement_read_is_sent_again_on_a_fresh_connection(
+    pg_cluster: PgCluster,
+) -> None:
+    """``read_one`` after a restart under a pooled connection nothing checked (no checkout
+    check: the statement is what finds it gone) answers from a fresh connection, and a
+    connection lost to a server that stays down answers as the server does: refused."""
+    bare = make_engine(pg_cluster.url, idle_ping_seconds=None, pool_size=1, max_overflow=0)
+    try:
+        assert [dict(r) for r in await read_one(bare, text("SELECT 1 AS one"))] == [{"one": 1}]
+        await asyncio.to_thread(pg_cluster.restart)
+        with counted_pings() as pings:
+            assert [dict(r) for r in await read_one(bare, text("SELECT 2 AS two"))] == [
+                {"two": 2}
+            ]
+        assert pings == []  # found gone by the statement itself, not by a ping
+        await asyncio.to_thread(pg_cluster.stop)
+        exc = await raised(read_one(bare, text("SELECT 3")))
+        assert fault_of(exc).kind == "unavailable", repr(exc)
+    finally:
+        await bare.dispose()
+        await asyncio.to_thread(pg_cluster.ensure_running)
 
 
 @contextmanager
