@@ -6,13 +6,13 @@ from __future__ import annotations
 import functools
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import ColumnElement, func, insert, literal_column, select
+from sqlalchemy import ColumnElement, Select, func, insert, literal_column, select
 from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -212,15 +212,20 @@ def new_conversation(
     }
 
 
+def select_conversation(tenant: str, conv_id: str) -> Select[Any]:
+    """The conversation's row (:func:`conversation_of` reads it)."""
+    return select(conversations).where(*conversation_key(tenant, conv_id))
+
+
+def conversation_of(row: Mapping[Any, Any] | None) -> Conversation | None:
+    return Conversation.model_construct(**row) if row is not None else None
+
+
 async def read_conversation(
     conn: AsyncConnection, tenant: str, conv_id: str
 ) -> Conversation | None:
-    row = (
-        (await conn.execute(select(conversations).where(*conversation_key(tenant, conv_id))))
-        .mappings()
-        .first()
-    )
-    return Conversation.model_construct(**row) if row is not None else None
+    found = await conn.execute(select_conversation(tenant, conv_id))
+    return conversation_of(found.mappings().first())
 
 
 async def require_conversation(conn: AsyncConnection, tenant: str, conv_id: str) -> None:

@@ -34,6 +34,7 @@ from ._sql import (
     StoredRows,
     child_key,
     conversation_key,
+    conversation_of,
     decode,
     insert_messages,
     insert_transcript,
@@ -42,10 +43,11 @@ from ._sql import (
     read_conversation,
     read_joined,
     read_rows,
+    select_conversation,
     stored_too_large,
 )
 from .changes import TranscriptItem, stored_pending
-from .db import read_transaction, write_transaction
+from .db import read_one, read_transaction, write_transaction
 from .errors import (
     ActiveRun,
     AlreadyExists,
@@ -184,8 +186,9 @@ class ConversationStore(ListingStore):
         return Conversation(**values)
 
     async def get_conversation(self, tenant: str, conv_id: str) -> Conversation | None:
-        async with read_transaction(self.engine) as conn:
-            return await read_conversation(conn, tenant, conv_id)
+        """The conversation's row, in one statement (:func:`app.store.db.read_one`)."""
+        rows = await read_one(self.engine, select_conversation(tenant, conv_id))
+        return conversation_of(rows[0] if rows else None)
 
     async def fork_conversation(
         self,

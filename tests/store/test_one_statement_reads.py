@@ -1,6 +1,7 @@
 """Reads of one statement (``read_one``, app/store/db.py): what is read again and again — a
 reader's poll of a running run, a request waiting for a busy conversation, the lease keeper's
-scan and its ping, a ``/v1`` response found by id, a 409's Retry-After — runs on PostgreSQL with
+scan and its ping, a ``/v1`` response found by id, a 409's Retry-After, a conversation's row
+(``GET /conversations/{id}``) — runs on PostgreSQL with
 no transaction of its own, one round trip each; on SQLite it reads as before. Counted, never
 timed."""
 
@@ -40,6 +41,9 @@ async def test_each_polled_read_is_one_statement(stores: Stores, monkeypatch: An
         assert await stores.leases.lease_holder(TENANT, "c") is None  # no lease taken
         await stores.leases.ping()
         assert await stores.leases.interrupt_expired() == 0
+        conversation = await stores.conversations.get_conversation(TENANT, "c")
+        assert conversation is not None and conversation.active_run_id is None
+        assert await stores.conversations.get_conversation(TENANT, "missing") is None
     if stores.engine.dialect.name == "postgresql":
         sent = [c.split()[0] for c in calls if not c.startswith("prepare ")]
-        assert sent == ["SELECT"] * 8, calls  # no BEGIN, no COMMIT
+        assert sent == ["SELECT"] * 10, calls  # no BEGIN, no COMMIT
