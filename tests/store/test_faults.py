@@ -231,9 +231,7 @@ async def test_a_one_statement_read_is_sent_again_on_a_fresh_connection(
         assert [dict(r) for r in await read_one(bare, text("SELECT 1 AS one"))] == [{"one": 1}]
         await asyncio.to_thread(pg_cluster.restart)
         with counted_pings() as pings:
-            assert [dict(r) for r in await read_one(bare, text("SELECT 2 AS two"))] == [
-                {"two": 2}
-            ]
+            assert [dict(r) for r in await read_one(bare, text("SELECT 2 AS two"))] == [{"two": 2}]
         assert pings == []  # found gone by the statement itself, not by a ping
         await asyncio.to_thread(pg_cluster.stop)
         exc = await raised(read_one(bare, text("SELECT 3")))
