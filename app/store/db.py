@@ -85,7 +85,7 @@ def make_engine(
         engine = create_async_engine(target.set(drivername=sqlite_driver.DRIVERNAME), **kwargs)
         _configure_sqlite(engine, busy_timeout_ms)
         # prepared statements straight on that driver (app/store/direct.py)
-        return SQLiteEngine(engine.sync_engine)
+        return DirectEngine(engine.sync_engine)
     # the most recently used connection first: the others stay idle and are pinged when
     # next taken, and the busy one's prepared statements stay warm
     if "poolclass" not in kwargs:  # the default queue pool
@@ -94,12 +94,13 @@ def make_engine(
     engine = create_async_engine(target.set(drivername=pg_driver.DRIVERNAME), **kwargs)
     if idle_ping_seconds is not None and not kwargs.get("pool_pre_ping"):
         _configure_postgresql(engine, idle_ping_seconds)
-    return engine
+    # prepared statements that return no rows straight on that driver (app/store/direct.py)
+    return DirectEngine(engine.sync_engine)
 
 
-class SQLiteEngine(AsyncEngine):
-    """The engine :func:`make_engine` makes for SQLite: its connections run prepared
-    statements straight on the one-hop driver (:class:`app.store.direct.DirectConnection`)."""
+class DirectEngine(AsyncEngine):
+    """The engine :func:`make_engine` makes: its connections run prepared statements straight
+    on the driver connection (:class:`app.store.direct.DirectConnection`)."""
 
     __slots__ = ()
     _connection_cls = DirectConnection

@@ -1,16 +1,23 @@
-"""A run's hot statements straight on SQLite's driver, without SQLAlchemy's per-statement path.
+"""A run's hot statements straight on the driver, without SQLAlchemy's per-statement path.
 
 A statement built once at import (:func:`prepared`) is compiled once per set of parameter
-names. On the engines :func:`app.store.db.make_engine` makes for SQLite, executing it
-then binds its parameters with the same type processors SQLAlchemy uses, runs it through the
-one-hop driver (:mod:`app.store.sqlite_driver`: one call into aiosqlite's thread, or none for an
-insert that rides with the next call) and hands back a buffered :class:`sqlalchemy.engine.Result`
-whose rows went through the same result processors. What SQLAlchemy does per statement besides
-(the compiled-cache lookup, an execution context, a cursor result, a greenlet switch) costs more
-CPU than SQLite running the statement: about 0.1 ms per statement, 16 statements per run
-(docs/performance.md, "SQL straight on the driver").
+names. On the engines :func:`app.store.db.make_engine` makes, executing it then binds its
+parameters with the same type processors SQLAlchemy uses and hands it to the driver connection's
+``execute_direct``:
 
-Everything else takes SQLAlchemy's own path, unchanged: PostgreSQL; a statement not marked
+- SQLite's one-hop driver (:mod:`app.store.sqlite_driver`: one call into aiosqlite's thread, or
+  none for an insert that rides with the next call), whose rows come back as a buffered
+  :class:`sqlalchemy.engine.Result` through the same result processors;
+- PostgreSQL's (:mod:`app.store.pg_driver`), for a statement that returns no rows: the adapter's
+  cursor, as SQLAlchemy would call it (or the held inserts, for an insert while they are held).
+  A statement that returns rows takes SQLAlchemy's path there: the result processors of some
+  types depend on the column type asyncpg reports, which only the execution knows.
+
+What SQLAlchemy does per statement besides (the compiled-cache lookup, an execution context, a
+cursor result, a greenlet switch) costs more CPU than the database running the statement: about
+0.1 ms per statement, 16 statements per run (docs/performance.md, "SQL straight on the driver").
+
+Everything else takes SQLAlchemy's own path, unchanged: a statement not marked
 :func:`prepared`; execution options; a statement that needs what only SQLAlchemy does (Python-side
 column defaults, expanding ``IN`` parameters, escaped parameter names, ``RETURNING`` in an
 ``executemany``); and every statement while an event listener is on the engine or the connection
@@ -33,7 +40,11 @@ from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.util.concurrency import greenlet_spawn
 
-from . import sqlite_driver
+from . import pg_driver, sqlite_driver
+
+#: the driver connections that run a statement from outside SQLAlchemy's execution
+_Driver = sqlite_driver.OneHopConnection | pg_driver.KeepingConnection
+_DRIVERS = (sqlite_driver.OneHopConnection, pg_driver.KeepingConnection)
 
 S = TypeVar("S", bound=Executable)
 
@@ -122,7 +133,7 @@ def _bound(plan: _Plan, parameters: Mapping[str, Any]) -> tuple[Any, ...]:
 
 class DirectConnection(AsyncConnection):
     """An :class:`AsyncConnection` that runs :func:`prepared` statements straight on the
-    one-hop SQLite driver when it can (module docstring)."""
+    driver connection when it can (module docstring)."""
 
     __slots__ = ()
 
@@ -146,15 +157,17 @@ class DirectConnection(AsyncConnection):
         plan = None
         if driver is not None and cache is not None:
             keys = sorted(rows[0]) if rows else []
-            # only the one-hop SQLite dialect gets here, one SQLite library per process: the
-            # compiled form depends on the parameter names alone
-            cache_key = (tuple(keys), many)
+            # the compiled form depends on the dialect (one SQLite library, one PostgreSQL
+            # adapter per process) and the parameter names alone
+            cache_key = (driver.direct_rows, tuple(keys), many)
             try:
                 plan = cache[cache_key]
             except KeyError:
                 plan = cache[cache_key] = _plan(statement, self.dialect, keys, many)
             if many and any(r.keys() != rows[0].keys() for r in rows):
                 plan = None  # SQLAlchemy's path decides what rows of other shapes mean
+            elif plan is not None and plan.metadata is not None and not driver.direct_rows:
+                plan = None  # rows come back: SQLAlchemy's path reads them
         if driver is None or plan is None:
             return await super().execute(statement, parameters, execution_options=execution_options)
         bound: Any = (
@@ -171,7 +184,7 @@ class DirectConnection(AsyncConnection):
         result.rowcount = rowcount
         return result
 
-    def _direct_driver(self) -> sqlite_driver.OneHopConnection | None:
+    def _direct_driver(self) -> _Driver | None:
         sync = self.sync_connection
         if (
             sync is None
@@ -183,10 +196,10 @@ class DirectConnection(AsyncConnection):
         ):
             return None
         driver = sync.connection.dbapi_connection
-        return driver if isinstance(driver, sqlite_driver.OneHopConnection) else None
+        return driver if isinstance(driver, _DRIVERS) else None
 
     async def _raise_as_sqlalchemy(
-        self, driver: sqlite_driver.OneHopConnection, error: BaseException, sql: str, bound: Any
+        self, driver: _Driver, error: BaseException, sql: str, bound: Any
     ) -> None:
         """Raise ``error`` as SQLAlchemy's own path would: the adapter's translation, then the
         connection's exception handling (in a greenlet: it may invalidate the connection)."""

@@ -78,7 +78,7 @@ async def insert_events(
 
 
 #: built once per dialect (a run's path pays no statement construction)
-_INSERT_PG: Any = pg_insert(run_events).on_conflict_do_nothing()
+_INSERT_PG: Any = prepared(pg_insert(run_events).on_conflict_do_nothing())
 _INSERT_SQLITE: Any = prepared(sqlite_insert(run_events).on_conflict_do_nothing())
 
 

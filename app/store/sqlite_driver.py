@@ -132,6 +132,8 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         "used",
     )
     _cursor_cls = OneHopCursor
+    #: :meth:`execute_direct` hands back the rows (app/store/direct.py)
+    direct_rows = True
 
     def __init__(self, dbapi: Any, connection: Any, *, inline: bool = False) -> None:
         super().__init__(dbapi, connection)

@@ -109,8 +109,14 @@ FLUSH_CHUNK = 500
 GARBAGE_CHUNK = 500
 
 
-#: built once: a run writes its texts with it (app/store/direct.py)
+#: built once per dialect: a run writes its texts with it (app/store/direct.py)
 _INSERT_TEXTS_SQLITE = prepared(sqlite_insert(message_texts).on_conflict_do_nothing())
+#: a no-op update on PostgreSQL: it takes the row lock :func:`collect_garbage` waits for
+_INSERT_TEXTS_PG = prepared(
+    pg_insert(message_texts).on_conflict_do_update(
+        index_elements=["tenant", "sha256"], set_={"body": message_texts.c.body}
+    )
+)
 
 
 class TextBatch:
@@ -144,14 +150,7 @@ class TextBatch:
             {"tenant": self.tenant, "sha256": d, "body": self.texts[d]} for d in sorted(self.texts)
         ]
         self.texts = {}
-        if conn.dialect.name == "postgresql":
-            ins = pg_insert(message_texts)
-            # a no-op update: it takes the row lock :func:`collect_garbage` waits for
-            stmt: Any = ins.on_conflict_do_update(
-                index_elements=["tenant", "sha256"], set_={"body": message_texts.c.body}
-            )
-        else:
-            stmt = _INSERT_TEXTS_SQLITE
+        stmt = _INSERT_TEXTS_PG if conn.dialect.name == "postgresql" else _INSERT_TEXTS_SQLITE
         for start in range(0, len(rows), FLUSH_CHUNK):
             await conn.execute(stmt, rows[start : start + FLUSH_CHUNK])
 

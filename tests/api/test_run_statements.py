@@ -184,13 +184,37 @@ async def test_a_run_on_sqlite_executes_every_statement_straight_on_the_driver(
     # The run's statements are prepared (app/store/direct.py): with no statement listener
     # on the engine, none takes SQLAlchemy's per-statement path (an execution context, a
     # cursor result, a greenlet switch); each goes to the driver as compiled once.
-    from sqlalchemy.engine import Connection
-
     from app.store.sqlite_driver import OneHopConnection
+
+    direct, through_sqlalchemy = _counted_paths(monkeypatch, OneHopConnection)
+    await _one_warm_run_counted_on_sqlite(app_factory, "direct")
+    assert through_sqlalchemy == []
+    assert direct == [*START, *OUTCOME]
+
+
+async def test_a_run_on_postgresql_writes_straight_on_the_driver(
+    app_factory: Callable[..., Any], monkeypatch: Any
+) -> None:
+    # On PostgreSQL the prepared statements that return no rows (every insert and update of
+    # a run) go to the driver as compiled once; the two reads, whose rows SQLAlchemy's
+    # result processing reads, take SQLAlchemy's path.
+    from app.store.pg_driver import KeepingConnection
+
+    direct, through_sqlalchemy = _counted_paths(monkeypatch, KeepingConnection)
+    await _one_warm_run_counted(app_factory, "direct", "postgresql")
+    returning_rows = ["SELECT conversations", "SELECT tenant_quotas", "UPDATE conversations"]
+    assert [verb(s) for s in through_sqlalchemy] == returning_rows  # the save: RETURNING
+    assert direct == [*START[2:], *OUTCOME[1:]]
+
+
+def _counted_paths(monkeypatch: Any, driver: type[Any]) -> tuple[list[str], list[str]]:
+    """The statements of the counted requests that reach ``driver``'s ``execute_direct``
+    and those that take SQLAlchemy's execution context, as they happen."""
+    from sqlalchemy.engine import Connection
 
     direct: list[str] = []
     through_sqlalchemy: list[str] = []
-    execute_direct = OneHopConnection.execute_direct
+    execute_direct = driver.execute_direct
     execute_context = Connection._execute_context
 
     async def counted_direct(self: Any, operation: str, *args: Any, **kwargs: Any) -> Any:
@@ -205,11 +229,9 @@ async def test_a_run_on_sqlite_executes_every_statement_straight_on_the_driver(
             through_sqlalchemy.append(str(statement))
         return execute_context(self, dialect, constructor, statement, *args, **kwargs)
 
-    monkeypatch.setattr(OneHopConnection, "execute_direct", counted_direct)
+    monkeypatch.setattr(driver, "execute_direct", counted_direct)
     monkeypatch.setattr(Connection, "_execute_context", counted_context)
-    await _one_warm_run_counted_on_sqlite(app_factory, "direct")
-    assert through_sqlalchemy == []
-    assert direct == [*START, *OUTCOME]
+    return direct, through_sqlalchemy
 
 
 async def _one_warm_run_counted_on_sqlite(app_factory: Callable[..., Any], conv: str) -> None:

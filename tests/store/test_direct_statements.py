@@ -1,16 +1,16 @@
-"""Prepared statements straight on SQLite's driver (app/store/direct.py): what they store, what
-they read back, their row counts and their errors are SQLAlchemy's own path's, which the same
-statements take when a statement listener is on the engine. Counts and values, never timings."""
+"""Prepared statements straight on the driver (app/store/direct.py): what they store, what they
+read back, their row counts and their errors are SQLAlchemy's own path's, which the same
+statements take when a statement listener is on the engine. On SQLite every prepared statement
+goes straight; on PostgreSQL those that return no rows. Counts and values, never timings."""
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 from sqlalchemy import (
     Boolean,
@@ -26,13 +26,14 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.exc import IntegrityError, StatementError
+from sqlalchemy.exc import DBAPIError, IntegrityError, StatementError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.store import sqlite_driver
+from app.store import pg_driver, sqlite_driver
 from app.store.columns import JSONText, UTCDateTime
 from app.store.db import defer_inserts, make_engine, read_transaction, write_transaction
 from app.store.direct import prepared
+from app.store.faults import classify
 
 metadata = MetaData()
 items = Table(
@@ -53,18 +54,26 @@ BUMP = prepared(
     update(items).where(items.c.id == bindparam("b_id")).values(n=items.c.n + bindparam("b_by"))
 )
 
+#: the unique violation, as SQLite and PostgreSQL word it
+UNIQUE = "UNIQUE constraint failed|duplicate key value violates unique constraint"
+
 AT = datetime(2026, 12, 6, 7, 8, 9, 123456, tzinfo=UTC)
 
 
 @pytest.fixture
-async def sqlite_engine(tmp_path: Path) -> AsyncIterator[AsyncEngine]:
-    engine = make_engine(f"sqlite:///{tmp_path / 'direct.db'}")
+async def engine(empty_database_url: str) -> AsyncIterator[AsyncEngine]:
+    """An engine from :func:`make_engine` on a database of the test's own, each backend."""
+    engine = make_engine(empty_database_url)
     async with engine.begin() as conn:
         await conn.run_sync(metadata.create_all)
     try:
         yield engine
     finally:
         await engine.dispose()
+
+
+def on_postgresql(engine: AsyncEngine) -> bool:
+    return engine.dialect.name == "postgresql"
 
 
 @contextmanager
@@ -84,24 +93,31 @@ def listened(engine: AsyncEngine) -> Iterator[list[str]]:
 
 @pytest.fixture
 def direct_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The statements the one-hop driver ran straight (no SQLAlchemy execution)."""
+    """The statements a driver ran straight (no SQLAlchemy execution)."""
     calls: list[str] = []
-    original = sqlite_driver.OneHopConnection.execute_direct
+    for driver in (sqlite_driver.OneHopConnection, pg_driver.KeepingConnection):
+        monkeypatch.setattr(driver, "execute_direct", _counted(driver.execute_direct, calls))
+    return calls
 
+
+def _counted(original: Any, calls: list[str]) -> Any:
     async def counted(self: Any, operation: str, *args: Any, **kwargs: Any) -> Any:
         calls.append(operation.split()[0])
         return await original(self, operation, *args, **kwargs)
 
-    monkeypatch.setattr(sqlite_driver.OneHopConnection, "execute_direct", counted)
-    return calls
+    return counted
 
 
-def _rows(engine: AsyncEngine) -> list[tuple[Any, ...]]:
-    """The table's rows as SQLite stores them (read apart from the engine)."""
-    path = engine.url.database
-    assert path is not None
-    with sqlite3.connect(path) as raw:
-        return raw.execute("SELECT * FROM items ORDER BY id").fetchall()
+async def _rows(engine: AsyncEngine) -> list[tuple[Any, ...]]:
+    """The table's rows as the database stores them: their text on SQLite (read apart from the
+    engine), their values on PostgreSQL (read on SQLAlchemy's path)."""
+    if on_postgresql(engine):
+        with listened(engine):
+            async with read_transaction(engine) as conn:
+                return [tuple(r) for r in await conn.execute(select(items).order_by(items.c.id))]
+    async with read_transaction(engine) as conn:
+        raw = await conn.exec_driver_sql("SELECT * FROM items ORDER BY id")
+        return [tuple(r) for r in raw]
 
 
 async def _program(engine: AsyncEngine, prefix: str) -> list[Any]:
@@ -155,13 +171,15 @@ def _unprefixed(values: list[Any], prefix: str) -> list[Any]:
 
 
 async def test_prepared_statements_store_and_read_what_sqlalchemys_path_does(
-    sqlite_engine: AsyncEngine, direct_calls: list[str]
+    engine: AsyncEngine, direct_calls: list[str]
 ) -> None:
-    direct = await _program(sqlite_engine, "d")
-    assert direct_calls == ["INSERT", "INSERT", "UPDATE", "UPDATE", *["SELECT"] * 6]
+    direct = await _program(engine, "d")
+    # on PostgreSQL the reads take SQLAlchemy's path: it processes the rows they return
+    reads = [] if on_postgresql(engine) else ["SELECT"] * 6
+    assert direct_calls == ["INSERT", "INSERT", "UPDATE", "UPDATE", *reads]
     direct_calls.clear()
-    with listened(sqlite_engine) as through_sqlalchemy:
-        reference = await _program(sqlite_engine, "s")
+    with listened(engine) as through_sqlalchemy:
+        reference = await _program(engine, "s")
     assert direct_calls == []
     assert through_sqlalchemy.count("SELECT") == 6
     assert _unprefixed(direct, "d") == _unprefixed(reference, "s")
@@ -172,37 +190,66 @@ async def test_prepared_statements_store_and_read_what_sqlalchemys_path_does(
         and direct[3]["tag"] == "fixed"
     )
     assert direct[5]["n"] == 7
-    stored = {row[0]: row[1:] for row in _rows(sqlite_engine)}
+    stored = {row[0]: row[1:] for row in await _rows(engine)}
     for n in (1, 2, 3):
         assert stored[f"d{n}"] == stored[f"s{n}"]
 
 
 async def test_an_integrity_error_is_sqlalchemys_on_both_paths(
-    sqlite_engine: AsyncEngine, direct_calls: list[str]
+    engine: AsyncEngine, direct_calls: list[str]
 ) -> None:
     row = {"id": "dup", "at": AT, "body": None, "flag": True, "n": None}
-    async with write_transaction(sqlite_engine) as conn:
+    async with write_transaction(engine) as conn:
         await conn.execute(INSERT, row)
     for listener in (False, True):
         direct_calls.clear()
-        with listened(sqlite_engine) if listener else _nothing():
-            with pytest.raises(IntegrityError, match="UNIQUE constraint failed"):
-                async with write_transaction(sqlite_engine) as conn:
+        with listened(engine) if listener else _nothing():
+            with pytest.raises(IntegrityError, match=UNIQUE):
+                async with write_transaction(engine) as conn:
                     await conn.execute(INSERT, row)
         assert direct_calls == ([] if listener else ["INSERT"])
     # a deferred insert's error surfaces at the commit it rode with, and nothing is written
-    with pytest.raises(IntegrityError, match="UNIQUE constraint failed"):
-        async with write_transaction(sqlite_engine) as conn:
+    with pytest.raises(IntegrityError, match=UNIQUE):
+        async with write_transaction(engine) as conn:
             defer_inserts(conn)
             await conn.execute(INSERT, {**row, "id": "fresh"})
             await conn.execute(INSERT, row)
-    assert [r[0] for r in _rows(sqlite_engine)] == ["dup"]
+    assert [r[0] for r in await _rows(engine)] == ["dup"]
+
+
+async def test_a_lost_connection_is_sqlalchemys_on_both_paths(
+    engine: AsyncEngine, direct_calls: list[str]
+) -> None:
+    """A backend ended under a transaction: the next statement fails the same way on either
+    path, a fault that drops the connection, and the engine carries on with a fresh one."""
+    if not on_postgresql(engine):
+        pytest.skip("a backend ended under the pool: PostgreSQL")
+    killer = await asyncpg.connect(engine.url.set(drivername="postgresql").render_as_string(False))
+    try:
+        for listener, n in ((False, 1), (True, 2)):
+            direct_calls.clear()
+            row = {"id": f"lost{n}", "at": AT, "body": None, "flag": True, "n": None}
+            with listened(engine) if listener else _nothing():
+                with pytest.raises(DBAPIError) as raised:
+                    async with write_transaction(engine) as conn:
+                        pid = (await conn.exec_driver_sql("SELECT pg_backend_pid()")).scalar()
+                        await killer.execute("SELECT pg_terminate_backend($1)", pid)
+                        await conn.execute(INSERT, row)
+            assert direct_calls == ([] if listener else ["INSERT"])
+            assert raised.value.connection_invalidated, repr(raised.value)
+            fault = classify(raised.value)
+            assert fault is not None and fault.transient, repr(raised.value)
+            async with write_transaction(engine) as conn:
+                await conn.execute(INSERT, row)
+        assert [r[0] for r in await _rows(engine)] == ["lost1", "lost2"]
+    finally:
+        await killer.close()
 
 
 async def test_what_only_sqlalchemy_does_takes_its_path(
-    sqlite_engine: AsyncEngine, direct_calls: list[str]
+    engine: AsyncEngine, direct_calls: list[str]
 ) -> None:
-    async with write_transaction(sqlite_engine) as conn:
+    async with write_transaction(engine) as conn:
         # a required value missing: SQLAlchemy's own error, from its own path
         with pytest.raises(StatementError, match="b_by"):
             await conn.execute(BUMP, {"b_id": "x"})
