@@ -94,7 +94,7 @@ def make_engine(
     engine = create_async_engine(target.set(drivername=pg_driver.DRIVERNAME), **kwargs)
     if idle_ping_seconds is not None and not kwargs.get("pool_pre_ping"):
         _configure_postgresql(engine, idle_ping_seconds)
-    # prepared statements that return no rows straight on that driver (app/store/direct.py)
+    # prepared statements straight on that driver (app/store/direct.py)
     return DirectEngine(engine.sync_engine)
 
 

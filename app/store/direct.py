@@ -6,12 +6,13 @@ parameters with the same type processors SQLAlchemy uses and hands it to the dri
 ``execute_direct``:
 
 - SQLite's one-hop driver (:mod:`app.store.sqlite_driver`: one call into aiosqlite's thread, or
-  none for an insert that rides with the next call), whose rows come back as a buffered
-  :class:`sqlalchemy.engine.Result` through the same result processors;
-- PostgreSQL's (:mod:`app.store.pg_driver`), for a statement that returns no rows: the adapter's
-  cursor, as SQLAlchemy would call it (or the held inserts, for an insert while they are held).
-  A statement that returns rows takes SQLAlchemy's path there: the result processors of some
-  types depend on the column type asyncpg reports, which only the execution knows.
+  none for an insert that rides with the next call);
+- PostgreSQL's (:mod:`app.store.pg_driver`): the adapter's cursor, as SQLAlchemy would call it
+  (or the held inserts, for an insert while they are held).
+
+The rows come back as a buffered :class:`sqlalchemy.engine.Result` through the result
+processors SQLAlchemy would pick for the column types the driver reported (on PostgreSQL some
+depend on them: a ``numeric`` column's, for one).
 
 What SQLAlchemy does per statement besides (the compiled-cache lookup, an execution context, a
 cursor result, a greenlet switch) costs more CPU than the database running the statement: about
@@ -30,7 +31,7 @@ connection's own exception handling (wrapping, disconnect detection, invalidatio
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 from sqlalchemy.engine import Dialect
@@ -75,7 +76,29 @@ class _Plan:
     sql: str
     binds: tuple[_Bind, ...]
     insert: bool  # a plain INSERT (no RETURNING): may ride with the next call
-    metadata: SimpleResultMetaData | None  # rows come back: their keys and processors
+    #: the compiled statement's result columns, when rows come back
+    columns: tuple[Any, ...] | None
+    #: the result's keys and processors, by the column types the driver reported (None:
+    #: none reported, as SQLite's driver)
+    results: dict[tuple[Any, ...] | None, SimpleResultMetaData] = field(default_factory=dict)
+
+    def metadata(self, dialect: Dialect, types: tuple[Any, ...] | None) -> SimpleResultMetaData:
+        """The rows' keys and processors: each column's type's result processor for the
+        type the driver reported for it, as SQLAlchemy's result does."""
+        if self.columns is None:
+            return _NO_ROWS
+        found = self.results.get(types)
+        if found is None:
+            reported = types or (None,) * len(self.columns)
+            found = self.results[types] = SimpleResultMetaData(
+                [c.keyname for c in self.columns],
+                extra=[c.objects for c in self.columns],
+                _processors=[
+                    c.type._cached_result_processor(dialect, coltype)
+                    for c, coltype in zip(self.columns, reported, strict=True)
+                ],
+            )
+        return found
 
 
 def _plan(statement: Executable, dialect: Dialect, keys: list[str], many: bool) -> _Plan | None:
@@ -107,19 +130,11 @@ def _plan(statement: Executable, dialect: Dialect, keys: list[str], many: bool) 
             return None
         else:
             binds.append((None, bind.value, processor))
-    metadata = None
-    if compiled._result_columns:
-        columns = compiled._result_columns
-        metadata = SimpleResultMetaData(
-            [c.keyname for c in columns],
-            extra=[c.objects for c in columns],
-            _processors=[c.type._cached_result_processor(dialect, None) for c in columns],
-        )
     return _Plan(
         sql=compiled.string,
         binds=tuple(binds),
         insert=bool(compiled.isinsert and not compiled.effective_returning),
-        metadata=metadata,
+        columns=tuple(compiled._result_columns) if compiled._result_columns else None,
     )
 
 
@@ -158,29 +173,27 @@ class DirectConnection(AsyncConnection):
         if driver is not None and cache is not None:
             keys = sorted(rows[0]) if rows else []
             # the compiled form depends on the dialect (one SQLite library, one PostgreSQL
-            # adapter per process) and the parameter names alone
-            cache_key = (driver.direct_rows, tuple(keys), many)
+            # adapter per process: one per driver) and the parameter names alone
+            cache_key = (type(driver), tuple(keys), many)
             try:
                 plan = cache[cache_key]
             except KeyError:
                 plan = cache[cache_key] = _plan(statement, self.dialect, keys, many)
             if many and any(r.keys() != rows[0].keys() for r in rows):
                 plan = None  # SQLAlchemy's path decides what rows of other shapes mean
-            elif plan is not None and plan.metadata is not None and not driver.direct_rows:
-                plan = None  # rows come back: SQLAlchemy's path reads them
         if driver is None or plan is None:
             return await super().execute(statement, parameters, execution_options=execution_options)
         bound: Any = (
             [_bound(plan, r) for r in rows] if many else _bound(plan, rows[0] if rows else {})
         )
         try:
-            found, rowcount = await driver.execute_direct(
+            found, rowcount, types = await driver.execute_direct(
                 plan.sql, bound, many=many, insert=plan.insert
             )
         except BaseException as error:
             await self._raise_as_sqlalchemy(driver, error, plan.sql, bound)
             raise  # not reached: the above raises
-        result = DirectResult(plan.metadata or _NO_ROWS, iter(found or ()))
+        result = DirectResult(plan.metadata(self.dialect, types), iter(found or ()))
         result.rowcount = rowcount
         return result
 

@@ -27,7 +27,7 @@ Only plain ``INSERT`` statements executed while inserts are held are concerned; 
 (reads, updates, the ``BEGIN`` and ``COMMIT``, prepared-statement caching, error translation,
 disconnect detection) is SQLAlchemy's ``postgresql+asyncpg`` unchanged. With a statement
 listener on the engine or the connection (tracing, a test counting statements) nothing is held,
-as on SQLite. A prepared statement that returns no rows reaches the connection from
+as on SQLite. A prepared statement reaches the connection from
 :mod:`app.store.direct` without SQLAlchemy's execution (:meth:`KeepingConnection.execute_direct`),
 and is held or run by the same cursor.
 
@@ -268,8 +268,6 @@ class KeepingConnection(AsyncAdapt_asyncpg_connection):
 
     __slots__ = ("held", "holding")
     _cursor_cls = KeepingCursor
-    #: :meth:`execute_direct` hands back no rows (app/store/direct.py)
-    direct_rows = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
@@ -301,22 +299,24 @@ class KeepingConnection(AsyncAdapt_asyncpg_connection):
 
     async def execute_direct(
         self, operation: str, parameters: Any, *, many: bool, insert: bool
-    ) -> tuple[list[Any] | None, int]:
+    ) -> tuple[Any, int, tuple[Any, ...] | None]:
         """A statement from outside SQLAlchemy's execution (app/store/direct.py), run as the
         adapter's cursor runs SQLAlchemy's: a plain ``INSERT`` (``insert``) while inserts are
         held is held (:meth:`hold`), as :meth:`offer_insert` holds SQLAlchemy's; anything
         else goes through the cursor (what is held rides with it or goes first, the
-        transaction starts if it has not, errors come out translated). No rows (the
-        statements sent this way return none: the caller sends those that do through
-        SQLAlchemy), and the row count (-1 when held or for several rows)."""
+        transaction starts if it has not, errors come out translated). Its rows, if any,
+        its row count (-1 when held or for several rows) and its columns' types as the
+        server reported them (their result processing may depend on them)."""
         if insert and self.holding and self.hold(operation, parameters, many):
-            return None, -1
+            return None, -1, None
         cursor: KeepingCursor = self.cursor()
         if many:
             await cursor._executemany(operation, parameters)
-            return None, -1
+            return None, -1, None
         await cursor._prepare_and_execute(operation, parameters)
-        return None, cursor.rowcount
+        described = cursor.description
+        types = tuple(column[1] for column in described) if described else None
+        return cursor._rows, cursor.rowcount, types
 
     def take_groups(self) -> list[list[Held]]:
         held, self.held = self.held, []

@@ -196,7 +196,7 @@ async def _state(
 
 #: the tenant's quota row, built once (a run's start pays no statement construction)
 _QUOTA = prepared(select(tenant_quotas).where(tenant_quotas.c.tenant == bindparam("tenant")))
-_QUOTA_LOCKED = (
+_QUOTA_LOCKED = prepared(
     select(tenant_quotas).where(tenant_quotas.c.tenant == bindparam("tenant")).with_for_update()
 )
 

@@ -64,7 +64,9 @@ def _conversation_with_queue_head() -> Select[Any]:
 
 
 _SELECT_FOR_START = prepared(_conversation_with_queue_head())
-_SELECT_FOR_START_LOCKED = _conversation_with_queue_head().with_for_update(of=conversations)
+_SELECT_FOR_START_LOCKED = prepared(
+    _conversation_with_queue_head().with_for_update(of=conversations)
+)
 
 
 #: the conversation's lease taken by a run (b_*: SQLAlchemy reserves column names in an UPDATE)

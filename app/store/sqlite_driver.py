@@ -132,8 +132,6 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         "used",
     )
     _cursor_cls = OneHopCursor
-    #: :meth:`execute_direct` hands back the rows (app/store/direct.py)
-    direct_rows = True
 
     def __init__(self, dbapi: Any, connection: Any, *, inline: bool = False) -> None:
         super().__init__(dbapi, connection)
@@ -216,22 +214,22 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
 
     async def execute_direct(
         self, operation: str, parameters: Any, *, many: bool, insert: bool
-    ) -> tuple[list[Any] | None, int]:
+    ) -> tuple[list[Any] | None, int, None]:
         """A statement from outside SQLAlchemy's execution (app/store/direct.py): a plain
         ``INSERT`` (``insert``) while inserts are deferred is kept for the next call, as
         :meth:`offer_insert` keeps SQLAlchemy's; else, when it is small (:func:`light`), on the
-        event loop (:meth:`_on_loop`), or else :meth:`call`. Its rows, if any, and its row
-        count (-1 when kept)."""
+        event loop (:meth:`_on_loop`), or else :meth:`call`. Its rows, if any, its row count
+        (-1 when kept), and no column types (SQLite's driver reports none)."""
         if insert and self._defer:
             self.defer(operation, parameters, many)
-            return None, -1
+            return None, -1, None
         if self.inline and light(parameters, many, self._deferred):
             async with self._execute_mutex:
                 done = self._on_loop(operation, parameters, many)
             if done is not None:
-                return done[3], done[1]
+                return done[3], done[1], None
         _, rowcount, _, rows = await self.call(operation, parameters, many=many)
-        return rows, rowcount
+        return rows, rowcount, None
 
     def _on_loop(self, operation: str, parameters: Any, many: bool) -> _Done | None:
         """Run one statement, with what is pending before it, on the event loop's thread: no
