@@ -43,6 +43,10 @@ from sqlalchemy.util.concurrency import greenlet_spawn
 
 from . import pg_driver, sqlite_driver
 
+#: the connection's execution options the driver applies when the transaction begins (the
+#: same on either path); with any other, statements take SQLAlchemy's path
+_AT_BEGIN = frozenset({"isolation_level", "postgresql_readonly", "postgresql_deferrable"})
+
 #: the driver connections that run a statement from outside SQLAlchemy's execution
 _Driver = sqlite_driver.OneHopConnection | pg_driver.KeepingConnection
 _DRIVERS = (sqlite_driver.OneHopConnection, pg_driver.KeepingConnection)
@@ -206,6 +210,7 @@ class DirectConnection(AsyncConnection):
             or sync._transaction is None
             or not sync._transaction.is_active
             or sync.invalidated
+            or not _AT_BEGIN.issuperset(sync._execution_options)
         ):
             return None
         driver = sync.connection.dbapi_connection

@@ -270,7 +270,13 @@ async def test_what_only_sqlalchemy_does_takes_its_path(
         await conn.execute(SELECT, {"id": "x"}, execution_options={"compiled_cache": None})
         # a statement not marked prepared
         await conn.execute(select(items.c.id))
+        # the connection's own execution options, but for those applied at its BEGIN
+        capped = await conn.execution_options(max_row_buffer=10)
+        await capped.execute(SELECT, {"id": "x"})
     assert direct_calls == []
+    async with read_transaction(engine) as conn:  # REPEATABLE READ on PostgreSQL: at BEGIN
+        await conn.execute(SELECT, {"id": "x"})
+    assert direct_calls == ["SELECT"]
 
 
 @contextmanager
