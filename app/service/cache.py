@@ -87,6 +87,10 @@ class _Versioned(Generic[E]):
         while any(held > bound for held, bound in zip(self._held, self.bounds, strict=True)):
             self._drop(next(iter(self._entries)))
 
+    def holds(self, tenant: str, conv_id: str) -> bool:
+        """Whether an entry of the conversation is kept, at whatever version."""
+        return (tenant, conv_id) in self._entries
+
     def forget(self, tenant: str, conv_id: str) -> None:
         if (tenant, conv_id) in self._entries:
             self._drop((tenant, conv_id))

@@ -225,9 +225,12 @@ class ConversationService:
             if outcome == "not-modified":
                 return NotModified(conv.etag)
         bodies = self.runs.bodies
-        rows = await self.stores.conversations.load_context_rows(
-            tenant, conv_id, cached=bodies.lookup
-        )
+        store = self.stores.conversations
+        rows = None
+        if bodies.holds(tenant, conv_id):  # a hit reads the conversation's row alone
+            rows = await store.cached_context_rows(tenant, conv_id, bodies.lookup)
+        if rows is None:
+            rows = await store.load_context_rows(tenant, conv_id, cached=bodies.lookup)
         if rows.joined is not None and not rows.cached:  # read (and checked): kept
             joined = rows.joined if isinstance(rows.joined, bytes) else rows.joined.encode()
             conv = rows.conversation

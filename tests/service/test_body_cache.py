@@ -21,6 +21,7 @@ from app.service.conversations import ConversationService
 from app.service.runs import RunManager
 from app.store.stores import Loaded, StoredRows
 from tests.fakes.gated import GatedProvider, gated_pool
+from tests.helpers import server_calls
 
 from .conftest import TENANT, Services
 from .test_context_cache import create_with, history, put, request, run_on, selects
@@ -156,6 +157,24 @@ async def test_a_get_served_from_the_body_cache_reads_no_message_row(
     reads = [s for s in statements if s.upper().startswith("SELECT")]
     assert len(reads) == 1 and "FROM conversations" in reads[0]
     assert not any("context_messages" in s for s in statements)
+
+
+async def test_a_get_served_from_the_body_cache_is_one_statement(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a hit needs the conversation's row alone: one statement, which on PostgreSQL runs with
+    # no transaction of its own (one round trip, not three)
+    await create_with(services, "c1", history(20))
+    await body(services.conversations, "c1")  # a miss: read and kept
+    with selects(services) as statements:
+        await body(services.conversations, "c1")
+    read = [s for s in statements if s not in ("BEGIN", "COMMIT")]  # SQLite's transaction
+    assert len(read) == 1 and "FROM conversations" in read[0]
+    if services.repo.engine.dialect.name == "postgresql":
+        with server_calls(monkeypatch) as calls:
+            served = await body(services.conversations, "c1")
+        assert [c.split()[0] for c in calls if not c.startswith("prepare ")] == ["SELECT"]
+        assert len(json.loads(served)["messages"]) == 20
 
 
 def test_the_body_cache_is_bounded_least_recently_used_first_out() -> None:
