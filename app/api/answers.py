@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from app.service.live import ReaderBehind
 from app.service.runs import ActiveRun, Replayed, RunManager
-from app.store.records import RunRecord
+from app.store.records import IN_FLIGHT, RunRecord
 from app.store.tables import Dumped
 
 from .deps import prefers_minimal
@@ -121,7 +121,7 @@ async def async_replay(
     run_id = str(replay.body["run_id"])
     record = await manager.record(tenant, conversation_id, run_id)
     headers = {"Idempotent-Replayed": "true", "Location": run_location(conversation_id, run_id)}
-    if record.run.status in ("queued", "running"):
+    if record.run.status in IN_FLIGHT:
         response = accepted(record, True, minimal)
         response.headers.update(headers)
         return response

@@ -38,6 +38,7 @@ from app.clock import Clock
 from app.errors import CarryoverError
 from app.store.errors import run_not_found
 from app.store.events import EventRow, EventStore
+from app.store.records import IN_FLIGHT
 from app.store.stores import RunRecord, Stores
 from app.store.tables import Dumped
 
@@ -281,10 +282,6 @@ class EventRecorder:
             self._task = None
 
 
-#: the statuses of a run whose events may still come: followed, not refused as expired
-_NOT_ENDED = ("queued", "running")
-
-
 class EventFeed:
     """``GET …/runs/{id}/events``: a run's stored events after a seq, live until its end (a
     queued run's from when its turn comes)."""
@@ -316,7 +313,7 @@ class EventFeed:
         bounds = await self.stores.events.event_bounds(tenant, conversation_id, run_id)
         finished_at = record.run.finished_at
         cutoff = self.clock.now() - timedelta(seconds=self.retention_seconds)
-        ended = record.run.status not in _NOT_ENDED
+        ended = record.run.status not in IN_FLIGHT
         # a run that ended before it ran (cancelled while queued) never had events: its stream
         # is its end alone, not a refusal
         never_ran = record.run.started_at is None
@@ -351,7 +348,7 @@ class EventFeed:
             status = await self.stores.records.run_status(tenant, conversation_id, run_id)
             if status is None:
                 return  # the conversation was deleted meanwhile
-            if status in _NOT_ENDED:
+            if status in IN_FLIGHT:
                 await self.sleep(self.poll)
                 continue
             rows = await self.stores.events.read_events(

@@ -46,7 +46,6 @@ from .webhooks import enqueue_deliveries
 
 RunStatus = Literal[
     "queued",
-    "queued",
     "running",
     "completed",
     "failed",

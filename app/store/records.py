@@ -54,6 +54,11 @@ class RunRecord:
     compactions: tuple[Compaction, ...]
 
 
+#: the statuses of a run that has no audit records yet: they are written in the transaction
+#: that ends it (app/store/outcomes.py), and an import brings finished runs only
+IN_FLIGHT = ("queued", "running")
+
+
 class RecordStore(StoreBase):
     async def get_run(self, tenant: str, conv_id: str, run_id: str) -> RunRecord | None:
         """A run with its new messages, final and compactions."""
@@ -166,7 +171,7 @@ class RecordStore(StoreBase):
                     r.tenant == tenant,
                     r.run_id == run_id,
                     r.response_deleted_at.is_(None),
-                    r.status.not_in(("queued", "running")),
+                    r.status.not_in(IN_FLIGHT),
                 )
                 .values(response_deleted_at=self.clock.now())
             )
@@ -234,10 +239,11 @@ class RecordStore(StoreBase):
 async def _records(
     conn: AsyncConnection, tenant: str, conv_id: str, page: Sequence[Run]
 ) -> list[RunRecord]:
-    """The audit records of a page of runs: one query per audit table."""
-    if not page:
-        return []
-    ids = [run.run_id for run in page]
+    """The audit records of a page of runs: one query per audit table, none when every run of
+    the page is still queued or running (:data:`IN_FLIGHT`)."""
+    ids = [run.run_id for run in page if run.status not in IN_FLIGHT]
+    if not ids:
+        return [RunRecord(run=run, new_messages=(), final=None, compactions=()) for run in page]
 
     def of(table: Any) -> list[ColumnElement[bool]]:
         return [*child_key(table, tenant, conv_id), table.c.run_id.in_(ids)]
@@ -270,7 +276,7 @@ async def _records(
         .mappings()
         .all()
     )
-    new_messages: dict[str, list[AnyMessage]] = {i: [] for i in ids}
+    new_messages: dict[str, list[AnyMessage]] = {run.run_id: [] for run in page}
     for row in new_rows:
         new_messages[row.run_id].append(load_message(load(row.body_text, row.body_sha256)))
     finals: dict[str, AssistantMessage] = {}
@@ -278,7 +284,7 @@ async def _records(
         final = load_message(load(row.body_text, row.body_sha256))
         assert isinstance(final, AssistantMessage)
         finals[row.run_id] = final
-    compactions: dict[str, list[Compaction]] = {i: [] for i in ids}
+    compactions: dict[str, list[Compaction]] = {run.run_id: [] for run in page}
     for c in compaction_rows:
         compactions[c["run_id"]].append(
             Compaction.model_validate(

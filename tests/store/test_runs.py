@@ -406,3 +406,38 @@ async def test_concurrent_runs_from_the_same_base_store_exactly_one(repo: Reposi
     assert {o.etag for o in outcomes} == {loaded.etag}
     seqs = [e.seq for e in await repo.list_transcript(T, "c1", limit=100)]
     assert seqs == list(range(1, 1 + 1 + 6 * 2))
+
+
+async def test_a_run_in_flight_is_read_without_its_audit_tables(repo: Repository) -> None:
+    """A queued or running run has no audit records yet (they are written in the transaction
+    that ends it): reading it, alone or in a page, reads its row only; once it ended, its
+    records come with it."""
+    from sqlalchemy import event
+
+    await repo.replace_context(T, "c1", conversation(2), create=True)
+    base = await repo.load_context(T, "c1")
+    run = await repo.insert_run(T, "c1", base_etag=base.etag, prompts=[user("p")])
+    seen: list[str] = []
+
+    def after(conn: object, cursor: object, statement: str, *args: object) -> None:
+        if statement.lstrip().upper().startswith("SELECT"):
+            seen.append(statement)
+
+    engine = repo.engine.sync_engine
+    event.listen(engine, "after_cursor_execute", after)
+    try:
+        record = await repo.get_run(T, "c1", run.run_id)
+        assert record is not None and record.run.status == "running"
+        assert (record.new_messages, record.final, record.compactions) == ((), None, ())
+        assert len(seen) == 1 and "FROM runs" in seen[0]
+        [listed] = await repo.list_run_records(T, "c1")
+        assert listed == record
+        res = completed_run(base.context)
+        await repo.finish_run(T, "c1", run.run_id, base=base, result=res, store=True)
+        seen.clear()
+        record = await repo.get_run(T, "c1", run.run_id)
+        assert record is not None and record.run.status == "completed"
+        assert (record.new_messages, record.final) == (res.new_messages, res.final)
+        assert len(seen) == 4  # the row, then its new messages, final and compactions
+    finally:
+        event.remove(engine, "after_cursor_execute", after)
