@@ -15,7 +15,7 @@ from app.agent.offload import offload
 from app.agent.pending import PendingCall
 from app.agent.replay import ReplayError, validate_storable
 from app.etag import ETagCondition, IfMatch, evaluate_conditions
-from app.store.conversations import Search
+from app.store.conversations import Search, cached_rows
 from app.store.errors import PreconditionFailed, conversation_not_found
 from app.store.metadata import KEEP
 from app.store.stores import DumpedContext, Loaded, StoredRows, Stores
@@ -216,19 +216,21 @@ class ConversationService:
         self, tenant: str, conv_id: str, if_none_match: ETagCondition | None = None
     ) -> StoredRows | NotModified:
         """As :meth:`get_context`, undecoded: the stored rows, whose
-        :meth:`~app.store.stores.StoredRows.context_json` is the wire format as stored."""
-        if if_none_match is not None:
-            conv = await self.stores.conversations.get_conversation(tenant, conv_id)
-            if conv is None:
-                raise conversation_not_found(conv_id)
-            outcome = evaluate_conditions(None, if_none_match, conv.etag, safe_method=True)
-            if outcome == "not-modified":
-                return NotModified(conv.etag)
+        :meth:`~app.store.stores.StoredRows.context_json` is the wire format as stored.
+        The conversation's row alone answers a condition, and a body the cache holds at its
+        version (one statement); otherwise the context is read in a transaction."""
         bodies = self.runs.bodies
         store = self.stores.conversations
         rows = None
-        if bodies.holds(tenant, conv_id):  # a hit reads the conversation's row alone
-            rows = await store.cached_context_rows(tenant, conv_id, bodies.lookup)
+        if if_none_match is not None or bodies.holds(tenant, conv_id):
+            conv = await store.get_conversation(tenant, conv_id)
+            if conv is None:
+                raise conversation_not_found(conv_id)
+            if if_none_match is not None:
+                outcome = evaluate_conditions(None, if_none_match, conv.etag, safe_method=True)
+                if outcome == "not-modified":
+                    return NotModified(conv.etag)
+            rows = cached_rows(conv, bodies.lookup)
         if rows is None:
             rows = await store.load_context_rows(tenant, conv_id, cached=bodies.lookup)
         if rows.joined is not None and not rows.cached:  # read (and checked): kept

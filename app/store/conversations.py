@@ -80,8 +80,9 @@ message texts joined with commas, encoded, when the caller holds them at exactly
 (:class:`app.service.cache.BodyCache`)."""
 
 
-def _cached_rows(conv: Conversation, cached: CachedBody) -> StoredRows | None:
-    """``conv``'s context with the texts ``cached`` holds at its version (none read)."""
+def cached_rows(conv: Conversation, cached: CachedBody) -> StoredRows | None:
+    """``conv``'s context with the texts ``cached`` holds at its version (none read), as
+    :meth:`ConversationStore.load_context_rows` reads it; None when it holds none."""
     hit = cached(conv.tenant, conv.id, conv.incarnation, conv.version)
     if hit is None:
         return None
@@ -458,22 +459,10 @@ class ConversationStore(ListingStore):
             if conv is None:
                 raise conversation_not_found(conv_id)
             if joined and cached is not None:
-                hit = _cached_rows(conv, cached)
+                hit = cached_rows(conv, cached)
                 if hit is not None:
                     return hit
             return await (read_joined if joined else read_rows)(conn, conv)
-
-    async def cached_context_rows(
-        self, tenant: str, conv_id: str, cached: CachedBody
-    ) -> StoredRows | None:
-        """The stored context as :meth:`load_context_rows` reads it with ``joined``, when
-        ``cached`` holds its texts at the version stored: then only the conversation's row is
-        read, in one statement (:func:`app.store.db.read_one`); None when it does not."""
-        rows = await read_one(self.engine, select_conversation(tenant, conv_id))
-        conv = conversation_of(rows[0] if rows else None)
-        if conv is None:
-            raise conversation_not_found(conv_id)
-        return _cached_rows(conv, cached)
 
     async def replace_context(
         self,

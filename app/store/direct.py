@@ -49,7 +49,6 @@ _AT_BEGIN = frozenset({"isolation_level", "postgresql_readonly", "postgresql_def
 
 #: the driver connections that run a statement from outside SQLAlchemy's execution
 _Driver = sqlite_driver.OneHopConnection | pg_driver.KeepingConnection
-_DRIVERS = (sqlite_driver.OneHopConnection, pg_driver.KeepingConnection)
 
 S = TypeVar("S", bound=Executable)
 
@@ -214,7 +213,7 @@ class DirectConnection(AsyncConnection):
         ):
             return None
         driver = sync.connection.dbapi_connection
-        return driver if isinstance(driver, _DRIVERS) else None
+        return driver if isinstance(driver, _Driver) else None
 
     async def _raise_as_sqlalchemy(
         self, driver: _Driver, error: BaseException, sql: str, bound: Any

@@ -302,12 +302,12 @@ class KeepingConnection(AsyncAdapt_asyncpg_connection):
     ) -> tuple[Any, int, tuple[Any, ...] | None]:
         """A statement from outside SQLAlchemy's execution (app/store/direct.py), run as the
         adapter's cursor runs SQLAlchemy's: a plain ``INSERT`` (``insert``) while inserts are
-        held is held (:meth:`hold`), as :meth:`offer_insert` holds SQLAlchemy's; anything
+        held is held (:meth:`offer_insert`, as SQLAlchemy's are); anything
         else goes through the cursor (what is held rides with it or goes first, the
         transaction starts if it has not, errors come out translated). Its rows, if any,
         its row count (-1 when held or for several rows) and its columns' types as the
         server reported them (their result processing may depend on them)."""
-        if insert and self.holding and self.hold(operation, parameters, many):
+        if insert and self.offer_insert(operation, parameters, many):
             return None, -1, None
         cursor: KeepingCursor = self.cursor()
         if many:

@@ -220,8 +220,7 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         :meth:`offer_insert` keeps SQLAlchemy's; else, when it is small (:func:`light`), on the
         event loop (:meth:`_on_loop`), or else :meth:`call`. Its rows, if any, its row count
         (-1 when kept), and no column types (SQLite's driver reports none)."""
-        if insert and self._defer:
-            self.defer(operation, parameters, many)
+        if insert and self.offer_insert(operation, parameters, many):
             return None, -1, None
         if self.inline and light(parameters, many, self._deferred):
             async with self._execute_mutex:
