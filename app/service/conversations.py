@@ -17,6 +17,7 @@ from app.agent.replay import ReplayError, validate_storable
 from app.etag import ETagCondition, IfMatch, evaluate_conditions
 from app.store.conversations import Search, cached_rows
 from app.store.errors import PreconditionFailed, conversation_not_found
+from app.store.listing import RunSummary
 from app.store.metadata import KEEP
 from app.store.stores import DumpedContext, Loaded, StoredRows, Stores
 from app.store.tables import Conversation, TranscriptEntry
@@ -108,26 +109,25 @@ class ConversationService:
         ids = [c.id for c in convs]
         summaries = await self.stores.conversations.run_summaries(tenant, ids)
         metadata = await self.stores.metadata.get_metadata(tenant, ids)
-        infos = []
-        for c in convs:
-            summary = summaries.get(c.id)
-            agent = summary.latest_agent if summary is not None else None
-            infos.append(
-                ConversationInfo(
-                    c,
-                    summary.count if summary is not None else 0,
-                    metadata.get(c.id, {}),
-                    stored_pending_calls(self.runs.agents, c, agent),
-                )
-            )
-        return infos
+        return [self._info(c, summaries.get(c.id), metadata.get(c.id, {})) for c in convs]
+
+    def _info(
+        self, conv: Conversation, runs: RunSummary | None, metadata: dict[str, str]
+    ) -> ConversationInfo:
+        agent = runs.latest_agent if runs is not None else None
+        return ConversationInfo(
+            conv,
+            runs.count if runs is not None else 0,
+            metadata,
+            stored_pending_calls(self.runs.agents, conv, agent),
+        )
 
     async def get(self, tenant: str, conv_id: str) -> ConversationInfo:
-        conv = await self.stores.conversations.get_conversation(tenant, conv_id)
-        if conv is None:
+        """One statement for a conversation without metadata, two with."""
+        found = await self.stores.conversations.summarize_conversation(tenant, conv_id)
+        if found is None:
             raise conversation_not_found(conv_id)
-        [info] = await self._infos(tenant, [conv])
-        return info
+        return self._info(found.conversation, found.runs, found.metadata)
 
     async def patch(
         self,

@@ -11,11 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import String, and_, delete, func, literal, or_, select, tuple_
+from sqlalchemy import String, and_, bindparam, delete, exists, func, literal, or_, select, tuple_
 
-from ._sql import StoreBase
-from .db import read_transaction, write_transaction
+from ._sql import StoreBase, conversation_of
+from .db import read_one, read_transaction, write_transaction
+from .direct import prepared
+from .metadata import read_metadata
 from .tables import Conversation, UTCDateTime, conversation_metadata, conversations, runs
 from .texts import collect_garbage, referenced
 
@@ -39,6 +42,59 @@ class RunSummary:
 
     count: int
     latest_agent: str | None  # the agent profile of its latest run
+
+
+#: a conversation's latest run, read beside the conversation (its profile classifies the
+#: pending calls stored without a kind); an alias built once: its columns are not made again
+#: per statement
+_latest = runs.alias("latest")
+
+
+def _latest_agent(conversation_id: Any, tenant: Any) -> Any:
+    """The agent profile of the latest run of ``conversation_id``: a scalar subquery."""
+    return (
+        select(_latest.c.agent)
+        .where(_latest.c.tenant == tenant, _latest.c.conversation_id == conversation_id)
+        .order_by(_latest.c.created_at.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+
+
+#: one conversation's row with what ``GET /conversations/{id}`` shows beside it: its run count,
+#: its latest run's profile and whether it has metadata (read only then), by bound parameters
+#: ``tenant`` and ``conv_id``; built once
+_CONVERSATION_SUMMARY = prepared(
+    select(
+        conversations,
+        select(func.count())
+        .select_from(runs)
+        .where(
+            runs.c.tenant == conversations.c.tenant, runs.c.conversation_id == conversations.c.id
+        )
+        .scalar_subquery()
+        .label("summary_run_count"),
+        _latest_agent(conversations.c.id, conversations.c.tenant).label("summary_latest_agent"),
+        exists()
+        .where(
+            conversation_metadata.c.tenant == conversations.c.tenant,
+            conversation_metadata.c.conversation_id == conversations.c.id,
+        )
+        .label("summary_has_metadata"),
+    ).where(
+        conversations.c.tenant == bindparam("tenant"), conversations.c.id == bindparam("conv_id")
+    )
+)
+_SUMMARY_COLUMNS = ("summary_run_count", "summary_latest_agent", "summary_has_metadata")
+
+
+@dataclass(frozen=True)
+class Summarized:
+    """A conversation with what its view shows beside its row."""
+
+    conversation: Conversation
+    runs: RunSummary
+    metadata: dict[str, str]
 
 
 class ListingStore(StoreBase):
@@ -148,6 +204,25 @@ class ListingStore(StoreBase):
                 await collect_garbage(conn, tenant, texts)  # the texts only they referenced
         return deleted
 
+    async def summarize_conversation(self, tenant: str, conv_id: str) -> Summarized | None:
+        """The conversation's row, run summary and metadata (None: no such conversation).
+        One statement (:func:`app.store.db.read_one`: on PostgreSQL no transaction of its
+        own), and a second for the metadata only when it has some."""
+        rows = await read_one(
+            self.engine, _CONVERSATION_SUMMARY, {"tenant": tenant, "conv_id": conv_id}
+        )
+        if not rows:
+            return None
+        row = dict(rows[0])
+        count, agent, has_metadata = (row.pop(name) for name in _SUMMARY_COLUMNS)
+        conv = conversation_of(row)
+        assert conv is not None
+        metadata: dict[str, str] = {}
+        if has_metadata:
+            async with read_transaction(self.engine) as conn:
+                metadata = (await read_metadata(conn, tenant, [conv_id])).get(conv_id, {})
+        return Summarized(conv, RunSummary(int(count or 0), agent), metadata)
+
     async def run_summaries(self, tenant: str, conv_ids: Sequence[str]) -> dict[str, RunSummary]:
         """How many runs each of these conversations has, and the agent profile of its latest
         run: one statement for any number of conversations (those without runs are left
@@ -155,16 +230,8 @@ class ListingStore(StoreBase):
         if not conv_ids:
             return {}
         r = runs.c
-        latest = runs.alias("latest")
-        latest_agent = (
-            select(latest.c.agent)
-            .where(latest.c.tenant == tenant, latest.c.conversation_id == r.conversation_id)
-            .order_by(latest.c.created_at.desc())
-            .limit(1)
-            .scalar_subquery()
-        )
         stmt = (
-            select(r.conversation_id, func.count(), latest_agent)
+            select(r.conversation_id, func.count(), _latest_agent(r.conversation_id, tenant))
             .where(r.tenant == tenant, r.conversation_id.in_(list(conv_ids)))
             .group_by(r.conversation_id)
         )
@@ -173,4 +240,4 @@ class ListingStore(StoreBase):
         return {row[0]: RunSummary(int(row[1]), row[2]) for row in rows}
 
 
-__all__ = ["ListingStore", "RunSummary", "Search"]
+__all__ = ["ListingStore", "RunSummary", "Search", "Summarized"]

@@ -10,8 +10,11 @@ from app.agent.messages import AssistantMessage, Context, TextBlock, UserMessage
 from app.errors import CarryoverError
 from app.etag import EntityTag, ETagCondition, parse_condition
 from app.service.conversations import NotModified
+from app.service.runs import ActiveRun
+from tests.helpers import server_calls
 
 from .conftest import TENANT, Services
+from .test_context_cache import request, run_on, selects
 
 
 def condition(etag: str) -> ETagCondition:
@@ -147,4 +150,42 @@ async def test_transcript_pages_and_compact(services: Services) -> None:
     refused(info, "precondition-failed", 412)
     with pytest.raises(CarryoverError) as info:
         await convs.transcript(TENANT, "nope")
+    refused(info, "not-found", 404)
+
+
+async def test_get_reads_a_conversation_in_one_statement_and_agrees_with_the_listing(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GET /conversations/{id}: the row, its run count and latest run's profile in one
+    # statement; the metadata in a second one only when there is some. What it reports is
+    # what a listing (one statement per part, for a page of ids) reports of the same rows.
+    convs, runs = services.conversations, services.runs
+    await convs.create(TENANT, "none")
+    await convs.create(TENANT, "ran")
+    await convs.create(TENANT, "tagged", metadata={"b": "2", "a": "1"})
+    await convs.create("another-tenant", "ran")  # same id, its own runs: never counted here
+    for conv, n in (("ran", 2), ("tagged", 1)):
+        for i in range(n):
+            await run_on(runs, conv, request(f"hi {i}"))
+    other = await runs.start("another-tenant", "ran", request("x"), if_match=None)
+    assert isinstance(other, ActiveRun)
+    await runs.wait(other, on_disconnect="continue", disconnected=None)
+
+    listed = {i.conversation.id: i for i in (await convs.list(TENANT)).items}
+    counts = {}
+    for conv in ("none", "ran", "tagged"):
+        with selects(services) as statements:
+            got = await convs.get(TENANT, conv)
+        assert got == listed[conv]
+        counts[conv] = len([s for s in statements if s not in ("BEGIN", "COMMIT")])
+    assert (listed["ran"].run_count, listed["tagged"].run_count) == (2, 1)
+    assert list(listed["tagged"].metadata.items()) == [("a", "1"), ("b", "2")]
+    assert (await convs.get("another-tenant", "ran")).run_count == 1
+    assert counts == {"none": 1, "ran": 1, "tagged": 2}
+    if services.repo.engine.dialect.name == "postgresql":
+        with server_calls(monkeypatch) as calls:
+            await convs.get(TENANT, "ran")
+        assert [c.split()[0] for c in calls if not c.startswith("prepare ")] == ["SELECT"]
+    with pytest.raises(CarryoverError) as info:
+        await convs.get(TENANT, "missing")
     refused(info, "not-found", 404)
