@@ -299,6 +299,8 @@ class EventFeed:
         self.retention_seconds = retention_seconds
         self.poll = poll
         self.sleep = sleep  # between two reads that found nothing new
+        #: the record of the run read by :meth:`open`, when it had ended then (it is final)
+        self._ended: RunRecord | None = None
 
     async def open(
         self, tenant: str, conversation_id: str, run_id: str, after: int
@@ -314,6 +316,7 @@ class EventFeed:
         finished_at = record.run.finished_at
         cutoff = self.clock.now() - timedelta(seconds=self.retention_seconds)
         ended = record.run.status not in IN_FLIGHT
+        self._ended = record if ended else None
         # a run that ended before it ran (cancelled while queued) never had events: its stream
         # is its end alone, not a refusal
         never_ran = record.run.started_at is None
@@ -376,6 +379,14 @@ class EventFeed:
             return
 
     async def record(self, tenant: str, conversation_id: str, run_id: str) -> RunRecord:
+        """The run's record for its ``run.finished`` event: as :meth:`open` read it when the
+        run had ended then (an ended run's record no longer changes), else read now."""
+        ended = self._ended
+        if ended is not None and (ended.run.conversation_id, ended.run.run_id) == (
+            conversation_id,
+            run_id,
+        ):
+            return ended
         record = await self.stores.records.get_run(tenant, conversation_id, run_id)
         if record is None:
             raise run_not_found(conversation_id, run_id)

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, select, tuple_
+from sqlalchemy import Integer, bindparam, delete, func, select, tuple_
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ._sql import StoreBase, child_key
+from ._sql import StoreBase
 from .db import read_one, write_transaction
 from .direct import prepared
 from .tables import run_events
@@ -24,6 +24,28 @@ from .texts import MESSAGE_EVENT, TextBatch, collect_garbage, load, with_text
 #: rows deleted per purge statement, and statements per purge at most
 PURGE_BATCH = 1000
 PURGE_BATCHES = 10
+
+
+#: one run's events: bound parameters ``tenant``, ``conv_id``, ``run_id`` (and ``after`` and
+#: ``limit`` to read them); built once, as a reader following a run reads them again and again
+_OF_RUN = (
+    run_events.c.tenant == bindparam("tenant"),
+    run_events.c.conversation_id == bindparam("conv_id"),
+    run_events.c.run_id == bindparam("run_id"),
+)
+_joined, _data, _digest = with_text(run_events, "data")
+_READ_EVENTS = prepared(
+    select(*(c for c in run_events.c if c.name not in ("data", "data_sha256")), _data, _digest)
+    .select_from(_joined)
+    .where(*_OF_RUN, run_events.c.seq > bindparam("after"))
+    .order_by(run_events.c.seq)
+    .limit(bindparam("limit", type_=Integer))
+)
+_EVENT_BOUNDS = prepared(
+    select(
+        func.min(run_events.c.seq).label("first"), func.max(run_events.c.seq).label("last")
+    ).where(*_OF_RUN)
+)
 
 
 @dataclass(frozen=True)
@@ -94,19 +116,16 @@ class EventStore(StoreBase):
         self, tenant: str, conv_id: str, run_id: str, *, after: int, limit: int
     ) -> list[EventRow]:
         """Up to ``limit`` events of a run with ``seq > after``, in order (the primary key)."""
-        joined, data, digest = with_text(run_events, "data")
-        columns = [c for c in run_events.c if c.name not in ("data", "data_sha256")]
         rows = await read_one(
             self.engine,
-            select(*columns, data, digest)
-            .select_from(joined)
-            .where(
-                *child_key(run_events, tenant, conv_id),
-                run_events.c.run_id == run_id,
-                run_events.c.seq > after,
-            )
-            .order_by(run_events.c.seq)
-            .limit(limit),
+            _READ_EVENTS,
+            {
+                "tenant": tenant,
+                "conv_id": conv_id,
+                "run_id": run_id,
+                "after": after,
+                "limit": limit,
+            },
         )
         return [
             EventRow(
@@ -119,10 +138,7 @@ class EventStore(StoreBase):
     async def event_bounds(self, tenant: str, conv_id: str, run_id: str) -> tuple[int, int] | None:
         """The first and last stored ``seq`` of a run (``None`` when none is stored)."""
         [row] = await read_one(
-            self.engine,
-            select(
-                func.min(run_events.c.seq).label("first"), func.max(run_events.c.seq).label("last")
-            ).where(*child_key(run_events, tenant, conv_id), run_events.c.run_id == run_id),
+            self.engine, _EVENT_BOUNDS, {"tenant": tenant, "conv_id": conv_id, "run_id": run_id}
         )
         if row["first"] is None:
             return None

@@ -3,11 +3,12 @@ compactions) and the append-only transcript (contract §4)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, insert, or_, select, update
+from sqlalchemy import ColumnElement, Table, and_, bindparam, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.agent.codec import (
@@ -59,21 +60,63 @@ class RunRecord:
 IN_FLIGHT = ("queued", "running")
 
 
+def _one_run(table: Table) -> list[ColumnElement[bool]]:
+    """The rows of one run in ``table``, by bound parameters ``tenant``, ``conv_id`` and
+    ``run_id``."""
+    return [
+        table.c.tenant == bindparam("tenant"),
+        table.c.conversation_id == bindparam("conv_id"),
+        table.c.run_id == bindparam("run_id"),
+    ]
+
+
+def _of_runs(tenant: str, conv_id: str, ids: Sequence[str]) -> Callable[[Table], Any]:
+    """The rows of these runs in a table (a page of them)."""
+
+    def of(table: Table) -> list[ColumnElement[bool]]:
+        return [*child_key(table, tenant, conv_id), table.c.run_id.in_(list(ids))]
+
+    return of
+
+
+def _audit_reads(of: Callable[[Table], list[ColumnElement[bool]]]) -> tuple[Any, Any, Any]:
+    """The three reads of runs' audit records (new messages, finals, compactions), their rows
+    chosen by ``of``."""
+    new_from, new_text, new_key = with_text(run_new_messages)
+    final_from, final_text, final_key = with_text(run_finals)
+    return (
+        select(run_new_messages.c.run_id, new_text, new_key)
+        .select_from(new_from)
+        .where(*of(run_new_messages))
+        .order_by(run_new_messages.c.run_id, run_new_messages.c.seq),
+        select(run_finals.c.run_id, final_text, final_key)
+        .select_from(final_from)
+        .where(*of(run_finals)),
+        select(run_compactions)
+        .where(*of(run_compactions))
+        .order_by(run_compactions.c.run_id, run_compactions.c.seq),
+    )
+
+
+#: one run's reads, built once (a reader polling a run, following its events or fetching a
+#: /v1 response pays no statement construction): its row, per dialect (its prompts' texts are
+#: gathered by each dialect's own aggregate), its status alone, and its audit records
+_ONE_RUN_AUDIT = tuple(prepared(read) for read in _audit_reads(_one_run))
+_RUN_STATUS = prepared(select(runs.c.status).where(*_one_run(runs)))
+
+
+@cache
+def _one_run_row(dialect: str) -> Any:
+    return prepared(select_runs(dialect).where(*_one_run(runs)))
+
+
 class RecordStore(StoreBase):
     async def get_run(self, tenant: str, conv_id: str, run_id: str) -> RunRecord | None:
-        """A run with its new messages, final and compactions."""
+        """A run with its new messages, final and compactions: one statement for a run in
+        flight, four for one that ended."""
+        key = {"tenant": tenant, "conv_id": conv_id, "run_id": run_id}
         async with read_transaction(self.engine) as conn:
-            row = (
-                (
-                    await conn.execute(
-                        select_runs(conn.dialect.name).where(
-                            *child_key(runs, tenant, conv_id), runs.c.run_id == run_id
-                        )
-                    )
-                )
-                .mappings()
-                .first()
-            )
+            row = (await conn.execute(_one_run_row(conn.dialect.name), key)).mappings().first()
             if row is None:
                 return None
             [record] = await _records(conn, tenant, conv_id, [run_of(row)])
@@ -83,8 +126,7 @@ class RecordStore(StoreBase):
         """A run's status alone (None: no such run), in one statement: what a reader following
         a run's events reads each time it finds none new."""
         rows = await read_one(
-            self.engine,
-            select(runs.c.status).where(*child_key(runs, tenant, conv_id), runs.c.run_id == run_id),
+            self.engine, _RUN_STATUS, {"tenant": tenant, "conv_id": conv_id, "run_id": run_id}
         )
         return str(rows[0]["status"]) if rows else None
 
@@ -244,38 +286,14 @@ async def _records(
     ids = [run.run_id for run in page if run.status not in IN_FLIGHT]
     if not ids:
         return [RunRecord(run=run, new_messages=(), final=None, compactions=()) for run in page]
-
-    def of(table: Any) -> list[ColumnElement[bool]]:
-        return [*child_key(table, tenant, conv_id), table.c.run_id.in_(ids)]
-
-    new_from, new_text, new_key = with_text(run_new_messages)
-    new_rows = (
-        await conn.execute(
-            select(run_new_messages.c.run_id, new_text, new_key)
-            .select_from(new_from)
-            .where(*of(run_new_messages))
-            .order_by(run_new_messages.c.run_id, run_new_messages.c.seq)
-        )
-    ).all()
-    final_from, final_text, final_key = with_text(run_finals)
-    final_rows = (
-        await conn.execute(
-            select(run_finals.c.run_id, final_text, final_key)
-            .select_from(final_from)
-            .where(*of(run_finals))
-        )
-    ).all()
-    compaction_rows = (
-        (
-            await conn.execute(
-                select(run_compactions)
-                .where(*of(run_compactions))
-                .order_by(run_compactions.c.run_id, run_compactions.c.seq)
-            )
-        )
-        .mappings()
-        .all()
-    )
+    if len(ids) == 1:  # one run: the statements built once
+        reads, key = _ONE_RUN_AUDIT, {"tenant": tenant, "conv_id": conv_id, "run_id": ids[0]}
+    else:
+        reads, key = _audit_reads(_of_runs(tenant, conv_id, ids)), None
+    new_read, final_read, compaction_read = reads
+    new_rows = (await conn.execute(new_read, key)).all()
+    final_rows = (await conn.execute(final_read, key)).all()
+    compaction_rows = (await conn.execute(compaction_read, key)).mappings().all()
     new_messages: dict[str, list[AnyMessage]] = {run.run_id: [] for run in page}
     for row in new_rows:
         new_messages[row.run_id].append(load_message(load(row.body_text, row.body_sha256)))
