@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import ColumnElement, Select, func, insert, literal_column, select
+from sqlalchemy import ColumnElement, Select, bindparam, func, insert, literal_column, select
 from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -228,10 +228,17 @@ async def read_conversation(
     return conversation_of(found.mappings().first())
 
 
-async def require_conversation(conn: AsyncConnection, tenant: str, conv_id: str) -> None:
-    found = await conn.execute(
-        select(conversations.c.version).where(*conversation_key(tenant, conv_id))
+#: whether a conversation exists, by bound parameters ``tenant`` and ``conv_id`` (built once:
+#: every page of a conversation's records asks it first)
+_CONVERSATION_EXISTS = prepared(
+    select(conversations.c.version).where(
+        conversations.c.tenant == bindparam("tenant"), conversations.c.id == bindparam("conv_id")
     )
+)
+
+
+async def require_conversation(conn: AsyncConnection, tenant: str, conv_id: str) -> None:
+    found = await conn.execute(_CONVERSATION_EXISTS, {"tenant": tenant, "conv_id": conv_id})
     if found.first() is None:
         raise conversation_not_found(conv_id)
 

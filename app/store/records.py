@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from sqlalchemy import ColumnElement, Table, and_, bindparam, insert, or_, select, update
+from sqlalchemy import ColumnElement, Integer, Table, and_, bindparam, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.agent.codec import (
@@ -105,6 +105,20 @@ _ONE_RUN_AUDIT = tuple(prepared(read) for read in _audit_reads(_one_run))
 _RUN_STATUS = prepared(select(runs.c.status).where(*_one_run(runs)))
 
 
+#: a page of a conversation's transcript after a ``seq``: bound parameters ``tenant``,
+#: ``conv_id``, ``after`` and ``limit``
+_TRANSCRIPT_PAGE = prepared(
+    select_transcript()
+    .where(
+        transcript.c.tenant == bindparam("tenant"),
+        transcript.c.conversation_id == bindparam("conv_id"),
+        transcript.c.seq > bindparam("after"),
+    )
+    .order_by(transcript.c.seq)
+    .limit(bindparam("limit", type_=Integer))
+)
+
+
 @cache
 def _one_run_row(dialect: str) -> Any:
     return prepared(select_runs(dialect).where(*_one_run(runs)))
@@ -181,15 +195,10 @@ class RecordStore(StoreBase):
         self, tenant: str, conv_id: str, *, after_seq: int = 0, limit: int = 100
     ) -> list[TranscriptEntry]:
         """A page of the transcript, by ``seq``, starting after ``after_seq``."""
-        stmt = (
-            select_transcript()
-            .where(*child_key(transcript, tenant, conv_id), transcript.c.seq > after_seq)
-            .order_by(transcript.c.seq)
-            .limit(limit)
-        )
+        key = {"tenant": tenant, "conv_id": conv_id, "after": after_seq, "limit": limit}
         async with read_transaction(self.engine) as conn:
             await require_conversation(conn, tenant, conv_id)
-            rows = (await conn.execute(stmt)).mappings().all()
+            rows = (await conn.execute(_TRANSCRIPT_PAGE, key)).mappings().all()
         return [transcript_entry(row) for row in rows]
 
     # --- the transcript's messages, as the /v1 surface lists them (its items) ---------------
