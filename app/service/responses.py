@@ -113,10 +113,10 @@ class ResponseService:
         transcript and the context stay); False while it is queued or running."""
         return await self.stores.records.delete_response(tenant, run.run_id)
 
-    async def record(self, tenant: str, run_id: str) -> RunRecord:
-        """The run's full record (new messages, final), by its id alone."""
-        run = await self.find(tenant, run_id)
-        return await self.runs.record(tenant, run.conversation_id, run_id)
+    async def record_of(self, tenant: str, run: Run) -> RunRecord:
+        """The full record (new messages, final) of a run :meth:`find` found: its row is not
+        read again."""
+        return await self.stores.records.record_of(tenant, run)
 
     async def run_messages(
         self, tenant: str, conversation_id: str, run_id: str

@@ -124,6 +124,16 @@ def _one_run_row(dialect: str) -> Any:
     return prepared(select_runs(dialect).where(*_one_run(runs)))
 
 
+@cache
+def _found_run(dialect: str) -> Any:
+    """A tenant's run by its id alone (a /v1 response's), by ``tenant`` and ``run_id``."""
+    return prepared(
+        select_runs(dialect).where(
+            runs.c.tenant == bindparam("tenant"), runs.c.run_id == bindparam("run_id")
+        )
+    )
+
+
 class RecordStore(StoreBase):
     async def get_run(self, tenant: str, conv_id: str, run_id: str) -> RunRecord | None:
         """A run with its new messages, final and compactions: one statement for a run in
@@ -205,11 +215,19 @@ class RecordStore(StoreBase):
 
     async def find_run(self, tenant: str, run_id: str) -> Run | None:
         """The tenant's run of this id, whatever its conversation (``ix_runs_run_id``)."""
-        stmt = select_runs(self.engine.dialect.name).where(
-            runs.c.tenant == tenant, runs.c.run_id == run_id
+        rows = await read_one(
+            self.engine,
+            _found_run(self.engine.dialect.name),
+            {"tenant": tenant, "run_id": run_id},
         )
-        rows = await read_one(self.engine, stmt)
         return run_of(rows[0]) if rows else None
+
+    async def record_of(self, tenant: str, run: Run) -> RunRecord:
+        """The record of a run already read (:meth:`find_run`): its audit records, read now
+        (none while it was queued or running when read)."""
+        async with read_transaction(self.engine) as conn:
+            [record] = await _records(conn, tenant, run.conversation_id, [run])
+        return record
 
     async def delete_response(self, tenant: str, run_id: str) -> bool:
         """Mark the tenant's run ``run_id`` deleted as a response, unless it is queued or

@@ -56,3 +56,11 @@ async def test_reading_an_ended_run_and_its_events(
         read = [s for s in seen if s not in ("BEGIN", "COMMIT")]
         assert read[:4] == RECORD and len(read) == 6, read
         assert read.count("SELECT runs") == 1
+
+        # a /v1 response, found by its id alone: its row is read once too
+        made = await client.post("/v1/responses", json={"model": "default", "input": "hi"})
+        assert made.status_code == 200
+        with statements(engine) as seen:
+            got = await client.get(f"/v1/responses/{made.json()['id']}")
+        assert got.status_code == 200 and got.json()["status"] == "completed"
+        assert [s for s in seen if s not in ("BEGIN", "COMMIT")] == RECORD

@@ -241,7 +241,7 @@ async def retrieve_response(
         return answers.streaming(
             svc, await answers.stored_stream(svc, tenant, run, None, after=after)
         )
-    record = await responses.runs.record(tenant, run.conversation_id, run.run_id)
+    record = await responses.record_of(tenant, run)
     return JSONResponse(answers.response_view(record))
 
 
@@ -256,7 +256,7 @@ async def list_input_items(
 ) -> JSONResponse:
     """The items the response took as input (its prompts and function call outputs)."""
     run = await _run_of(responses, tenant, response_id)
-    record = await responses.runs.record(tenant, run.conversation_id, run.run_id)
+    record = await responses.record_of(tenant, run)
     items = split(record.new_messages, run.run_id).input
     if order == "desc":
         items.reverse()
