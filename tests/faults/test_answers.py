@@ -78,7 +78,7 @@ async def test_a_database_fault_on_a_route_is_503_with_retry_after(
         async def refused(*args: object, **kwargs: object) -> Any:
             raise ConnectionRefusedError(111, "Connect call failed")
 
-        monkeypatch.setattr(ConversationStore, "get_conversation", refused)
+        monkeypatch.setattr(ConversationStore, "summarize_conversation", refused)
         answer = await http.get(f"/conversations/{conv}")
         assert_problem(answer, 503, "database-unavailable")
         assert answer.headers["retry-after"] == "2"
