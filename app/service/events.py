@@ -379,14 +379,11 @@ class EventFeed:
             return
 
     async def record(self, tenant: str, conversation_id: str, run_id: str) -> RunRecord:
-        """The run's record for its ``run.finished`` event: as :meth:`open` read it when the
-        run had ended then (an ended run's record no longer changes), else read now."""
-        ended = self._ended
-        if ended is not None and (ended.run.conversation_id, ended.run.run_id) == (
-            conversation_id,
-            run_id,
-        ):
-            return ended
+        """The run's record for its ``run.finished`` event (a feed follows the one run it
+        opened): as :meth:`open` read it when the run had ended then (an ended run's record no
+        longer changes), else read now."""
+        if self._ended is not None:
+            return self._ended
         record = await self.stores.records.get_run(tenant, conversation_id, run_id)
         if record is None:
             raise run_not_found(conversation_id, run_id)

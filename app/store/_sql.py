@@ -152,6 +152,20 @@ def child_key(table: Any, tenant: str, conv_id: str) -> list[ColumnElement[bool]
     return [table.c.tenant == tenant, table.c.conversation_id == conv_id]
 
 
+def bound_conversation_key() -> list[ColumnElement[bool]]:
+    """:func:`conversation_key` by the bound parameters ``tenant`` and ``conv_id``: for a
+    statement built once (:func:`~app.store.direct.prepared`)."""
+    return [
+        conversations.c.tenant == bindparam("tenant"),
+        conversations.c.id == bindparam("conv_id"),
+    ]
+
+
+def bound_child_key(table: Any) -> list[ColumnElement[bool]]:
+    """:func:`child_key` by the bound parameters ``tenant`` and ``conv_id``."""
+    return [table.c.tenant == bindparam("tenant"), table.c.conversation_id == bindparam("conv_id")]
+
+
 @dataclass(frozen=True)
 class ContextStats:
     """What every write of a whole stored context keeps on the conversation row beside it,
@@ -230,11 +244,7 @@ async def read_conversation(
 
 #: whether a conversation exists, by bound parameters ``tenant`` and ``conv_id`` (built once:
 #: every page of a conversation's records asks it first)
-_CONVERSATION_EXISTS = prepared(
-    select(conversations.c.version).where(
-        conversations.c.tenant == bindparam("tenant"), conversations.c.id == bindparam("conv_id")
-    )
-)
+_CONVERSATION_EXISTS = prepared(select(conversations.c.version).where(*bound_conversation_key()))
 
 
 async def require_conversation(conn: AsyncConnection, tenant: str, conv_id: str) -> None:

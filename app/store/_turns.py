@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import BindParameter, and_, bindparam, delete, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ._sql import child_key
+from ._sql import bound_child_key, child_key
 from .events import EventRow, insert_events
 from .leases import interrupt
 from .tables import idempotency_keys, runs
@@ -89,8 +89,7 @@ def queue_head_by_parameters() -> Any:
     return (
         select(runs.c.run_id)
         .where(
-            runs.c.tenant == bindparam("tenant"),
-            runs.c.conversation_id == bindparam("conv_id"),
+            *bound_child_key(runs),
             runs.c.queue_seq.is_not(None),
             live(bindparam("now")),
         )

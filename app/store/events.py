@@ -15,7 +15,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ._sql import StoreBase
+from ._sql import StoreBase, bound_child_key
 from .db import read_one, write_transaction
 from .direct import prepared
 from .tables import run_events
@@ -28,11 +28,7 @@ PURGE_BATCHES = 10
 
 #: one run's events: bound parameters ``tenant``, ``conv_id``, ``run_id`` (and ``after`` and
 #: ``limit`` to read them); built once, as a reader following a run reads them again and again
-_OF_RUN = (
-    run_events.c.tenant == bindparam("tenant"),
-    run_events.c.conversation_id == bindparam("conv_id"),
-    run_events.c.run_id == bindparam("run_id"),
-)
+_OF_RUN = (*bound_child_key(run_events), run_events.c.run_id == bindparam("run_id"))
 _joined, _data, _digest = with_text(run_events, "data")
 _READ_EVENTS = prepared(
     select(*(c for c in run_events.c if c.name not in ("data", "data_sha256")), _data, _digest)

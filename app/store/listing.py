@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import String, and_, bindparam, delete, exists, func, literal, or_, select, tuple_
+from sqlalchemy import String, and_, delete, exists, func, literal, or_, select, tuple_
 
-from ._sql import StoreBase, conversation_of
+from ._sql import StoreBase, bound_conversation_key, conversation_of
 from .db import read_one, read_transaction, write_transaction
 from .direct import prepared
 from .metadata import read_metadata
@@ -81,9 +81,7 @@ _CONVERSATION_SUMMARY = prepared(
             conversation_metadata.c.conversation_id == conversations.c.id,
         )
         .label("summary_has_metadata"),
-    ).where(
-        conversations.c.tenant == bindparam("tenant"), conversations.c.id == bindparam("conv_id")
-    )
+    ).where(*bound_conversation_key())
 )
 _SUMMARY_COLUMNS = ("summary_run_count", "summary_latest_agent", "summary_has_metadata")
 

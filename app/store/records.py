@@ -20,7 +20,7 @@ from app.agent.codec import (
 from app.agent.messages import AnyMessage, AssistantMessage
 from app.agent.records import Compaction, Result
 
-from ._sql import StoreBase, child_key, require_conversation
+from ._sql import StoreBase, bound_child_key, child_key, require_conversation
 from .db import read_one, read_transaction, write_transaction
 from .direct import prepared
 from .tables import (
@@ -63,11 +63,7 @@ IN_FLIGHT = ("queued", "running")
 def _one_run(table: Table) -> list[ColumnElement[bool]]:
     """The rows of one run in ``table``, by bound parameters ``tenant``, ``conv_id`` and
     ``run_id``."""
-    return [
-        table.c.tenant == bindparam("tenant"),
-        table.c.conversation_id == bindparam("conv_id"),
-        table.c.run_id == bindparam("run_id"),
-    ]
+    return [*bound_child_key(table), table.c.run_id == bindparam("run_id")]
 
 
 def _of_runs(tenant: str, conv_id: str, ids: Sequence[str]) -> Callable[[Table], Any]:
@@ -109,11 +105,7 @@ _RUN_STATUS = prepared(select(runs.c.status).where(*_one_run(runs)))
 #: ``conv_id``, ``after`` and ``limit``
 _TRANSCRIPT_PAGE = prepared(
     select_transcript()
-    .where(
-        transcript.c.tenant == bindparam("tenant"),
-        transcript.c.conversation_id == bindparam("conv_id"),
-        transcript.c.seq > bindparam("after"),
-    )
+    .where(*bound_child_key(transcript), transcript.c.seq > bindparam("after"))
     .order_by(transcript.c.seq)
     .limit(bindparam("limit", type_=Integer))
 )

@@ -28,7 +28,7 @@ from app.agent.tokens import advance, tally_of
 from app.errors import CarryoverError
 from app.etag import IfMatch, if_match_holds
 
-from ._sql import Loaded, StoredRows, child_key, decode, read_rows
+from ._sql import Loaded, StoredRows, bound_conversation_key, child_key, decode, read_rows
 from ._turns import cancel_queued, queue_head_by_parameters, take_free
 from .changes import Answered, StoredPending, last_batch_of, plan_context_write, run_transcript
 from .db import defer_inserts, read_transaction, write_transaction
@@ -58,9 +58,7 @@ def _conversation_with_queue_head() -> Select[Any]:
     """The conversation's row and its queue's head (``queue_head``), by bound parameters
     ``tenant``, ``conv_id`` and ``now``: built once, so a run's start pays no statement
     construction (docs/performance.md)."""
-    return select(conversations, queue_head_by_parameters()).where(
-        conversations.c.tenant == bindparam("tenant"), conversations.c.id == bindparam("conv_id")
-    )
+    return select(conversations, queue_head_by_parameters()).where(*bound_conversation_key())
 
 
 _SELECT_FOR_START = prepared(_conversation_with_queue_head())
