@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, cast
 
@@ -34,7 +34,7 @@ from sqlalchemy import event, exc
 from sqlalchemy.engine import URL, RowMapping, make_url
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
-from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
+from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection, QueuePool
 from sqlalchemy.sql.base import Executable
 
 from . import pg_driver, sqlite_driver
@@ -105,6 +105,10 @@ class DirectEngine(AsyncEngine):
     __slots__ = ()
     _connection_cls = DirectConnection
 
+    async def dispose(self, close: bool = True) -> None:
+        await give_back_writers(self)
+        await super().dispose(close)
+
 
 def _configure_postgresql(engine: AsyncEngine, idle_ping_seconds: float) -> None:
     """Check a connection as it leaves the pool, without a round trip when it was in use
@@ -146,8 +150,12 @@ def _configure_postgresql(engine: AsyncEngine, idle_ping_seconds: float) -> None
 
 
 def _configure_sqlite(engine: AsyncEngine, busy_timeout_ms: int) -> None:
+    # the engine's connections' log checkpoints, off the event loop (sqlite_driver.Checkpoints)
+    checkpoints = _checkpoints[engine.sync_engine] = sqlite_driver.Checkpoints()
+
     @event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
+        one_hop = isinstance(dbapi_connection, sqlite_driver.OneHopConnection)
         # Take BEGIN away from the driver; the "begin" listener below emits it.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
@@ -156,10 +164,25 @@ def _configure_sqlite(engine: AsyncEngine, busy_timeout_ms: int) -> None:
             cursor.execute("PRAGMA synchronous=NORMAL")  # durable enough in WAL mode
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+            if one_hop:  # its log is checkpointed on a schedule of its own (below)
+                cursor.execute("PRAGMA wal_autocheckpoint=0")
         finally:
             cursor.close()
-        if isinstance(dbapi_connection, sqlite_driver.OneHopConnection):
-            dbapi_connection.busy_timeout_ms = int(busy_timeout_ms)
+        if one_hop:
+            driver = cast(sqlite_driver.OneHopConnection, dbapi_connection)
+            driver.busy_timeout_ms = int(busy_timeout_ms)
+            driver.checkpoints = checkpoints
+
+
+_checkpoints: weakref.WeakKeyDictionary[Any, sqlite_driver.Checkpoints] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def sqlite_checkpoints(engine: AsyncEngine) -> sqlite_driver.Checkpoints | None:
+    """When the log of the SQLite database under ``engine`` is checkpointed (None: not an
+    engine :func:`make_engine` made for SQLite)."""
+    return _checkpoints.get(engine.sync_engine)
 
 
 def is_sqlite(engine: AsyncEngine | AsyncConnection) -> bool:
@@ -173,32 +196,98 @@ async def write_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnectio
     Commits when the block ends normally, rolls back if it raises. On SQLite the writers of one
     engine queue for the write lock in order, in this process: SQLite's busy handler polls, so
     under load a writer among many could lose every poll until ``busy_timeout`` and fail with
-    "database is locked"; the busy timeout is left to arbitrate between processes.
+    "database is locked"; the busy timeout is left to arbitrate between processes. Since they
+    take turns, they share one connection (:class:`_Writer`).
     """
     if engine.dialect.name != "sqlite":
         async with engine.connect() as conn:
             async with conn.begin():
                 yield conn
         return
-    async with _sqlite_writer(engine), engine.connect() as conn:
-        async with conn.begin():
-            await _sqlite_begin(conn, "BEGIN IMMEDIATE")
-            yield conn
+    writer = await _sqlite_writer(engine)
+    async with writer.lock:
+        conn = await writer.take(engine)
+        committed = False
+        try:
+            async with conn.begin():
+                await _sqlite_begin(conn, "BEGIN IMMEDIATE")
+                yield conn
+            committed = True
+        finally:
+            if committed and writer.keeps:
+                writer.connection = conn
+            else:  # back to the pool, which rolls back what is left, as it always did
+                await conn.close()
 
 
-_writers: weakref.WeakKeyDictionary[Any, tuple[asyncio.AbstractEventLoop, asyncio.Lock]] = (
+class _Writer:
+    """The SQLite writers of one engine on one event loop: they take turns on :attr:`lock`
+    and share :attr:`connection`, kept out of the pool between their transactions.
+
+    A pool checkout and check-in per write transaction costs about as much CPU as a run's
+    statements together (two write transactions per run); one writer at a time needs one
+    connection. A transaction that did not commit gives its connection back to the pool,
+    which rolls back what is left, and the next takes a new one; so does a connection found
+    closed, invalidated or in a transaction. A connection kept for an event loop that has
+    closed is given back the next time the engine writes, and the engine's ``dispose``
+    gives back those of this loop and of closed ones (:class:`DirectEngine`). A pool of one
+    connection keeps none: its readers would wait for it."""
+
+    __slots__ = ("connection", "keeps", "lock")
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.lock = asyncio.Lock()
+        self.connection: AsyncConnection | None = None
+        pool = engine.sync_engine.pool
+        # (a queue pool's max_overflow: -1 for no limit)
+        self.keeps = not isinstance(pool, QueuePool) or pool.size() > 1 or pool._max_overflow != 0
+
+    async def take(self, engine: AsyncEngine) -> AsyncConnection:
+        conn, self.connection = self.connection, None
+        if conn is not None:
+            if not (conn.closed or conn.invalidated or conn.in_transaction()):
+                return conn
+            await conn.close()
+        return await engine.connect().start()
+
+    async def give_back(self) -> None:
+        conn, self.connection = self.connection, None
+        if conn is not None:
+            await conn.close()
+
+
+_writers: weakref.WeakKeyDictionary[Any, dict[asyncio.AbstractEventLoop, _Writer]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def _sqlite_writer(engine: AsyncEngine) -> asyncio.Lock:
-    """The engine's write lock on the running event loop."""
+async def _sqlite_writer(engine: AsyncEngine) -> _Writer:
+    """The engine's writer on the running event loop; the connections kept for loops that
+    have closed are given back to the pool first."""
     loop = asyncio.get_running_loop()
-    found = _writers.get(engine.sync_engine)
-    if found is None or found[0] is not loop:
-        found = (loop, asyncio.Lock())
-        _writers[engine.sync_engine] = found
-    return found[1]
+    writers = _writers.setdefault(engine.sync_engine, {})
+    found = writers.get(loop)
+    if found is None:
+        await _give_back(writers, lambda other: other.is_closed())
+        found = writers[loop] = _Writer(engine)
+    return found
+
+
+async def _give_back(
+    writers: dict[asyncio.AbstractEventLoop, _Writer],
+    which: Callable[[asyncio.AbstractEventLoop], bool],
+) -> None:
+    for loop in [loop for loop in writers if which(loop)]:
+        await writers.pop(loop).give_back()
+
+
+async def give_back_writers(engine: AsyncEngine) -> None:
+    """Give the connections kept for the engine's SQLite writers on this event loop, and on
+    loops that have closed, back to the pool (before it is disposed of)."""
+    writers = _writers.get(engine.sync_engine)
+    if writers:
+        here = asyncio.get_running_loop()
+        await _give_back(writers, lambda loop: loop is here or loop.is_closed())
 
 
 @asynccontextmanager

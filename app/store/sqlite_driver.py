@@ -16,8 +16,10 @@ microseconds, less than the hop, so :meth:`OneHopConnection.execute_direct` runs
 hold the loop up still goes to the thread: a statement with many rows or much text, every
 statement SQLAlchemy executes itself (a read of a whole context, say), a ``BEGIN`` whose lock
 another process holds (tried on the loop with the busy timeout at 0, then sent to the thread to
-wait), and every ``COMMIT`` (SQLite may checkpoint its log there, a write to disk). A run makes
-2 calls into the thread, its two ``COMMIT``s (docs/performance.md, "Calls into aiosqlite's
+wait). A small transaction that holds the write lock commits on the loop too: its connection
+never checkpoints the log in a ``COMMIT`` there (a write and a sync to disk); every few commits
+go to the thread with the checkpoint switched on (:class:`Checkpoints`). A warm run makes no
+call into the thread but that one in every few (docs/performance.md, "Calls into aiosqlite's
 thread").
 
 :func:`app.store.db.make_engine` uses it for every SQLite URL (``sqlite:///…`` and
@@ -126,8 +128,10 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         "_calls",
         "_defer",
         "_deferred",
+        "_threaded",
         "_write_locked",
         "busy_timeout_ms",
+        "checkpoints",
         "inline",
         "used",
     )
@@ -143,12 +147,19 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         #: should it still run: its awaiting task cancelled), whatever SQLite's autocommit
         #: flag reads at that moment
         self.used = False
+        #: a call of the open transaction went into aiosqlite's thread (a statement not small,
+        #: one SQLAlchemy executed, a BEGIN that waited): its COMMIT goes there too
+        self._threaded = False
         #: the sqlite3 connection may be used on the event loop's thread as well
         #: (``check_same_thread=False``): :meth:`execute_direct` may run there
         self.inline = inline
         #: the connection's busy timeout (set where it is configured); None: unknown, and a
         #: ``BEGIN`` then never runs on the loop
         self.busy_timeout_ms: int | None = None
+        #: when the database's log is checkpointed (set where the connection is configured,
+        #: with its ``wal_autocheckpoint`` at 0); None: SQLite's own automatic checkpoint,
+        #: and every ``COMMIT`` then goes to aiosqlite's thread
+        self.checkpoints: Checkpoints | None = None
         #: the calls aiosqlite hands to its thread, counted (:class:`_ThreadCalls`)
         self._calls = _ThreadCalls(connection)
         #: the open transaction began with ``BEGIN IMMEDIATE``: it holds SQLite's write lock,
@@ -204,6 +215,7 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         async with self._execute_mutex:
             before = self.take_pending()
             self.used = True
+            self._threaded = True
 
             def run() -> _Done:
                 if before is not None:
@@ -271,6 +283,7 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         async def call() -> None:
             async with self._execute_mutex:
                 self.used = True
+                self._threaded = True
                 await self._connection._execute(fn, raw)
 
         try:
@@ -280,25 +293,72 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
 
     def commit(self) -> None:
         self._defer = False
-        if self._deferred:  # the kept statements, then COMMIT, in one call
-            pending = self.take_pending()
-            assert pending is not None
-            self._write_locked = False
-
-            def commit(raw: sqlite3.Connection) -> None:
-                pending(raw)
-                raw.commit()
-
-            self._run(commit)
-            self.used = False
-            return
-        if self._begin is not None:
+        if self._begin is not None and not self._deferred:
             self._begin = None
             if not self.used:
                 return  # nothing ran since the BEGIN that was asked: no transaction to commit
+        if self._commit_on_loop():
+            return
+        pending = self.take_pending()  # the kept statements, then COMMIT, in one call
         self._write_locked = False
-        super().commit()
+        self._thread_commit(pending)
+        self.used = self._threaded = False
+
+    def _commit_on_loop(self) -> bool:
+        """Commit on the event loop's thread, with the kept statements before it, when the
+        transaction holds the write lock (``BEGIN IMMEDIATE``: the ``COMMIT`` waits for no
+        other connection), every statement of it ran on the loop (all were small), what is
+        kept is small too (:func:`light`) and no checkpoint is due (:class:`Checkpoints`).
+        ``COMMIT`` then appends the few pages the transaction changed to the write-ahead log
+        (written, not synced: ``synchronous=NORMAL``) and never checkpoints there (the
+        connection's ``wal_autocheckpoint`` is 0). True when it did."""
+        checkpoints = self.checkpoints
+        if (
+            checkpoints is None
+            or not self.inline
+            or not self._write_locked
+            or self._begin is not None
+            or self._threaded
+            or self._calls.submitted != self._calls.finished
+            or not light(None, False, self._deferred)
+            or checkpoints.due()
+        ):
+            return False
+        pending = self.take_pending()
+        self._write_locked = False
+        raw = self._connection._conn
+        try:
+            if pending is not None:
+                pending(raw)
+            raw.commit()
+        except Exception as error:
+            self._handle_exception(error)
         self.used = False
+        checkpoints.committed()
+        return True
+
+    def _thread_commit(self, pending: Callable[[sqlite3.Connection], None] | None) -> None:
+        """``COMMIT`` in aiosqlite's thread, with what is pending before it, SQLite's
+        automatic checkpoint switched on for it (:class:`Checkpoints`)."""
+        checkpoints = self.checkpoints
+        if pending is None and checkpoints is None:
+            super().commit()
+            return
+
+        def commit(raw: sqlite3.Connection) -> None:
+            if pending is not None:
+                pending(raw)
+            if checkpoints is None:
+                raw.commit()
+                return
+            raw.execute(f"PRAGMA wal_autocheckpoint={checkpoints.pages}")
+            try:
+                raw.commit()
+            finally:
+                raw.execute("PRAGMA wal_autocheckpoint=0")
+            checkpoints.done()
+
+        self._run(commit)
 
     def rollback(self) -> None:
         """Roll back, without a thread hop when there is nothing to roll back: the pool resets
@@ -310,12 +370,43 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         begun), and the rollback must then queue behind it. What was kept for the next call
         is dropped: it would have been rolled back."""
         self._begin, self._defer, self._deferred = None, False, []
-        self._write_locked = False
+        self._write_locked = self._threaded = False
         raw = self._connection._connection
         if not self.used and raw is not None and not raw.in_transaction:
             return
         super().rollback()
         self.used = False
+
+
+class Checkpoints:
+    """When the write-ahead log of one engine's SQLite database is checkpointed.
+
+    A checkpoint copies the log's pages into the database file and syncs it: a write to disk
+    that must not hold up the event loop. SQLite runs one in the ``COMMIT`` that leaves the log
+    with ``wal_autocheckpoint`` pages or more. The engine's connections have it at 0, so a
+    ``COMMIT`` on the loop (:meth:`OneHopConnection._commit_on_loop`) never checkpoints;
+    every :attr:`every`-th commit instead goes to aiosqlite's thread with it back at
+    :attr:`pages` (SQLite's default, 1,000) for that ``COMMIT``, and so does every commit
+    of a transaction that was not small or used the thread. SQLite then checkpoints there
+    exactly when it would have after any commit; the log grows by at most :attr:`every`
+    small transactions past :attr:`pages` before it does."""
+
+    __slots__ = ("every", "pages", "since")
+
+    def __init__(self, every: int = 16, pages: int = 1000) -> None:
+        self.every = every
+        self.pages = pages
+        #: commits on the loop since the last one in the thread
+        self.since = 0
+
+    def due(self) -> bool:
+        return self.since >= self.every
+
+    def committed(self) -> None:
+        self.since += 1
+
+    def done(self) -> None:
+        self.since = 0
 
 
 class _ThreadCalls:
@@ -439,4 +530,4 @@ registry.register("sqlite.carryover_aiosqlite", __name__, "OneHopSQLiteDialect")
 
 dialect = OneHopSQLiteDialect
 
-__all__ = ["DRIVERNAME", "OneHopSQLiteDialect"]
+__all__ = ["DRIVERNAME", "Checkpoints", "OneHopSQLiteDialect"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -148,5 +149,103 @@ async def test_a_write_cancelled_before_its_call_ran_leaves_no_transaction_open(
             await conn.execute(text("INSERT INTO t VALUES (2)"))
         async with read_transaction(engine) as conn:
             assert (await conn.execute(text("SELECT x FROM t"))).scalars().all() == [2]
+    finally:
+        await engine.dispose()
+
+
+def _driver_of(conn: Any) -> Any:
+    sync = conn.sync_connection
+    assert sync is not None
+    return sync.connection.dbapi_connection
+
+
+async def test_sqlite_writers_share_one_connection_kept_out_of_the_pool(tmp_path: Any) -> None:
+    """SQLite's writers take turns (one at a time): the transactions that commit share one
+    connection, kept checked out between them, and the engine's dispose gives it back."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'x.db'}")
+    pool = engine.sync_engine.pool
+    try:
+        drivers = []
+        for i in range(3):
+            async with write_transaction(engine) as conn:
+                if i == 0:
+                    await conn.execute(text("CREATE TABLE t (x INTEGER)"))
+                await conn.execute(text("INSERT INTO t VALUES (:x)"), {"x": i})
+                drivers.append(_driver_of(conn))
+            assert pool.checkedout() == 1  # kept for the next writer
+        assert drivers[0] is drivers[1] is drivers[2]
+        async with read_transaction(engine) as conn:  # readers take another connection
+            assert _driver_of(conn) is not drivers[0]
+            assert (await conn.execute(text("SELECT count(*) FROM t"))).scalar() == 3
+    finally:
+        await engine.dispose()
+    assert pool.checkedout() == 0
+
+
+async def test_a_write_that_fails_gives_its_connection_back_to_the_pool(tmp_path: Any) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'x.db'}")
+    pool = engine.sync_engine.pool
+    try:
+        async with write_transaction(engine) as conn:
+            await conn.execute(text("CREATE TABLE t (x INTEGER)"))
+        with pytest.raises(RuntimeError, match="boom"):
+            async with write_transaction(engine) as conn:
+                await conn.execute(text("INSERT INTO t VALUES (1)"))
+                raise RuntimeError("boom")
+        assert pool.checkedout() == 0  # rolled back and checked in, not kept
+        async with write_transaction(engine) as conn:
+            assert (await conn.execute(text("SELECT count(*) FROM t"))).scalar() == 0
+            await conn.execute(text("INSERT INTO t VALUES (2)"))
+        assert pool.checkedout() == 1
+        async with read_transaction(engine) as conn:
+            assert (await conn.execute(text("SELECT x FROM t"))).scalars().all() == [2]
+    finally:
+        await engine.dispose()
+
+
+async def test_a_connection_kept_for_an_event_loop_that_closed_goes_back_to_the_pool(
+    tmp_path: Any,
+) -> None:
+    """An application driven from one event loop after another (a test client's, say) keeps
+    at most one writer's connection per live loop: the next write gives back those kept for
+    loops that have closed."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'x.db'}")
+    pool = engine.sync_engine.pool
+
+    async def write(x: int) -> None:
+        async with write_transaction(engine) as conn:
+            await conn.execute(text("CREATE TABLE IF NOT EXISTS t (x INTEGER)"))
+            await conn.execute(text("INSERT INTO t VALUES (:x)"), {"x": x})
+
+    try:
+        for x in range(3):  # each on a loop of its own, in a thread, closed after
+            thread = threading.Thread(target=asyncio.run, args=(write(x),))
+            thread.start()
+            thread.join(30)
+        assert pool.checkedout() == 1  # the last loop's; the earlier ones' were given back
+        await write(3)
+        assert pool.checkedout() == 1  # this loop's
+        async with read_transaction(engine) as conn:
+            assert (await conn.execute(text("SELECT count(*) FROM t"))).scalar() == 4
+    finally:
+        await engine.dispose()
+    assert pool.checkedout() == 0
+
+
+async def test_a_pool_of_one_connection_keeps_no_writer(tmp_path: Any) -> None:
+    from sqlalchemy.pool import AsyncAdaptedQueuePool
+
+    engine = make_engine(
+        f"sqlite:///{tmp_path / 'x.db'}",
+        poolclass=AsyncAdaptedQueuePool,
+        pool_size=1,
+        max_overflow=0,
+    )
+    try:
+        async with write_transaction(engine) as conn:
+            await conn.execute(text("CREATE TABLE t (x INTEGER)"))
+        assert engine.sync_engine.pool.checkedout() == 0  # a reader would wait for it
+        async with read_transaction(engine) as conn:
+            assert (await conn.execute(text("SELECT count(*) FROM t"))).scalar() == 0
     finally:
         await engine.dispose()

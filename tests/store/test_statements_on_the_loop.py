@@ -22,7 +22,13 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, bindparam, inse
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store import sqlite_driver
-from app.store.db import make_engine, read_transaction, write_transaction
+from app.store.db import (
+    defer_inserts,
+    make_engine,
+    read_transaction,
+    sqlite_checkpoints,
+    write_transaction,
+)
 from app.store.direct import prepared
 
 metadata = MetaData()
@@ -139,6 +145,89 @@ async def test_many_rows_or_much_text_go_to_the_thread(
             await conn.execute(INSERT, long)
             await conn.execute(INSERT, {"id": 10_001, "text": "z"})
     assert ran == [("INSERT", False), ("INSERT", False), ("INSERT", True)]
+
+
+@contextmanager
+def hops(monkeypatch: Any) -> Iterator[list[str]]:
+    """Each call into aiosqlite's thread, by the name of what it ran."""
+    called: list[str] = []
+    execute = sqlite_driver._ThreadCalls.__call__
+
+    async def counted(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        called.append(getattr(fn, "__name__", "?"))
+        return await execute(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(sqlite_driver._ThreadCalls, "__call__", counted)
+    yield called
+
+
+def checkpoints_of(engine: AsyncEngine) -> sqlite_driver.Checkpoints:
+    found = sqlite_checkpoints(engine)
+    assert found is not None
+    return found
+
+
+async def test_a_small_write_transaction_commits_on_the_loop(
+    engine: AsyncEngine, monkeypatch: Any
+) -> None:
+    checkpoints_of(engine).done()  # none is due
+    with hops(monkeypatch) as called:
+        async with write_transaction(engine) as conn:
+            await conn.execute(INSERT, {"id": 1, "text": "one"})
+            defer_inserts(conn)  # held for the COMMIT: it runs on the loop with it
+            await conn.execute(INSERT, {"id": 2, "text": "two"})
+    assert called == []
+    async with engine.connect() as conn:  # committed, seen by another connection
+        assert (await conn.execute(select(notes.c.text))).scalars().all() == ["one", "two"]
+
+
+async def test_a_transaction_that_used_the_thread_commits_there(
+    engine: AsyncEngine, monkeypatch: Any
+) -> None:
+    """The COMMIT of a transaction with a large statement writes its many pages: it goes to
+    the thread as the statement did; so does one whose held inserts are large."""
+    checkpoints_of(engine).done()
+    many = [{"id": i, "text": "x"} for i in range(sqlite_driver.LIGHT_ROWS + 1)]
+    with hops(monkeypatch) as called:
+        async with write_transaction(engine) as conn:
+            await conn.execute(INSERT, many)
+    assert called == ["run", "commit"]
+    with hops(monkeypatch) as called:
+        async with write_transaction(engine) as conn:
+            await conn.execute(COUNT, {"from_id": 10_000})  # on the loop
+            defer_inserts(conn)
+            await conn.execute(INSERT, {"id": 10_000, "text": "y" * sqlite_driver.LIGHT_CHARACTERS})
+            await conn.execute(INSERT, {"id": 10_001, "text": "z"})
+    assert called == ["commit"]
+    async with engine.connect() as conn:
+        ids = (await conn.execute(select(notes.c.id))).scalars().all()
+    assert len(ids) == len(many) + 2
+
+
+async def test_every_few_commits_go_to_the_thread_where_the_log_is_checkpointed(
+    engine: AsyncEngine, monkeypatch: Any, tmp_path: Path
+) -> None:
+    """A COMMIT on the loop never checkpoints the write-ahead log (the database file is not
+    written); every ``every``-th commit goes to the thread with SQLite's automatic
+    checkpoint on, and the log's pages reach the database file there."""
+    checkpoints = checkpoints_of(engine)
+    monkeypatch.setattr(checkpoints, "every", 3)
+    monkeypatch.setattr(checkpoints, "pages", 1)  # any page in the log is enough
+    checkpoints.done()
+    database = tmp_path / "loop.db"
+    sizes = [database.stat().st_size]
+    with hops(monkeypatch) as called:
+        for i in range(4):
+            async with write_transaction(engine) as conn:
+                await conn.execute(INSERT, {"id": 100 + i, "text": "w" * 20_000})
+            sizes.append(database.stat().st_size)
+    assert called == ["commit"]  # the fourth
+    assert sizes[0] == sizes[1] == sizes[2] == sizes[3] < sizes[4]
+    assert checkpoints.since == 0
+    async with engine.connect() as conn:  # and the connection's own checkpoint stays off
+        assert (await conn.exec_driver_sql("PRAGMA wal_autocheckpoint")).scalar() == 0
+        texts = (await conn.execute(select(notes.c.text))).scalars().all()
+    assert len(texts) == 4
 
 
 async def test_a_statement_queues_behind_a_call_still_in_the_thread(
