@@ -161,17 +161,22 @@ def _configure_sqlite(engine: AsyncEngine, busy_timeout_ms: int) -> None:
         cursor = dbapi_connection.cursor()
         try:
             cursor.execute("PRAGMA journal_mode=WAL")
+            # the mode it is in: not WAL where the file system cannot share memory (nor for an
+            # in-memory database), and a COMMIT then syncs the file: never on the loop
+            row = cursor.fetchone()
+            wal = row is not None and str(row[0]).lower() == "wal"
             cursor.execute("PRAGMA synchronous=NORMAL")  # durable enough in WAL mode
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
-            if one_hop:  # its log is checkpointed on a schedule of its own (below)
+            if one_hop and wal:  # its log is checkpointed on a schedule of its own (below)
                 cursor.execute("PRAGMA wal_autocheckpoint=0")
         finally:
             cursor.close()
         if one_hop:
             driver = cast(sqlite_driver.OneHopConnection, dbapi_connection)
             driver.busy_timeout_ms = int(busy_timeout_ms)
-            driver.checkpoints = checkpoints
+            if wal:
+                driver.checkpoints = checkpoints
 
 
 _checkpoints: weakref.WeakKeyDictionary[Any, sqlite_driver.Checkpoints] = (

@@ -322,3 +322,24 @@ async def test_a_failed_connect_returns_after_aiosqlite_s_thread_has_ended(tmp_p
             assert workers() <= before
     finally:
         await engine.dispose()
+
+
+async def test_without_a_write_ahead_log_every_commit_goes_to_the_thread(
+    monkeypatch: Any,
+) -> None:
+    """Out of WAL mode (an in-memory database here; a file system that cannot hold the log's
+    shared memory) a COMMIT syncs the database file: it never runs on the loop."""
+    from sqlalchemy.pool import StaticPool
+
+    engine = make_engine("sqlite://", poolclass=StaticPool)
+    try:
+        async with engine.begin() as conn:
+            await conn.run_sync(metadata.create_all)
+        with hops(monkeypatch) as called:
+            async with write_transaction(engine) as conn:
+                await conn.execute(INSERT, {"id": 1, "text": "one"})
+        assert called == ["commit"]
+        async with engine.connect() as conn:
+            assert (await conn.exec_driver_sql("PRAGMA wal_autocheckpoint")).scalar() == 1000
+    finally:
+        await engine.dispose()
