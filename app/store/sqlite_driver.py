@@ -12,7 +12,7 @@ with its next statement or its ``COMMIT``.
 
 A run's prepared statements (:mod:`app.store.direct`) need no hop at all: each costs SQLite a few
 microseconds, less than the hop, so :meth:`OneHopConnection.execute_direct` runs a small one
-(:func:`light`) on the event loop's own thread, with what rides with it. Everything that could
+(:func:`weigh`) on the event loop's own thread, with what rides with it. Everything that could
 hold the loop up still goes to the thread: a statement with many rows or much text, every
 statement SQLAlchemy executes itself (a read of a whole context, say), a ``BEGIN`` whose lock
 another process holds (tried on the loop with the busy timeout at 0, then sent to the thread to
@@ -128,6 +128,7 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         "_calls",
         "_defer",
         "_deferred",
+        "_kept",
         "_threaded",
         "_write_locked",
         "busy_timeout_ms",
@@ -142,6 +143,8 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         self._begin: str | None = None
         self._defer = False
         self._deferred: list[tuple[str, Any, bool]] = []
+        #: the rows and characters of what is kept (:func:`weigh`); None: more than small
+        self._kept: tuple[int, int] | None = (0, 0)
         #: a call went into aiosqlite's thread, or a statement ran on the loop, since the last
         #: commit or rollback: a rollback then always goes to the thread (behind such a call,
         #: should it still run: its awaiting task cancelled), whatever SQLite's autocommit
@@ -179,6 +182,8 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
 
     def defer(self, operation: str, parameters: Any, many: bool) -> None:
         self._deferred.append((operation, parameters, many))
+        if self._kept is not None:
+            self._kept = weigh(parameters, many, *self._kept)
 
     def offer_insert(self, operation: str, parameters: Any, many: bool) -> bool:
         """Keep a plain insert for the next call when inserts are deferred
@@ -194,7 +199,7 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         begin, deferred = self._begin, self._deferred
         if begin is None and not deferred:
             return None
-        self._begin, self._deferred = None, []
+        self._begin, self._deferred, self._kept = None, [], (0, 0)
         if begin is not None:
             self._write_locked = begin == "BEGIN IMMEDIATE"
 
@@ -229,12 +234,12 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
     ) -> tuple[list[Any] | None, int, None]:
         """A statement from outside SQLAlchemy's execution (app/store/direct.py): a plain
         ``INSERT`` (``insert``) while inserts are deferred is kept for the next call, as
-        :meth:`offer_insert` keeps SQLAlchemy's; else, when it is small (:func:`light`), on the
+        :meth:`offer_insert` keeps SQLAlchemy's; else, when it is small (:func:`weigh`), on the
         event loop (:meth:`_on_loop`), or else :meth:`call`. Its rows, if any, its row count
         (-1 when kept), and no column types (SQLite's driver reports none)."""
         if insert and self.offer_insert(operation, parameters, many):
             return None, -1, None
-        if self.inline and light(parameters, many, self._deferred):
+        if self.inline and self._kept is not None and weigh(parameters, many, *self._kept):
             async with self._execute_mutex:
                 done = self._on_loop(operation, parameters, many)
             if done is not None:
@@ -308,7 +313,7 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         """Commit on the event loop's thread, with the kept statements before it, when the
         transaction holds the write lock (``BEGIN IMMEDIATE``: the ``COMMIT`` waits for no
         other connection), every statement of it ran on the loop (all were small), what is
-        kept is small too (:func:`light`) and no checkpoint is due (:class:`Checkpoints`).
+        kept is small too (:func:`weigh`) and no checkpoint is due (:class:`Checkpoints`).
         ``COMMIT`` then appends the few pages the transaction changed to the write-ahead log
         (written, not synced: ``synchronous=NORMAL``) and never checkpoints there (the
         connection's ``wal_autocheckpoint`` is 0). True when it did."""
@@ -320,7 +325,7 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
             or self._begin is not None
             or self._threaded
             or self._calls.submitted != self._calls.finished
-            or not light(None, False, self._deferred)
+            or self._kept is None
             or checkpoints.due()
         ):
             return False
@@ -369,7 +374,7 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         was cancelled may still run there (a ``BEGIN`` riding with a statement not yet
         begun), and the rollback must then queue behind it. What was kept for the next call
         is dropped: it would have been rolled back."""
-        self._begin, self._defer, self._deferred = None, False, []
+        self._begin, self._defer, self._deferred, self._kept = None, False, [], (0, 0)
         self._write_locked = self._threaded = False
         raw = self._connection._connection
         if not self.used and raw is not None and not raw.in_transaction:
@@ -470,30 +475,28 @@ def _begun_at_once(raw: sqlite3.Connection, begin: str, busy_timeout_ms: int) ->
     return True
 
 
-#: what :func:`light` lets run on the event loop: the rows of a statement and of the inserts
+#: what :func:`weigh` lets run on the event loop: the rows of a statement and of the inserts
 #: riding with it, and the characters and bytes of their values
 LIGHT_ROWS = 256
 LIGHT_CHARACTERS = 256 * 1024
 _THREAD_STOP_SECONDS = 5.0  # how long a failed connect waits for aiosqlite's thread to end
 
 
-def light(parameters: Any, many: bool, deferred: list[tuple[str, Any, bool]]) -> bool:
-    """Whether a statement with ``parameters``, and the ``deferred`` inserts that ride with
-    it, are small enough for the event loop: at most :data:`LIGHT_ROWS` rows and
-    :data:`LIGHT_CHARACTERS` of text and bytes. A run's statements are (they carry what the
-    run changed); a context of thousands of messages, or a prompt of megabytes, goes to
-    aiosqlite's thread as every other statement does."""
-    rows = 0
-    size = 0
-    for values, is_many in ((parameters, many), *((p, m) for _, p, m in deferred)):
-        for row in values if is_many else (values,) if values is not None else ():
-            rows += 1
-            for value in row:
-                if isinstance(value, (str, bytes)):
-                    size += len(value)
-            if rows > LIGHT_ROWS or size > LIGHT_CHARACTERS:
-                return False
-    return True
+def weigh(parameters: Any, many: bool, rows: int = 0, size: int = 0) -> tuple[int, int] | None:
+    """The rows of a statement with ``parameters`` and the characters and bytes of their
+    values, added to ``rows`` and ``size`` (what rides with it); None once past what may run
+    on the event loop: :data:`LIGHT_ROWS` rows or :data:`LIGHT_CHARACTERS` of text and bytes.
+    A run's statements are small (they carry what the run changed); a context of thousands
+    of messages, or a prompt of megabytes, goes to aiosqlite's thread as every other
+    statement does. What a transaction keeps for its next call is weighed as it is kept."""
+    for row in parameters if many else (parameters,) if parameters is not None else ():
+        rows += 1
+        for value in row:
+            if isinstance(value, (str, bytes)):
+                size += len(value)
+        if rows > LIGHT_ROWS or size > LIGHT_CHARACTERS:
+            return None
+    return rows, size
 
 
 class OneHopDBAPI(AsyncAdapt_aiosqlite_dbapi):

@@ -199,9 +199,17 @@ async def test_a_transaction_that_used_the_thread_commits_there(
             await conn.execute(INSERT, {"id": 10_000, "text": "y" * sqlite_driver.LIGHT_CHARACTERS})
             await conn.execute(INSERT, {"id": 10_001, "text": "z"})
     assert called == ["commit"]
+    with hops(monkeypatch) as called:  # a small statement with large inserts riding with it
+        async with write_transaction(engine) as conn:
+            defer_inserts(conn)
+            await conn.execute(
+                INSERT, {"id": 20_000, "text": "y" * (sqlite_driver.LIGHT_CHARACTERS + 1)}
+            )
+            await conn.execute(COUNT, {"from_id": 20_000})
+    assert called == ["run", "commit"]
     async with engine.connect() as conn:
         ids = (await conn.execute(select(notes.c.id))).scalars().all()
-    assert len(ids) == len(many) + 2
+    assert len(ids) == len(many) + 3
 
 
 async def test_every_few_commits_go_to_the_thread_where_the_log_is_checkpointed(
