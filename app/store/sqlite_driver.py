@@ -390,7 +390,7 @@ class Checkpoints:
     that must not hold up the event loop. SQLite runs one in the ``COMMIT`` that leaves the log
     with ``wal_autocheckpoint`` pages or more. The engine's connections have it at 0, so a
     ``COMMIT`` on the loop (:meth:`OneHopConnection._commit_on_loop`) never checkpoints;
-    every :attr:`every`-th commit instead goes to aiosqlite's thread with it back at
+    after :attr:`every` commits there the next one goes to aiosqlite's thread with it back at
     :attr:`pages` (SQLite's default, 1,000) for that ``COMMIT``, and so does every commit
     of a transaction that was not small or used the thread. SQLite then checkpoints there
     exactly when it would have after any commit; the log grows by at most :attr:`every`
