@@ -351,3 +351,40 @@ async def test_without_a_write_ahead_log_every_commit_goes_to_the_thread(
             assert (await conn.exec_driver_sql("PRAGMA wal_autocheckpoint")).scalar() == 1000
     finally:
         await engine.dispose()
+
+
+class _CommitFails:
+    """A sqlite3 connection whose COMMIT fails (a full disk, say); the rest is the real one."""
+
+    def __init__(self, raw: sqlite3.Connection) -> None:
+        self._raw = raw
+
+    def commit(self) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+
+async def test_a_commit_that_fails_on_the_loop_rolls_back_and_gives_the_connection_back(
+    engine: AsyncEngine, monkeypatch: Any
+) -> None:
+    from sqlalchemy.exc import OperationalError
+
+    checkpoints_of(engine).done()
+    async with write_transaction(engine) as conn:
+        await conn.execute(INSERT, {"id": 1, "text": "one"})
+        sync = conn.sync_connection
+        assert sync is not None
+        driver = sync.connection.dbapi_connection
+        assert isinstance(driver, sqlite_driver.OneHopConnection)
+    wrapped = driver._connection
+    monkeypatch.setattr(wrapped, "_connection", _CommitFails(wrapped._conn))
+    with hops(monkeypatch) as called, pytest.raises(OperationalError, match="disk is full"):
+        async with write_transaction(engine) as conn:
+            await conn.execute(INSERT, {"id": 2, "text": "two"})
+    assert called == ["rollback"]  # the COMMIT was tried on the loop; the pool rolled back
+    monkeypatch.undo()
+    assert engine.sync_engine.pool.checkedout() == 0  # not kept for the next writer
+    async with write_transaction(engine) as conn:
+        assert (await conn.execute(select(notes.c.id))).scalars().all() == [1]
