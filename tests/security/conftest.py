@@ -51,14 +51,23 @@ UNTHROTTLED = {"auth_failure_limit": 0}
 Rows = dict[str, list[tuple[Any, ...]]]
 
 
-def fuzz_on(*engines: str) -> pytest.MarkDecorator:
+#: a fuzzed operation's hang guard, in seconds (pytest-timeout; the suite's is 300): the
+#: examples of a deep body (a conversation import) take minutes to generate on a busy 2-core
+#: machine, CPU-bound in hypothesis, not waiting
+FUZZ_TIMEOUT_SECONDS = 900
+
+
+def fuzz_on(*engines: str) -> list[pytest.MarkDecorator]:
     """A fuzzing module's ``pytestmark``: its tests run once per engine named (``sqlite``,
     ``postgresql``), each on a ``fuzzed_database`` of its own. Each engine refuses values of
     its own (PostgreSQL: a NUL in text, an integer past 32 bits), so the API is fuzzed on
     both; a long module runs each engine in a module of its own, which a parallel run can put
-    on two workers."""
+    on two workers. Each test may take up to :data:`FUZZ_TIMEOUT_SECONDS`."""
     assert set(engines) <= set(BACKENDS), engines
-    return pytest.mark.parametrize("fuzzed_database", engines, indirect=True, scope="module")
+    return [
+        pytest.mark.parametrize("fuzzed_database", engines, indirect=True, scope="module"),
+        pytest.mark.timeout(FUZZ_TIMEOUT_SECONDS),
+    ]
 
 
 @pytest.fixture(scope="module")
