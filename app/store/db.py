@@ -36,6 +36,7 @@ from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection, QueuePool
 from sqlalchemy.sql.base import Executable
+from sqlalchemy.util.concurrency import greenlet_spawn
 
 from . import pg_driver, sqlite_driver
 from .direct import DirectConnection
@@ -214,15 +215,41 @@ async def write_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnectio
         conn = await writer.take(engine)
         committed = False
         try:
-            async with conn.begin():
-                await _sqlite_begin(conn, "BEGIN IMMEDIATE")
+            driver = _one_hop(conn)
+            if driver is None:  # a listener sees the transaction's every statement
+                async with conn.begin():
+                    await _sqlite_begin(conn, "BEGIN IMMEDIATE")
+                    yield conn
+            else:
+                driver.begin_direct()
                 yield conn
+                await _commit_direct(conn, driver)
             committed = True
         finally:
             if committed and writer.keeps:
                 writer.connection = conn
             else:  # back to the pool, which rolls back what is left, as it always did
                 await conn.close()
+
+
+async def _commit_direct(conn: AsyncConnection, driver: sqlite_driver.OneHopConnection) -> None:
+    """Commit a transaction begun on SQLite's driver (:meth:`~app.store.sqlite_driver.
+    OneHopConnection.begin_direct`): through SQLAlchemy when a statement it executed itself
+    began its own transaction there too, else on the driver, in a greenlet only when the
+    ``COMMIT`` goes to aiosqlite's thread. Its errors are SQLAlchemy's, as on its own path."""
+    if conn.in_transaction():
+        await conn.commit()
+        return
+    try:
+        if driver.needs_thread_to_commit():
+            await greenlet_spawn(driver.commit)
+        else:
+            driver.commit()
+    except Exception as error:
+        sync = conn.sync_connection
+        assert sync is not None
+        await greenlet_spawn(sync._handle_dbapi_exception, error, None, None, None, None)
+        raise
 
 
 class _Writer:

@@ -201,19 +201,25 @@ class DirectConnection(AsyncConnection):
         return result
 
     def _direct_driver(self) -> _Driver | None:
+        """The driver connection when it may run a prepared statement itself: no listener,
+        no other execution options, and a transaction open (SQLAlchemy's, or one begun on
+        SQLite's driver itself: :func:`app.store.db.write_transaction`)."""
         sync = self.sync_connection
         if (
             sync is None
             or sync._has_events
             or sync.engine._has_events
-            or sync._transaction is None
-            or not sync._transaction.is_active
             or sync.invalidated
             or not _AT_BEGIN.issuperset(sync._execution_options)
         ):
             return None
         driver = sync.connection.dbapi_connection
-        return driver if isinstance(driver, _Driver) else None
+        if not isinstance(driver, _Driver):
+            return None
+        if sync._transaction is None or not sync._transaction.is_active:
+            if not isinstance(driver, sqlite_driver.OneHopConnection) or not driver.direct:
+                return None
+        return driver
 
     async def _raise_as_sqlalchemy(
         self, driver: _Driver, error: BaseException, sql: str, bound: Any

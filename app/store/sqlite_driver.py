@@ -133,6 +133,7 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         "_write_locked",
         "busy_timeout_ms",
         "checkpoints",
+        "direct",
         "inline",
         "used",
     )
@@ -153,6 +154,10 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         #: a call of the open transaction went into aiosqlite's thread (a statement not small,
         #: one SQLAlchemy executed, a BEGIN that waited): its COMMIT goes there too
         self._threaded = False
+        #: a write transaction was begun here (:meth:`begin_direct`), not through
+        #: SQLAlchemy: prepared statements run straight on this connection until its commit
+        #: or rollback
+        self.direct = False
         #: the sqlite3 connection may be used on the event loop's thread as well
         #: (``check_same_thread=False``): :meth:`execute_direct` may run there
         self.inline = inline
@@ -174,6 +179,12 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         same call in aiosqlite's thread as the next statement, before it. A commit or
         rollback with no statement in between drops it (nothing was begun)."""
         self._begin = statement
+
+    def begin_direct(self) -> None:
+        """Begin a write transaction here, without SQLAlchemy (:attr:`direct`): its
+        ``BEGIN IMMEDIATE`` rides with its first statement."""
+        self.direct = True
+        self.begin_with_next("BEGIN IMMEDIATE")
 
     def defer_inserts(self) -> None:
         """Keep this transaction's further plain ``INSERT`` statements for the next call
@@ -296,8 +307,16 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         except Exception as error:
             self._handle_exception(error)
 
+    def needs_thread_to_commit(self) -> bool:
+        """Whether :meth:`commit` would call into aiosqlite's thread (which, from SQLAlchemy's
+        side, takes a greenlet), else it commits on the loop or has nothing to commit."""
+        if self._begin is not None and not self._deferred and not self.used:
+            return False
+        return not self._commits_on_loop()
+
     def commit(self) -> None:
         self._defer = False
+        self.direct = False
         if self._begin is not None and not self._deferred:
             self._begin = None
             if not self.used:
@@ -318,16 +337,7 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         (written, not synced: ``synchronous=NORMAL``) and never checkpoints there (the
         connection's ``wal_autocheckpoint`` is 0). True when it did."""
         checkpoints = self.checkpoints
-        if (
-            checkpoints is None
-            or not self.inline
-            or not self._write_locked
-            or self._begin is not None
-            or self._threaded
-            or self._calls.submitted != self._calls.finished
-            or self._kept is None
-            or checkpoints.due()
-        ):
+        if checkpoints is None or not self._commits_on_loop():
             return False
         pending = self.take_pending()
         self._write_locked = False
@@ -341,6 +351,18 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         self.used = False
         checkpoints.committed()
         return True
+
+    def _commits_on_loop(self) -> bool:
+        return not (
+            self.checkpoints is None
+            or not self.inline
+            or not self._write_locked
+            or self._begin is not None
+            or self._threaded
+            or self._calls.submitted != self._calls.finished
+            or self._kept is None
+            or self.checkpoints.due()
+        )
 
     def _thread_commit(self, pending: Callable[[sqlite3.Connection], None] | None) -> None:
         """``COMMIT`` in aiosqlite's thread, with what is pending before it, SQLite's
@@ -375,6 +397,7 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         begun), and the rollback must then queue behind it. What was kept for the next call
         is dropped: it would have been rolled back."""
         self._begin, self._defer, self._deferred, self._kept = None, False, [], (0, 0)
+        self.direct = False
         self._write_locked = self._threaded = False
         raw = self._connection._connection
         if not self.used and raw is not None and not raw.in_transaction:

@@ -388,3 +388,29 @@ async def test_a_commit_that_fails_on_the_loop_rolls_back_and_gives_the_connecti
     assert engine.sync_engine.pool.checkedout() == 0  # not kept for the next writer
     async with write_transaction(engine) as conn:
         assert (await conn.execute(select(notes.c.id))).scalars().all() == [1]
+
+
+async def test_a_write_transaction_mixes_prepared_and_other_statements_and_rolls_back_whole(
+    engine: AsyncEngine,
+) -> None:
+    """On SQLite a write transaction begins on the driver: its prepared statements run there,
+    one SQLAlchemy executes itself joins the same transaction, and what the block raises
+    rolls all of it back."""
+    from sqlalchemy import text
+
+    async with write_transaction(engine) as conn:
+        await conn.execute(INSERT, {"id": 1, "text": "one"})
+        await conn.execute(text("INSERT INTO notes (id, text) VALUES (2, 'two')"))
+        await conn.execute(INSERT, {"id": 3, "text": "three"})
+    with pytest.raises(RuntimeError, match="boom"):
+        async with write_transaction(engine) as conn:
+            await conn.execute(INSERT, {"id": 4, "text": "four"})
+            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"):
+        async with write_transaction(engine) as conn:
+            await conn.execute(INSERT, {"id": 5, "text": "five"})
+            await conn.execute(text("INSERT INTO notes (id, text) VALUES (6, 'six')"))
+            raise RuntimeError("boom")
+    async with write_transaction(engine) as conn:  # and the next writer starts clean
+        found = (await conn.execute(COUNT, {"from_id": 0})).all()
+    assert [row.id for row in found] == [1, 2, 3]
