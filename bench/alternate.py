@@ -1,0 +1,109 @@
+"""Server CPU per run of two or more checkouts, their servers side by side, runs alternating in
+blocks: a before/after that a shared machine's changing load moves less than sittings apart.
+
+One ``carryover serve`` per checkout (``--app-root``, repeated; each on a database of its own),
+all started first, each with a conversation of ``--messages`` messages and ``--warm`` runs. Then
+``--blocks`` rounds: in each, every server in turn gets ``--block`` sequential runs (echo, or
+``--provider`` against one fast fake they share, ``Prefer: return=minimal``) while its CPU
+(utime + stime, bench/_common.py) is read before and after. A load that comes and goes lands on
+all of them within a round; the median of the blocks is the figure to compare. The server CPU
+is read from ``/proc`` in clock ticks (10 ms): a block of 100 runs reads to about 2 %.
+
+    .venv/bin/python bench/alternate.py --app-root /tmp/before --app-root .
+    .venv/bin/python bench/alternate.py --provider openai --app-root /tmp/before --app-root .
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import _common as c  # bench/_common.py: a script's folder is on sys.path
+import httpx
+
+
+def main() -> None:
+    c.on_sigterm()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--provider", default="echo", choices=["echo", "openai", "anthropic"])
+    parser.add_argument("--engine", default="sqlite", choices=["sqlite", "postgresql"])
+    parser.add_argument("--messages", type=int, default=10)
+    parser.add_argument("--warm", type=int, default=50)
+    parser.add_argument("--block", type=int, default=100, help="runs per block")
+    parser.add_argument("--blocks", type=int, default=20, help="rounds of blocks")
+    parser.add_argument("--app-root", type=Path, action="append", help="a checkout (repeatable)")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    roots = [root.resolve() for root in args.app_root or [c.ROOT]]
+    print(f"alternate: {c.machine_note()}", flush=True)
+    # a checkout named twice (to see the noise of the method itself) is measured twice
+    labels = [
+        str(root) if roots.count(root) == 1 else f"{root} (#{i + 1})"
+        for i, root in enumerate(roots)
+    ]
+    per_block: dict[str, list[float]] = {label: [] for label in labels}
+    with c.Procs() as procs, ExitStack() as stack:
+        fake = c.start_fake(procs, args.provider).url if args.provider != "echo" else ""
+        servers: list[tuple[str, c.Proc, httpx.Client]] = []
+        for i, (root, label) in enumerate(zip(roots, labels, strict=True)):
+            url = c.database(args.engine, stack, procs.workdir, f"alternate{i}")
+            env = c.server_env(url, args.provider, fake, max(args.messages, 1_000))
+            server = c.start_server(procs, env, app_root=root)
+            http = stack.enter_context(httpx.Client(base_url=server.url, timeout=600))
+            c.put_context_sync(http, "alternate", args.messages)
+            for n in range(args.warm):
+                c.check_run(
+                    http.post(
+                        "/conversations/alternate/runs",
+                        json={"prompts": [f"warm {n}"]},
+                        headers=c.MINIMAL,
+                    )
+                )
+            servers.append((label, server, http))
+        for block in range(args.blocks):
+            for label, server, http in servers:
+                before = c.cpu_seconds(server.popen.pid)
+                for n in range(args.block):
+                    c.check_run(
+                        http.post(
+                            "/conversations/alternate/runs",
+                            json={"prompts": [c.prompt(n)]},
+                            headers=c.MINIMAL,
+                        )
+                    )
+                cpu = (c.cpu_seconds(server.popen.pid) - before) / args.block * 1e3
+                per_block[label].append(cpu)
+            print(f"  block {block + 1}/{args.blocks} done", flush=True)
+    header = ["checkout", "median ms/run", "mean", "min", "max"]
+    rows: list[list[Any]] = [
+        [
+            label,
+            f"{statistics.median(v):.2f}",
+            f"{statistics.mean(v):.2f}",
+            f"{min(v):.2f}",
+            f"{max(v):.2f}",
+        ]
+        for label, v in per_block.items()
+    ]
+    print(
+        f"\n{args.provider}, {args.engine}, {args.messages} messages: server CPU per run, "
+        f"{args.blocks} blocks of {args.block} runs per checkout, alternating:\n"
+    )
+    print(c.table(header, rows))
+    c.write_json(
+        args.json,
+        {
+            "provider": args.provider,
+            "engine": args.engine,
+            "messages": args.messages,
+            "block": args.block,
+            "per_block_ms": per_block,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
