@@ -386,6 +386,16 @@ def check_run(answer: httpx.Response) -> None:
 MINIMAL = {"Prefer": "return=minimal"}
 
 
+def run_minimal(http: httpx.Client, conversation: str, prompt: str) -> None:
+    """One run on ``conversation`` answered with ``Prefer: return=minimal``, checked
+    (:func:`check_run`)."""
+    check_run(
+        http.post(
+            f"/conversations/{conversation}/runs", json={"prompts": [prompt]}, headers=MINIMAL
+        )
+    )
+
+
 class HealthProbe:
     """A thread that GETs ``/healthz`` every ``every`` seconds while it is on: the worst answer
     time says how long the server's event loop was held."""

@@ -55,25 +55,13 @@ def main() -> None:
             http = stack.enter_context(httpx.Client(base_url=server.url, timeout=600))
             c.put_context_sync(http, "alternate", args.messages)
             for n in range(args.warm):
-                c.check_run(
-                    http.post(
-                        "/conversations/alternate/runs",
-                        json={"prompts": [f"warm {n}"]},
-                        headers=c.MINIMAL,
-                    )
-                )
+                c.run_minimal(http, "alternate", f"warm {n}")
             servers.append((label, server, http))
         for block in range(args.blocks):
             for label, server, http in servers:
                 before = c.cpu_seconds(server.popen.pid)
                 for n in range(args.block):
-                    c.check_run(
-                        http.post(
-                            "/conversations/alternate/runs",
-                            json={"prompts": [c.prompt(n)]},
-                            headers=c.MINIMAL,
-                        )
-                    )
+                    c.run_minimal(http, "alternate", c.prompt(n))
                 cpu = (c.cpu_seconds(server.popen.pid) - before) / args.block * 1e3
                 per_block[label].append(cpu)
             print(f"  block {block + 1}/{args.blocks} done", flush=True)

@@ -77,22 +77,10 @@ def count(args: argparse.Namespace, root: Path) -> float:
         with httpx.Client(base_url=server.url, timeout=600) as http:
             c.put_context_sync(http, "counted", args.messages)
             for i in range(args.warm):
-                c.check_run(
-                    http.post(
-                        "/conversations/counted/runs",
-                        json={"prompts": [f"warm {i}"]},
-                        headers=c.MINIMAL,
-                    )
-                )
+                c.run_minimal(http, "counted", f"warm {i}")
             control(server.pid, "-i", "on")
             for i in range(args.runs):
-                c.check_run(
-                    http.post(
-                        "/conversations/counted/runs",
-                        json={"prompts": [c.prompt(i)]},
-                        headers=c.MINIMAL,
-                    )
-                )
+                c.run_minimal(http, "counted", c.prompt(i))
             control(server.pid, "-i", "off")
             control(server.pid, "-d")
         return totals(procs.workdir, args.runs)
