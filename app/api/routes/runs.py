@@ -47,6 +47,7 @@ from ..deps import (
 )
 from ..fingerprint import legacy_fingerprint, request_fingerprint
 from ..headers import ETAG_HEADER, LOCATION_HEADER, RETRY_AFTER_HEADER
+from ..lean import LeanRoute
 from ..limits import check_prompts, check_text
 from ..problems import (
     PRECONDITION_FAILED,
@@ -60,7 +61,7 @@ from ..sse import keepalive
 from ..views import record_view, run_request, run_view
 from .usage import QUOTA_RESPONSE
 
-router = APIRouter(tags=["runs"])
+router = APIRouter(tags=["runs"], route_class=LeanRoute)
 
 
 @router.post(

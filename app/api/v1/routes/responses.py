@@ -20,6 +20,7 @@ from app.service.runs import ActiveRun, RunRequest
 from app.store.tables import Run
 
 from ...deps import Services, ServicesDep, TenantDep
+from ...lean import LeanRoute
 from ...limits import check_messages, check_text
 from ...metadata import check_metadata
 from .. import answers
@@ -39,7 +40,7 @@ from ..schemas import ResponseCreate
 from ..views import list_object, run_id_of, split
 
 log = logging.getLogger(__name__)
-router = APIRouter()
+router = APIRouter(route_class=LeanRoute)
 
 
 def _not_found(value: str) -> OpenAIError:
