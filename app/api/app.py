@@ -48,6 +48,21 @@ Every error is an RFC 9457 `application/problem+json` with a stable `type`.
 """
 
 
+#: the document's sections, in the order a reader meets them (the routes themselves are matched
+#: in another order: the run routes first, see :func:`create_app`)
+TAGS = [
+    {"name": "conversations", "description": "Conversations, their stored context and versions"},
+    {"name": "runs", "description": "Runs of the agent on a conversation, and their events"},
+    {
+        "name": "transcript",
+        "description": "A conversation's append-only record: every prompt, attempt, tool "
+        "result and compaction, never rewritten",
+    },
+    {"name": "usage", "description": "The tenant's runs and tokens by day, and its quota"},
+    {"name": "health", "description": "Liveness, readiness and metrics"},
+]
+
+
 def _operation_id(route: APIRoute) -> str:
     """Readable operation ids for generated clients (``create_run``, not ``create_run_post``)."""
     return route.name
@@ -187,13 +202,16 @@ def create_app(
         docs_url=None,  # /docs and /redoc come from the package, not a CDN (docs_pages.py)
         redoc_url=None,
         telemetry=telemetry.FASTAPI_TELEMETRY,
+        openapi_tags=TAGS,
     )
     install_problem_handlers(app)
     install_method_not_allowed(app)
     install_links(app)
     install_parameter_schemas(app, settings.max_page_size, settings)
 
-    for module in (conversations, runs, events, transcript, health, usage):
+    # matched in this order: the run routes first, as a run is the request that matters most
+    # (FastAPI tries each route of each router in turn; none of these paths overlaps another)
+    for module in (runs, conversations, events, transcript, health, usage):
         app.include_router(module.router)
     install_docs_pages(app)
     install_console(app)  # GET /console (docs/console.md), outside the document
