@@ -2,8 +2,9 @@
 with a real provider.
 
 docs/performance.md, "Not done, and why the floor is not reached". In one process (this one),
-``--requests`` streamed requests of a 10-message conversation to a shared/bench fake, each
-read to its end, counted in this process's CPU time (the fake runs in its own process):
+``--requests`` streamed requests of a conversation of ``--messages`` (10) to a shared/bench
+fake, each read to its end, counted in this process's CPU time (the fake runs in its own
+process):
 
 - ``transport``: the HTTP client both SDKs send through (``httpx2``) posting a body built
   once, its answer read line by line: sending and receiving alone;
@@ -44,15 +45,15 @@ from app.agent.providers.anthropic.client import AnthropicProvider
 from app.agent.providers.base import ProviderRequest
 from app.agent.providers.openai.client import OpenAIProvider
 
-MESSAGES = 10
+MESSAGES = 10  # the default --messages
 KEY = "sk-fake"  # the fakes take any key
 Step = Callable[[], Awaitable[None]]
 
 
-def conversation() -> list[dict[str, str]]:
+def conversation(messages: int) -> list[dict[str, str]]:
     return [
         {"role": "user" if i % 2 == 0 else "assistant", "content": c.text(i)}
-        for i in range(MESSAGES)
+        for i in range(messages)
     ]
 
 
@@ -68,8 +69,8 @@ def typed(messages: list[dict[str, str]]) -> tuple[AnyMessage, ...]:
 class Steps:
     """The three ways to send one request to a fake; :meth:`aclose` closes their clients."""
 
-    def __init__(self, kind: str, base_url: str) -> None:
-        messages = conversation()
+    def __init__(self, kind: str, base_url: str, length: int) -> None:
+        messages = conversation(length)
         history = typed(messages)
         self.http = httpx2.AsyncClient()
         if kind == "openai":
@@ -130,8 +131,8 @@ async def cpu_per_request(step: Step, requests: int, warm: int = 50) -> float:
     return (time.process_time() - before) / requests * 1000
 
 
-async def measure(kind: str, base_url: str, requests: int) -> dict[str, float]:
-    steps = Steps(kind, base_url)
+async def measure(kind: str, base_url: str, requests: int, length: int) -> dict[str, float]:
+    steps = Steps(kind, base_url, length)
     try:
         return {
             "transport": await cpu_per_request(steps.transport, requests),
@@ -146,6 +147,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--providers", default="openai,anthropic")
     parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--messages", type=int, default=MESSAGES)
     parser.add_argument("--floor-requests", type=int, default=1000)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -155,7 +157,7 @@ def main() -> None:
     with c.Procs() as procs:
         for kind in args.providers.split(","):
             fake = c.start_fake(procs, kind)
-            figures[kind] = asyncio.run(measure(kind, fake.url, args.requests))
+            figures[kind] = asyncio.run(measure(kind, fake.url, args.requests, args.messages))
             print(f"  {kind}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in figures[kind].items()))
         floor = floor_cpu(procs, args.floor_requests)
     print(f"\nfloor app (shared/bench/floor_app.py): {floor:.2f} ms CPU per request\n")
@@ -180,7 +182,15 @@ def main() -> None:
         )
     )
     print(f"\n{c.machine_note()}")
-    c.write_json(args.json, {"floor_ms": floor, "requests": args.requests, "figures": figures})
+    c.write_json(
+        args.json,
+        {
+            "floor_ms": floor,
+            "requests": args.requests,
+            "messages": args.messages,
+            "figures": figures,
+        },
+    )
 
 
 if __name__ == "__main__":
