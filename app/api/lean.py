@@ -31,17 +31,19 @@ import types
 import typing
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import params
-from fastapi._compat import ModelField
-from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response
 
 from .auth import TENANT_SCOPE_KEY
 from .deps import services, services_of, tenant
+
+if TYPE_CHECKING:  # FastAPI's own types of a route's parts (not public names)
+    from fastapi._compat import ModelField
+    from fastapi.dependencies.models import Dependant
 
 #: what stands for "FastAPI's handler decides" in a resolver's answer
 FALL_BACK: Any = object()
@@ -228,7 +230,7 @@ def _plan(route: APIRoute) -> _Plan | None:
         if (
             not _one_value(info.annotation)
             or info.validation_alias not in (None, info.alias)  # FastAPI chooses among them
-            or _ALIAS_CONFIG.intersection(field.config or {})
+            or _ALIAS_CONFIG.intersection(getattr(field, "config", None) or {})
             or info.validate_default
             or not (info.is_required() or isinstance(field.default, _DEFAULTS))
         ):
@@ -269,7 +271,10 @@ class LeanRoute(APIRoute):
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         standard = super().get_route_handler()
-        plan = _plan(self)
+        try:
+            plan = _plan(self)
+        except (AttributeError, TypeError):  # a FastAPI whose route parts differ: its handler
+            plan = None
         if plan is None:
             return standard
         endpoint = self.dependant.call
