@@ -9,6 +9,7 @@ from typing import Annotated, Any
 from fastapi import Depends, Header, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.requests import HTTPConnection
 
 from app.config import Settings
 from app.etag import ETagCondition, parse_condition
@@ -57,6 +58,13 @@ _bearer = HTTPBearer(
 )
 
 
+def authenticated_tenant(request: HTTPConnection) -> str | None:
+    """The tenant :class:`~app.api.auth.AuthMiddleware` authenticated the request as, if it
+    did (None on a public path)."""
+    found = request.scope.get(TENANT_SCOPE_KEY)
+    return found if isinstance(found, str) else None
+
+
 async def tenant(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
@@ -64,8 +72,8 @@ async def tenant(
     """The caller's tenant, as :class:`~app.api.auth.AuthMiddleware` authenticated it (the
     bearer scheme is declared here so that the OpenAPI document says so). Without configured
     keys everything is the ``default`` tenant."""
-    found = request.scope.get(TENANT_SCOPE_KEY)
-    if isinstance(found, str):
+    found = authenticated_tenant(request)
+    if found is not None:
         return found
     # Not behind the middleware (a route on a public path): authenticate here.
     return await services_of(request).auth.authenticate(

@@ -38,8 +38,7 @@ from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .auth import TENANT_SCOPE_KEY
-from .deps import services, services_of, tenant
+from .deps import authenticated_tenant, services, services_of, tenant
 
 if TYPE_CHECKING:  # FastAPI's own types of a route's parts (not public names)
     from fastapi._compat import ModelField
@@ -50,8 +49,8 @@ FALL_BACK: Any = object()
 
 
 def _tenant(request: Request) -> Any:
-    found = request.scope.get(TENANT_SCOPE_KEY)
-    return found if isinstance(found, str) else FALL_BACK
+    found = authenticated_tenant(request)
+    return FALL_BACK if found is None else found
 
 
 #: the dependencies solved here, each by a function of the request: what the dependency
