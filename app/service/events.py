@@ -138,26 +138,34 @@ class EventRecorder:
             self._task = asyncio.create_task(self._keep_writing(), name=f"events-{self.key[2]}")
 
     def add(self, event: RunEvent) -> None:
+        if type(event) is Delta and type(event.event) is provider_events.TextDelta:
+            self._part("text", event.event.index, event.event.text)  # most events: text
+            return
         payload = event_payload(event)
         if payload is None:
             return
         name, data = payload
         if name == "delta" and data["kind"] in _COALESCED:
-            now = self.clock.monotonic()
-            pending = self._pending
-            if (
-                pending is not None
-                and pending.kind == data["kind"]
-                and pending.index == data["index"]
-                and now - pending.since < self.coalesce_seconds
-            ):
-                pending.parts.append(data["text"])
-                return
-            self._seal()
-            self._pending = _Pending(data["kind"], data["index"], now, [data["text"]])
+            self._part(data["kind"], data["index"], data["text"])
             return
         self._seal()
         self._emit(name, data)
+
+    def _part(self, kind: str, index: int, text: str) -> None:
+        """A part of block ``index``: joins the pending delta of that block while its window
+        is open, else seals it and starts one."""
+        now = self.clock.monotonic()
+        pending = self._pending
+        if (
+            pending is not None
+            and pending.kind == kind
+            and pending.index == index
+            and now - pending.since < self.coalesce_seconds
+        ):
+            pending.parts.append(text)
+            return
+        self._seal()
+        self._pending = _Pending(kind, index, now, [text])
 
     async def record(self, event: RunEvent) -> None:
         """:meth:`add`, a compaction's payload encoded as JSON text a few hundred folded

@@ -73,6 +73,10 @@ class OpenAIProvider(OpenAISdkProvider):
 
     def _chunk(self, translator: _Translator, chunk: Any) -> list[StreamEvent]:
         """The events of one chunk; a chunk that is not the documented shape is malformed."""
+        if type(chunk) is dict:  # as the SDK decodes it: a piece of text, mostly
+            events = translator.text_chunk(chunk)
+            if events is not None:
+                return events
         try:
             if not hasattr(chunk, "model_extra") and not isinstance(chunk, dict):
                 raise ValueError(f"a chunk that is not an object: {chunk!r:.80}")
