@@ -203,7 +203,7 @@ class AnthropicProvider:
         async with aclosing(events(self.name, self._api_key, self._error, stream)) as received:
             async for event in received:
                 try:
-                    translated = translator.event(event)
+                    translated = translator.read(event)
                 except DECODE_ERRORS as exc:  # an event of a shape the API never sends
                     raise malformed_error(self.name, exc, self._api_key) from None
                 for out in translated:

@@ -146,6 +146,35 @@ class _Translator:
                 self.provider, f"a {delta_type} for block {index}, a {block_type} block"
             )
 
+    def read(self, event: Any) -> list[StreamEvent]:
+        """The events of one event as the SDK decodes it (a dict): a piece of text by
+        :meth:`text_event`, any other by :meth:`event`."""
+        if type(event) is dict:
+            found = self.text_event(event)
+            if found is not None:
+                return found
+        return self.event(event)
+
+    def text_event(self, event: dict[str, Any]) -> list[StreamEvent] | None:
+        """The events of the commonest event, read with a few dict lookups: a piece of text
+        for an open text block. ``None`` for any other event: :meth:`event` takes it, and
+        gives what it would give for this one (a text block's index was checked when it
+        started)."""
+        if event.get("type") != "content_block_delta":
+            return None
+        index = event.get("index")
+        delta = event.get("delta")
+        if (
+            type(index) is not int
+            or type(delta) is not dict
+            or delta.get("type") != "text_delta"
+            or self.blocks.get(index) != "text"
+            or index in self.closed
+        ):
+            return None
+        text = delta.get("text")
+        return [TextDelta(index=index, text=text)] if text else []
+
     def event(self, event: Any) -> list[StreamEvent]:
         kind = _get(event, "type")
         index = _get(event, "index")
