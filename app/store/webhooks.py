@@ -27,6 +27,7 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    literal_column,
     or_,
     select,
     type_coerce,
@@ -57,15 +58,21 @@ def new_secret() -> str:
     return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
 
 
-def _like_pattern(text: str) -> str:
-    """``%text%`` for ``LIKE … ESCAPE '/'``, with the wildcards of ``text`` escaped."""
-    escaped = text.replace("/", "//").replace("%", "/%").replace("_", "/_")
-    return f"%{escaped}%"
+def _like_escaped(text: str) -> str:
+    """``text`` for the middle of a ``LIKE … ESCAPE '/'`` pattern, its wildcards escaped."""
+    return text.replace("/", "//").replace("%", "/%").replace("_", "/_")
+
+
+_ANY = literal_column("'%'", String())
 
 
 def _deliveries_insert() -> Any:
     """One delivery per endpoint of ``:tenant`` whose events match ``:pattern``, as one
-    ``INSERT … SELECT`` on bound parameters: built once, run in every run's outcome."""
+    ``INSERT … SELECT`` on bound parameters: built once, run in every run's outcome.
+
+    The pattern is ``'%' || :pattern || '%'``, not a bound ``%…%``: SQLite re-prepares a
+    statement whose ``LIKE`` pattern is a bare parameter each time it is bound (it may plan
+    around the pattern's prefix), a parse of this whole statement in every run."""
     at = bindparam("b_at", type_=UTCDateTime())
     rows = select(
         (bindparam("b_id_prefix", type_=String()) + func.replace(webhooks.c.id, "-", "")).label(
@@ -82,7 +89,9 @@ def _deliveries_insert() -> Any:
         at,
     ).where(
         webhooks.c.tenant == bindparam("b_tenant"),
-        type_coerce(webhooks.c.events, Text).like(bindparam("b_pattern"), escape="/"),
+        type_coerce(webhooks.c.events, Text).like(
+            _ANY + bindparam("b_pattern", type_=String()) + _ANY, escape="/"
+        ),
     )
     return insert(webhook_deliveries).from_select(
         [
@@ -121,7 +130,7 @@ async def enqueue_deliveries(
             "b_run_id": run_id,
             "b_event": event,
             "b_at": now,
-            "b_pattern": _like_pattern(json.dumps(event)),
+            "b_pattern": _like_escaped(json.dumps(event)),
         },
     )
     return int(done.rowcount or 0)

@@ -270,3 +270,56 @@ async def test_a_run_on_postgresql_makes_ten_round_trips(
     start = ["BEGIN", "SELECT", "SELECT", "WITH", "COMMIT"]
     outcome = ["BEGIN", "UPDATE", "WITH", "WITH", "COMMIT"]
     assert trips == [*start, *outcome], calls
+
+
+async def test_a_warm_run_on_sqlite_has_none_of_its_statements_prepared_again(
+    app_factory: Callable[..., Any], monkeypatch: Any
+) -> None:
+    # The driver keeps each statement prepared (Python's sqlite3 statement cache), but SQLite
+    # prepares one again, parsing and planning it, when it marked it to be re-planned on
+    # every new binding: a LIKE whose pattern is a bare parameter, say. Counted by SQLite
+    # itself (its sqlite_stmt table), for every statement of a warm run but the PRAGMAs
+    # (the busy timeout set around a BEGIN IMMEDIATE), which SQLite always compiles anew.
+    import sqlite3
+
+    from app.store import sqlite_driver
+
+    raws: set[sqlite3.Connection] = set()
+    run_statement = sqlite_driver._run_statement
+
+    def recorded(raw: Any, operation: str, *args: Any) -> Any:
+        raws.add(raw)
+        return run_statement(raw, operation, *args)
+
+    def prepared_again() -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for raw in raws:
+            try:
+                rows = raw.execute("SELECT sql, reprep FROM sqlite_stmt").fetchall()
+            except sqlite3.OperationalError:  # SQLite built without SQLITE_ENABLE_STMTVTAB
+                pytest.skip("this SQLite has no sqlite_stmt table")
+            for sql, reprep in rows:
+                if not sql.startswith("PRAGMA"):
+                    counts[verb(sql)] = counts.get(verb(sql), 0) + reprep
+        return counts
+
+    monkeypatch.setattr(sqlite_driver, "_run_statement", recorded)
+    async with app_factory(api_keys=f"acme:{API_KEY}") as client:
+        engine: AsyncEngine = client.app.state.services.engine
+        if engine.dialect.name != "sqlite":
+            pytest.skip("counts what SQLite prepares")
+        client.headers["Authorization"] = f"Bearer {API_KEY}"
+        await put(client, "reprepared", 10)
+        for prompt in ("warm", "warm again"):
+            warm = await client.post("/conversations/reprepared/runs", json={"prompts": [prompt]})
+            assert warm.status_code == 201
+        before = prepared_again()
+        answer = await client.post(
+            "/conversations/reprepared/runs", json={"prompts": ["hi"]}, headers=MINIMAL
+        )
+        assert answer.status_code == 201 and answer.json()["status"] == "completed"
+        after = prepared_again()
+    assert set(after) >= {*START, *OUTCOME}  # each of the run's statements was seen
+    assert {
+        verb: n - before.get(verb, 0) for verb, n in after.items() if n > before.get(verb, 0)
+    } == {}
