@@ -166,12 +166,17 @@ _recent: dict[int, tuple[weakref.ref[Any], str]] = {}
 _recent_lock = threading.Lock()  # offloaded work dumps messages in worker threads too
 
 
+#: ``json.dumps(value, ensure_ascii=False, separators=(",", ":"))``, with its encoder built once
+#: (``json.dumps`` with arguments builds a new one per call)
+compact_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
 def dumps_message(message: AnyMessage) -> str:
     """The compact JSON text of ``message`` (non-ASCII as it is), as stored."""
     found = _recent.get(id(message))
     if found is not None and found[0]() is message:
         return found[1]
-    text = json.dumps(dump_message(message), ensure_ascii=False, separators=(",", ":"))
+    text = compact_json(dump_message(message))
     if len(text) <= RECENT_DUMP_CHARS:
         with _recent_lock:
             _recent[id(message)] = (weakref.ref(message), text)

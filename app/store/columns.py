@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import DateTime as _DateTime
 from sqlalchemy import Dialect, Text, TypeDecorator
 
+from app.agent.codec import compact_json
 from app.clock import SYSTEM_CLOCK
 
 from .errors import StoredRecordDamaged
@@ -29,7 +30,7 @@ def dump_json(value: Any) -> str:
     """``value`` as :class:`JSONText` stores it: compact JSON text (a :class:`Dumped` as it is)."""
     if isinstance(value, Dumped):
         return str(value)
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return compact_json(value)
 
 
 class JSONText(TypeDecorator[Any]):

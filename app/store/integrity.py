@@ -53,10 +53,15 @@ _log = logging.getLogger(__name__)
 SCAN_BATCH = 1000
 
 
+#: copied for each checksum: ``hashlib.sha256()`` looks the algorithm up in OpenSSL each time
+_SHA256 = hashlib.sha256()
+
+
 def body_sha256(text: str | bytes | memoryview) -> str:
     """The checksum of a stored message text: SHA-256 of its UTF-8 bytes, in hex."""
-    data = text.encode() if isinstance(text, str) else text
-    return hashlib.sha256(data).hexdigest()
+    digest = _SHA256.copy()
+    digest.update(text.encode() if isinstance(text, str) else text)
+    return digest.hexdigest()
 
 
 #: why a message whose text is not in ``message_texts`` any more is damaged

@@ -28,10 +28,13 @@ from typing import Any, Protocol
 
 from ..messages import AnyMessage
 
+_SDK_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
 
 def dumps(value: Any) -> bytes:
-    """``value`` as the SDKs send JSON."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    """``value`` as the SDKs send JSON (``json.dumps`` with their arguments, its encoder
+    built once)."""
+    return _SDK_JSON.encode(value).encode()
 
 
 class Pieces:

@@ -26,6 +26,7 @@ from anthropic.types import Message
 
 from app.tls import client_context
 
+from ...codec import compact_json
 from .._http import (
     DECODE_ERRORS,
     TRANSPORT_ERRORS,
@@ -56,7 +57,7 @@ from ..base import (
 )
 from ..wire import splice
 from .request import MESSAGES, MessagesEncoded, build_tools
-from .stream import _compact, _get, _merge_usage, _Translator, _usage
+from .stream import _get, _merge_usage, _Translator, _usage
 
 OVERFLOW_STOP = "model_context_window_exceeded"
 
@@ -247,7 +248,7 @@ class AnthropicProvider:
                     id=str(_get(block, "id") or ""),
                     name=str(_get(block, "name") or ""),
                 )
-                yield ToolCallDelta(index=index, arguments=_compact(_get(block, "input") or {}))
+                yield ToolCallDelta(index=index, arguments=compact_json(_get(block, "input") or {}))
             else:
                 continue
             yield BlockStop(index=index)

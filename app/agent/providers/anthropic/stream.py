@@ -14,10 +14,10 @@ Events in an order the Messages API never sends are a ``fatal`` protocol error
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...codec import compact_json
 from ...messages import Usage, token_count
 from .._http import protocol_error
 from ..base import (
@@ -46,10 +46,6 @@ def _get(obj: Any, name: str) -> Any:
         if isinstance(extra, dict):
             value = extra.get(name)
     return value
-
-
-def _compact(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 _USAGE_FIELDS = (
@@ -199,7 +195,9 @@ class _Translator:
             out: list[StreamEvent] = []
             if index in self.tool_inputs and index not in self.tool_args_seen:
                 out.append(
-                    ToolCallDelta(index=index, arguments=_compact(self.tool_inputs[index] or {}))
+                    ToolCallDelta(
+                        index=index, arguments=compact_json(self.tool_inputs[index] or {})
+                    )
                 )
             return [*out, BlockStop(index=index)]
         if kind == "message_delta":
