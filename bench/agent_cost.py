@@ -3,7 +3,7 @@
 Prints CPU milliseconds (``time.process_time``, so a busy machine skews it less than wall time)
 per ``Agent.run`` at 10 / 1,000 / 4,000 / 20,000 messages of 200 characters, with the agent
 counting the context and with a running tally given (``Input.tokens``), then the CPU of one
-threshold compaction of 9,000 messages of 57 characters (issue 10's reproduction)::
+threshold compaction of 9,000 messages of 57 characters::
 
     .venv/bin/python bench/agent_cost.py
     PYTHONPATH=/path/to/older/checkout .venv/bin/python bench/agent_cost.py   # "before"

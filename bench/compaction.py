@@ -1,4 +1,4 @@
-"""/healthz while a long compaction runs (issue 10's reproduction), measured over HTTP.
+"""/healthz while a long compaction runs, measured over HTTP.
 
 Issue 10: a run that had to compact 9,000 messages froze its process for 15-19 s, so
 ``/healthz`` stalled and the lease lapsed. This bench runs that reproduction on real

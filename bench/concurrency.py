@@ -16,7 +16,7 @@ in a fresh database on 127.0.0.1:5432, dropped afterwards) and each worker count
   same concurrency, with the same counts, from the same client process. Percentiles are
   subtracted, not paired requests: read the p99 difference as an estimate.
 
-Then the yardstick the issue names: LiteLLM's proxy (``litellm[proxy]``, one worker) in front of
+Then the yardstick the targets name: LiteLLM's proxy (``litellm[proxy]``, one worker) in front of
 the same fake, its clients sending the whole history each time (LiteLLM stores nothing), with
 ``stream: false``; its added latency is taken against the fake called the same way
 (``stream: false``). LiteLLM lives in its own venv (bench/README.md); ``--litellm VENV`` (or

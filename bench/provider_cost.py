@@ -1,10 +1,10 @@
 """Server CPU per run on the real provider path, by conversation length, and the worst /healthz.
 
-The provider path's cost targets (docs/performance.md). For each provider mode it starts a fresh ``carryover serve``
-(SQLite in a temporary directory unless ``--engine postgresql``) in front of a fast fake
-(shared/bench/fake_openai.py, fake_anthropic.py, and bench/fake_responses.py for the Responses
-API: they answer at once), PUTs a context of each size
-(200-character texts), runs it a few times with ``Prefer: return=minimal`` and prints:
+The provider path's cost targets (docs/performance.md). For each provider mode it starts a
+fresh ``carryover serve`` (SQLite in a temporary directory unless ``--engine postgresql``) in
+front of a fast fake (shared/bench/fake_openai.py, fake_anthropic.py, and
+bench/fake_responses.py for the Responses API: they answer at once), PUTs a context of each
+size (200-character texts), runs it a few times with ``Prefer: return=minimal`` and prints:
 
 - the server's CPU per run (utime + stime of the server process and its children, from
   /proc/PID/stat; the fake's and the client's time are not counted), less what the /healthz

@@ -1,4 +1,4 @@
-"""The size of a context as it is stored and sent: the bytes of its JSON (issue 10).
+"""The size of a context as it is stored and sent: the bytes of its JSON.
 
 A context is stored as compact JSON texts, one per message (``dumps_message``), and answered
 by GET context as ``{"system_prompt":…,"summary":…,"messages":[…]}`` built from those texts

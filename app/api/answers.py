@@ -143,7 +143,7 @@ def ended_stream(record: RunRecord, conversation_id: str) -> Response:
 
 
 def _sse(event: str, data: Any, seq: int | None = None) -> bytes:
-    """One server-sent event; ``id`` is the run's event seq (issue 13: resume after it at
+    """One server-sent event; ``id`` is the run's event seq (resume after it at
     ``GET …/runs/{id}/events`` with ``Last-Event-ID``)."""
     tail = f"id: {seq}\n" if seq is not None else ""
     # a payload already JSON text (a compaction's, app.service.events) is sent as it is

@@ -1,4 +1,4 @@
-"""Limits on what a run stores, not only on what clients send (issue 10).
+"""Limits on what a run stores, not only on what clients send.
 
 - :class:`BoundedProvider`: one provider answer — an assistant attempt or a compaction's
   summary, which is the text of a summary answer — is at most ``max_answer_chars`` characters

@@ -1,5 +1,5 @@
 """An in-process cache of stored contexts, so that a run on a long conversation does not read,
-decode and validate its whole history again (issue 10).
+decode and validate its whole history again.
 
 Keyed by tenant and conversation; an entry is the :class:`~app.store.stores.Loaded` stored
 at one ``(incarnation, version)``, and it is only served for exactly that pair, as read under
@@ -145,7 +145,7 @@ class ContextCache(_Versioned[Loaded]):
 
 class BodyCache(_Versioned["_Body"]):
     """GET context's body, kept per process: a stored context's message texts joined with
-    commas, exactly as the database would join them (issue 10: GET context of a long
+    commas, exactly as the database would join them (GET context of a long
     conversation must not read and send megabytes from the database every time).
 
     Keyed like :class:`ContextCache` and served only for the ``(incarnation, version)`` read

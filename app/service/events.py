@@ -1,4 +1,4 @@
-"""A run's events, durable and resumable (issue 13).
+"""A run's events, durable and resumable.
 
 :class:`EventRecorder` takes the events of one run of this process as the agent reports them,
 numbers them (``seq`` from 1), coalesces text, thinking and tool-argument deltas (the parts of

@@ -1,4 +1,4 @@
-"""Keeping the garbage collector off a run's hot path (issue 10, docs/performance.md).
+"""Keeping the garbage collector off a run's hot path (docs/performance.md).
 
 A run allocates tens of thousands of objects (the request, the provider's events, the new
 messages, the SQL parameters) and most of them live past a young collection, so with

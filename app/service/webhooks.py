@@ -1,4 +1,4 @@
-"""Webhook deliveries (issue 13), signed as Standard Webhooks (https://www.standardwebhooks.com).
+"""Webhook deliveries, signed as Standard Webhooks (https://www.standardwebhooks.com).
 
 The outbox rows are written with the run's outcome (:mod:`app.store.webhooks`); a
 :class:`WebhookWorker` on every replica (unless ``CARRYOVER_WEBHOOK_WORKER=false``) claims due

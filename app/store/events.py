@@ -1,4 +1,4 @@
-"""A run's events, durable (issue 13): written in batches as the run goes, the last batch and
+"""A run's events, durable: written in batches as the run goes, the last batch and
 the ``run.finished`` marker in the transaction that records the run's outcome
 (:meth:`~app.store.runs.RunStore.finish_run`); read in order after a sequence number; purged
 after their retention in bounded batches (the run record and the transcript stay)."""

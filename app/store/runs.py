@@ -320,7 +320,7 @@ class RunStore(FinishingStore):
         ``interrupted`` meanwhile writes nothing at all, and learns how it was recorded.
 
         The same transaction stores the run's last ``events`` (not yet written, with the
-        ``run.finished`` marker) and the webhook deliveries its outcome calls for (issue 13);
+        ``run.finished`` marker) and the webhook deliveries its outcome calls for;
         ``paused_events`` instead of ``events`` when given and the run is recorded
         ``requires_action`` (they say ``run.requires_action`` before the marker: a pause whose
         save ends ``conflicted`` is not announced).

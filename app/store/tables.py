@@ -227,7 +227,7 @@ class MessageText(SQLModel, table=True):
 
 
 class Run(SQLModel, table=True):
-    """A run: its request, outcome and (for a later issue) its lease."""
+    """A run: its request, its outcome and its lease."""
 
     __tablename__ = "runs"
     __table_args__ = (

@@ -1,4 +1,4 @@
-"""Webhooks (issue 13): endpoints an operator registered per tenant, and the outbox of their
+"""Webhooks: endpoints an operator registered per tenant, and the outbox of their
 deliveries.
 
 A run's outcome and the deliveries it calls for are written in ONE transaction

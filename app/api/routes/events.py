@@ -1,4 +1,4 @@
-"""A run's events, resumable (issue 13): ``GET /conversations/{id}/runs/{run_id}/events``.
+"""A run's events, resumable: ``GET /conversations/{id}/runs/{run_id}/events``.
 
 The run's stored events as server-sent events, each with ``id: <seq>``, from the start or after
 ``Last-Event-ID`` (or ``?after=``), live while the run is in flight, ending after
