@@ -49,6 +49,7 @@ _AT_BEGIN = frozenset({"isolation_level", "postgresql_readonly", "postgresql_def
 
 #: the driver connections that run a statement from outside SQLAlchemy's execution
 _Driver = sqlite_driver.OneHopConnection | pg_driver.KeepingConnection
+_DRIVERS = (sqlite_driver.OneHopConnection, pg_driver.KeepingConnection)  # for isinstance
 
 S = TypeVar("S", bound=Executable)
 
@@ -168,7 +169,7 @@ class DirectConnection(AsyncConnection):
             ()
             if parameters is None
             else (parameters,)
-            if isinstance(parameters, Mapping)
+            if type(parameters) is dict or isinstance(parameters, Mapping)
             else parameters
         )
         many = len(rows) > 1
@@ -196,7 +197,8 @@ class DirectConnection(AsyncConnection):
         except BaseException as error:
             await self._raise_as_sqlalchemy(driver, error, plan.sql, bound)
             raise  # not reached: the above raises
-        result = DirectResult(plan.metadata(self.dialect, types), iter(found or ()))
+        metadata = _NO_ROWS if plan.columns is None else plan.metadata(self.dialect, types)
+        result = DirectResult(metadata, iter(found or ()))
         result.rowcount = rowcount
         return result
 
@@ -214,7 +216,7 @@ class DirectConnection(AsyncConnection):
         ):
             return None
         driver = sync.connection.dbapi_connection
-        if not isinstance(driver, _Driver):
+        if not isinstance(driver, _DRIVERS):
             return None
         if sync._transaction is None or not sync._transaction.is_active:
             if not isinstance(driver, sqlite_driver.OneHopConnection) or not driver.direct:
