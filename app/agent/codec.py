@@ -135,7 +135,7 @@ def load_context(data: Any) -> Context:
 
 
 def dumps_context(context: Context) -> str:
-    return json.dumps(dump_context(context), ensure_ascii=False, separators=(",", ":"))
+    return compact_json(dump_context(context))
 
 
 def _parse(text: str | bytes) -> Any:

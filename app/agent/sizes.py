@@ -17,13 +17,12 @@ it sends the provider a request its context could not be stored with.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 
 from pydantic import Field
 
-from .codec import dumps_message
+from .codec import compact_json, dumps_message
 from .messages import AnyMessage, AttemptError, _Value
 from .tokens import RunChanges, changed_messages
 
@@ -46,11 +45,7 @@ def message_bytes(message: AnyMessage) -> int:
 
 def frame_bytes(system_prompt: str, summary: str) -> int:
     """The bytes of a context's JSON around its messages (with no message at all)."""
-    head = json.dumps(
-        {"system_prompt": system_prompt, "summary": summary},
-        ensure_ascii=False,
-        separators=(",", ":"),
-    )
+    head = compact_json({"system_prompt": system_prompt, "summary": summary})
     return text_bytes(head) - 1 + len(_OPEN) + len(_CLOSE)
 
 

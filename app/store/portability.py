@@ -16,7 +16,6 @@ The document's parts, as plain JSON values (the API validates their shape):
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
@@ -38,6 +37,7 @@ from ._sql import (
     read_joined,
 )
 from .changes import last_batch_of_bodies, stored_pending
+from .columns import dump_json
 from .db import read_transaction, write_transaction
 from .errors import AlreadyExists, StoreError, conversation_not_found
 from .metadata import read_metadata, write_metadata
@@ -219,7 +219,7 @@ class PortabilityStore(StoreBase):
         dumped = DumpedContext.of(
             context["system_prompt"],
             context["summary"],
-            [json.dumps(m, ensure_ascii=False, separators=(",", ":")) for m in messages],
+            [dump_json(m) for m in messages],
         )
         dumped.check(max_bytes, "the imported context")
         entries: Sequence[dict[str, Any]] = document["transcript"]

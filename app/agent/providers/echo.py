@@ -22,9 +22,9 @@ answers a valid one.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 
+from ..codec import compact_json
 from ..compaction import SUMMARY_PREFIX
 from ..messages import AnyMessage, TextBlock, ToolResultMessage, Usage, UserMessage, text_of
 from ..structured import CORRECTION_PREFIX, broken_instance, instance_of
@@ -135,7 +135,7 @@ def _structured(request: ProviderRequest, history: tuple[AnyMessage, ...]) -> st
     asked = next((p for p in reversed(prompts) if not p.startswith(CORRECTION_PREFIX)), "")
     invalid = asked == "/invalid always" or (asked == "/invalid" and not correcting)
     value = broken_instance(schema) if invalid else instance_of(schema)
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return compact_json(value)
 
 
 def _is_summary(message: AnyMessage) -> bool:

@@ -4,14 +4,13 @@ after that module's own, so the document keeps its order of operations."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, Response
 from fastapi.responses import StreamingResponse
 
-from app.agent.codec import dump_message
+from app.agent.codec import compact_json, dump_message
 from app.agent.replay import ReplayError, validate_storable
 
 from ..deps import ConversationPath, IfMatchHeader, ServicesDep, TenantDep, if_match_value
@@ -85,7 +84,7 @@ async def fork_conversation(
 
 
 def _dumps(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    return compact_json(value).encode()
 
 
 _SECTIONS = ("message", "transcript", "run")
