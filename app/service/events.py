@@ -128,6 +128,11 @@ class EventRecorder:
         self._pending: _Pending | None = None
         self._unwritten: list[EventRow] = []
         self._lock = asyncio.Lock()
+        #: the next look at the pending delta and the batch (a timer, not a task: most runs
+        #: end before their first batch is due)
+        self._timer: asyncio.TimerHandle | None = None
+        self._last_write = 0.0
+        #: the batch being written, when one is due while the run goes
         self._task: asyncio.Task[None] | None = None
         self._paused: Any = None  # the required_action of a run that paused (close_paused)
 
@@ -135,7 +140,9 @@ class EventRecorder:
         """``run.started`` (seq 1); with ``background``, the writer of batches starts."""
         self._emit("run.started", data)
         if background:
-            self._task = asyncio.create_task(self._keep_writing(), name=f"events-{self.key[2]}")
+            self._last_write = self.clock.monotonic()
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(self.coalesce_seconds, self._tick, loop)
 
     def add(self, event: RunEvent) -> None:
         if type(event) is Delta and type(event.event) is provider_events.TextDelta:
@@ -208,14 +215,17 @@ class EventRecorder:
             self.live.put_nowait(StreamedEvent(self.seq, name, data))
         return self.seq
 
-    async def _keep_writing(self) -> None:
-        last = self.clock.monotonic()
-        while True:
-            await asyncio.sleep(self.coalesce_seconds)
-            self.seal_if_due()
-            if self.clock.monotonic() - last >= self.flush_seconds:
-                last = self.clock.monotonic()
-                await self.write()
+    def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Every ``coalesce_seconds`` while the run goes: seal a delta whose window has passed,
+        and every ``flush_seconds`` write a batch (in a task, one at a time)."""
+        self.seal_if_due()
+        writing = self._task
+        if (writing is None or writing.done()) and (
+            self.clock.monotonic() - self._last_write >= self.flush_seconds
+        ):
+            self._last_write = self.clock.monotonic()
+            self._task = loop.create_task(self.write(), name=f"events-{self.key[2]}")
+        self._timer = loop.call_later(self.coalesce_seconds, self._tick, loop)
 
     async def write(self) -> None:
         """Write the events not written yet, as one batch (kept for later when it fails)."""
@@ -274,7 +284,10 @@ class EventRecorder:
 
     async def _stop(self) -> None:
         """Stop the writer of batches (never in the middle of one) and seal a pending delta."""
-        async with self._lock:  # never cancel a batch being written
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        async with self._lock:  # never cancel a batch being written; one not begun, yes
             if self._task is not None:
                 self._task.cancel()
         if self._task is not None:
@@ -285,6 +298,9 @@ class EventRecorder:
 
     def abandon(self) -> None:
         """The run ended without a finish (a bug or a cancelled loop): stop the writer."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._task is not None:
             self._task.cancel()
             self._task = None

@@ -278,3 +278,77 @@ async def test_a_pending_delta_is_sealed_once_its_window_passed_and_batches_are_
     await recorder.write()
     assert [r.data["text"] for r in sink.batches[1]] == ["a"]
     assert [r.event for r in await recorder.close()] == ["run.finished"]
+
+
+class GatedSink(Sink):
+    """A sink whose writes wait for ``gate``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.writing = asyncio.Event()
+
+    async def append_events(self, rows: list[EventRow]) -> None:
+        self.writing.set()
+        await self.gate.wait()
+        await super().append_events(rows)
+
+
+async def test_the_background_writer_seals_and_writes_while_the_run_goes_and_stops_at_close() -> (
+    None
+):
+    clock = ManualClock()
+    sink = Sink()
+    recorder = EventRecorder(
+        sink,  # type: ignore[arg-type]
+        clock,
+        "t",
+        "c",
+        "r",
+        coalesce_seconds=0.0,  # it looks at every turn of the loop
+        flush_seconds=1.0,  # of the manual clock
+    )
+    recorder.start({}, background=True)
+    recorder.add(text(0, "a"))
+    for _ in range(20):  # turns of the loop, the clock still: sealed, nothing due yet
+        await asyncio.sleep(0)
+    assert sink.batches == []
+    clock.advance(1.0)
+
+    async def written() -> list[list[EventRow]] | None:
+        return sink.batches or None
+
+    batches = await until(written, what="a batch written in the background")
+    assert [[(r.seq, r.event) for r in b] for b in batches] == [[(1, "run.started"), (2, "delta")]]
+    recorder.add(text(0, "b"))
+    rows = await recorder.close()
+    assert [(r.seq, r.event) for r in rows] == [(3, "delta"), (4, "run.finished")]
+    clock.advance(5.0)
+    for _ in range(20):  # stopped: no more batches
+        await asyncio.sleep(0)
+    assert len(sink.batches) == 1
+
+
+async def test_closing_waits_for_a_batch_being_written_and_writes_none_twice() -> None:
+    clock = ManualClock()
+    sink = GatedSink()
+    recorder = EventRecorder(
+        sink,  # type: ignore[arg-type]
+        clock,
+        "t",
+        "c",
+        "r",
+        coalesce_seconds=0.0,
+        flush_seconds=0.0,  # a batch at the first look
+    )
+    recorder.start({}, background=True)
+    await asyncio.wait_for(sink.writing.wait(), 30)  # the batch of run.started is being written
+    recorder.add(text(0, "x"))
+    closing = asyncio.create_task(recorder.close())
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not closing.done()  # it waits for the batch; it does not cancel it
+    sink.gate.set()
+    rows = await asyncio.wait_for(closing, 30)
+    assert [[r.event for r in b] for b in sink.batches] == [["run.started"]]
+    assert [(r.seq, r.event) for r in rows] == [(2, "delta"), (3, "run.finished")]
