@@ -227,6 +227,11 @@ def loads_message_texts(
     return out
 
 
+#: part of :func:`dumps_json`'s placeholders: drawn once per process and never sent, so no
+#: string of a value can be one of them
+_NONCE = secrets.token_hex(16)
+
+
 class MessageList:
     """A list of messages inside a JSON value for :func:`dumps_json`: encoded in pieces."""
 
@@ -240,8 +245,9 @@ async def dumps_json(value: Any) -> bytes:
     """``value`` as compact JSON (``json.dumps(value, ensure_ascii=False, allow_nan=False,
     separators=(",", ":"))``, what a ``JSONResponse`` sends), where each :class:`MessageList`
     stands for the JSON array of its messages, encoded by :func:`dumps_messages_json`: the
-    event loop runs its other tasks between pieces."""
-    nonce = secrets.token_hex(16)  # no string of the value can be one of its placeholders
+    event loop runs its other tasks between pieces, once more than a piece's worth of
+    messages was encoded since it last did (a run's answer, a few messages, takes no turn)."""
+    nonce = _NONCE
     lists: list[Sequence[AnyMessage]] = []
 
     def placeholder(obj: Any) -> str:
@@ -255,12 +261,16 @@ async def dumps_json(value: Any) -> bytes:
     )
     out: list[bytes] = []
     at = 0
+    encoded = 0  # messages encoded since the event loop last ran other tasks
     for i, messages in enumerate(lists):  # in the order they were written
         token = json.dumps(f"\x00{nonce}:{i}")  # NUL is escaped whatever ensure_ascii says
         index = text.index(token, at)
         out.append(text[at:index].encode())
-        await asyncio.sleep(0)
+        if encoded + len(messages) > CHUNK:  # more than a piece since the loop last ran
+            await asyncio.sleep(0)
+            encoded = 0
         out.append(await dumps_messages_json(messages))
+        encoded += len(messages)
         at = index + len(token)
     out.append(text[at:].encode())
     return b"".join(out)
