@@ -9,8 +9,14 @@ all started first, each with a conversation of ``--messages`` messages and ``--w
 all of them within a round; the median of the blocks is the figure to compare. The server CPU
 is read from ``/proc`` in clock ticks (10 ms): a block of 100 runs reads to about 2 %.
 
+``--floor``: the floor app (shared/bench/floor_app.py) takes its turn in each round too, with
+``--block`` requests, and each checkout's figure is also given over it: the ``10 ÷ floor``
+ratio of ``provider_cost.py``, with the floor app measured in the same minutes as the runs
+rather than once before them (the median of the rounds' ratios, and their spread).
+
     .venv/bin/python bench/alternate.py --app-root /tmp/before --app-root .
     .venv/bin/python bench/alternate.py --provider openai --app-root /tmp/before --app-root .
+    .venv/bin/python bench/alternate.py --floor                 # this checkout ÷ the floor app
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ from typing import Any
 import _common as c  # bench/_common.py: a script's folder is on sys.path
 import httpx
 
+#: what a floor app request sends (as provider_cost.py and instructions.py do)
+FLOOR_BODY = {"prompts": [{"type": "user", "content": [{"type": "text", "text": "hi"}]}]}
+
 
 def main() -> None:
     c.on_sigterm()
@@ -35,6 +44,7 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=100, help="runs per block")
     parser.add_argument("--blocks", type=int, default=20, help="rounds of blocks")
     parser.add_argument("--app-root", type=Path, action="append", help="a checkout (repeatable)")
+    parser.add_argument("--floor", action="store_true", help="the floor app takes turns too")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     roots = [root.resolve() for root in args.app_root or [c.ROOT]]
@@ -45,8 +55,16 @@ def main() -> None:
         for i, root in enumerate(roots)
     ]
     per_block: dict[str, list[float]] = {label: [] for label in labels}
+    floor_blocks: list[float] = []
     with c.Procs() as procs, ExitStack() as stack:
         fake = c.start_fake(procs, args.provider).url if args.provider != "echo" else ""
+        floor = floor_http = None
+        if args.floor:
+            floor = c.start_floor(procs)
+            floor_http = stack.enter_context(httpx.Client(base_url=floor.url, timeout=600))
+            floor_http.put("/c/floor").raise_for_status()
+            for _ in range(args.warm):
+                floor_http.post("/c/floor/runs", json=FLOOR_BODY).raise_for_status()
         servers: list[tuple[str, c.Proc, httpx.Client]] = []
         for i, (root, label) in enumerate(zip(roots, labels, strict=True)):
             url = c.database(args.engine, stack, procs.workdir, f"alternate{i}")
@@ -58,6 +76,11 @@ def main() -> None:
                 c.run_minimal(http, "alternate", f"warm {n}")
             servers.append((label, server, http))
         for block in range(args.blocks):
+            if floor is not None and floor_http is not None:
+                before = c.cpu_seconds(floor.popen.pid)
+                for _ in range(args.block):
+                    floor_http.post("/c/floor/runs", json=FLOOR_BODY).raise_for_status()
+                floor_blocks.append((c.cpu_seconds(floor.popen.pid) - before) / args.block * 1e3)
             for label, server, http in servers:
                 before = c.cpu_seconds(server.popen.pid)
                 for n in range(args.block):
@@ -80,6 +103,22 @@ def main() -> None:
         f"\n{args.provider}, {args.engine}, {args.messages} messages: server CPU per run, "
         f"{args.blocks} blocks of {args.block} runs per checkout, alternating:\n"
     )
+    if floor_blocks:
+        floor_median = statistics.median(floor_blocks)
+        header += ["÷ floor (rounds: median, min, max)"]
+        for row, v in zip(rows, per_block.values(), strict=True):
+            ratios = [run / floor for run, floor in zip(v, floor_blocks, strict=True)]
+            row.append(f"{statistics.median(ratios):.2f} ({min(ratios):.2f} to {max(ratios):.2f})")
+        rows.append(
+            [
+                "floor app (shared/bench/floor_app.py)",
+                f"{floor_median:.2f}",
+                f"{statistics.mean(floor_blocks):.2f}",
+                f"{min(floor_blocks):.2f}",
+                f"{max(floor_blocks):.2f}",
+                "1",
+            ]
+        )
     print(c.table(header, rows))
     c.write_json(
         args.json,
@@ -89,6 +128,7 @@ def main() -> None:
             "messages": args.messages,
             "block": args.block,
             "per_block_ms": per_block,
+            "floor_per_block_ms": floor_blocks or None,
         },
     )
 
