@@ -40,4 +40,6 @@ class CompactionCompleted:
 
 
 RunEvent = Delta | MessageCompleted | ToolStarted | ToolFinished | CompactionCompleted
-EventSink = Callable[[RunEvent], Awaitable[None]]
+#: where a run's events go: a coroutine function, or a function that takes most events at once
+#: and returns None (an awaitable for those it needs the event loop for)
+EventSink = Callable[[RunEvent], Awaitable[None] | None]

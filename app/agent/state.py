@@ -191,7 +191,9 @@ class _Emitter:
         if self._sink is None:
             return
         try:
-            await self._sink(event)
+            pending = self._sink(event)
+            if pending is not None:
+                await pending
         except asyncio.CancelledError:
             raise
         except Exception:  # a broken listener (e.g. a gone client) must not end the run

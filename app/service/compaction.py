@@ -90,7 +90,9 @@ class Compactor:
                 log.exception("compaction %s failed unexpectedly", run_id)
                 result = internal_result(started.loaded.context, exc)
             for compaction in result.compactions:
-                await active.recorder.record(CompactionCompleted(compaction))
+                recorded = active.recorder.record(CompactionCompleted(compaction))
+                if recorded is not None:
+                    await recorded
             active.finishing = True
             return await asyncio.shield(
                 self.finisher.finish(active, started.loaded, result, "keep", idempotency=None)

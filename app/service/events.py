@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from app.agent.codec import dump_message, dumps_json, model_value
+from app.agent.codec import dump_message, dumps_json, dumps_message, model_value
 from app.agent.events import (
     CompactionCompleted,
     Delta,
@@ -84,7 +84,9 @@ def event_payload(event: RunEvent) -> tuple[str, Any] | None:
         case Delta():
             return None
         case MessageCompleted(message=message):
-            return "message", dump_message(message)
+            # the message's stored text (the context's rows and the records share it): one
+            # dump per message, and the event's text is that text, byte for byte
+            return "message", Dumped(dumps_message(message))
         case ToolStarted(call=call):
             return "tool.started", call.model_dump(mode="json")
         case ToolFinished(result=result):
@@ -174,19 +176,23 @@ class EventRecorder:
         self._seal()
         self._pending = _Pending(kind, index, now, [text])
 
-    async def record(self, event: RunEvent) -> None:
-        """:meth:`add`, a compaction's payload encoded as JSON text a few hundred folded
-        messages at a time, the event loop running between them (a compaction of a long
-        context folds thousands: one ``model_dump`` of it, then one ``json.dumps`` when it is
-        written, would stall the loop for tens of milliseconds each). Its ``data`` is then a
+    def record(self, event: RunEvent) -> Awaitable[None] | None:
+        """:meth:`add` (an :data:`~app.agent.events.EventSink`): at once, but a compaction,
+        whose payload is encoded as JSON text a few hundred folded messages at a time, the
+        event loop running between them (a compaction of a long context folds thousands: one
+        ``model_dump`` of it, then one ``json.dumps`` when it is written, would stall the loop
+        for tens of milliseconds each); for it, an awaitable. Its ``data`` is then a
         :class:`~app.store.tables.Dumped` text, stored as it is and streamed as it is."""
         if isinstance(event, CompactionCompleted):
-            c = event.compaction
-            data = Dumped((await dumps_json(model_value(c, folded=c.folded))).decode())
-            self._seal()
-            self._emit("compaction", data)
-            return
+            return self._record_compaction(event)
         self.add(event)
+        return None
+
+    async def _record_compaction(self, event: CompactionCompleted) -> None:
+        c = event.compaction
+        data = Dumped((await dumps_json(model_value(c, folded=c.folded))).decode())
+        self._seal()
+        self._emit("compaction", data)
 
     def emit(self, name: str, data: Any) -> None:
         """An event the service adds itself."""

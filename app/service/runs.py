@@ -24,7 +24,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from app import telemetry
-from app.agent.events import RunEvent
 from app.agent.pending import InvalidTools
 from app.agent.records import Result
 from app.agent.run import Agent
@@ -341,10 +340,8 @@ class RunManager:
     async def _run_agent(
         self, active: ActiveRun, agent: Agent, loaded: Loaded, request: RunRequest
     ) -> Result:
-        async def on_event(event: RunEvent) -> None:
-            if active.recorder is not None:
-                await active.recorder.record(event)  # numbered, stored, and streamed live
-
+        # numbered, stored, and streamed live
+        on_event = active.recorder.record if active.recorder is not None else None
         agent_input = pending.agent_input(
             loaded, request, size_bounds(self.state.settings), active.toolset
         )

@@ -97,6 +97,8 @@ class EventTranslator:
         """The OpenAI events for one native event (often none)."""
         if name == "delta" and isinstance(data, dict):
             return self._delta(data)
+        if name == "message" and isinstance(data, str):  # as it is stored (a live run's)
+            data = json.loads(data)
         if name == "message" and isinstance(data, dict):
             return self._message(data)
         return []
