@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from app.agent.codec import MessageList, dumps_json, in_field_order, model_value
+from app.agent.codec import CHUNK, MessageList, dumps_json, in_field_order, model_value
 from app.agent.messages import AssistantMessage, AttemptError, Usage, UserMessage
 from app.agent.structured import parsed_output
 from app.config import Settings
@@ -87,6 +87,12 @@ class RunView:
         runs its other tasks between them (``/healthz`` answers meanwhile)."""
         model = self.model
         drop_context = minimal or model.context is None
+        listed = len(model.new_messages) + sum(len(c.folded) for c in model.compactions)
+        if not drop_context:
+            assert model.context is not None
+            listed += len(model.context.messages)
+        if listed <= CHUNK:  # a piece's worth in all (most runs): one call, no turn of the loop
+            return model.model_dump_json(exclude={"context"} if drop_context else None).encode()
         exclude: dict[str, Any] = {
             "context": True if drop_context else {"messages"},
             "new_messages": True,
