@@ -6,6 +6,7 @@ timestamps on both engines (``UTCDateTime``)."""
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -76,20 +77,26 @@ class UTCDateTime(TypeDecorator[datetime]):
         """On SQLite: SQLAlchemy's processing (:meth:`process_bind_param`, then SQLite's
         ``DATETIME`` text), remembered for the last few timestamps bound. A transaction binds
         its one "now" in many rows (the run row, the lease, the transcript's entries, the
-        events, the usage); each is formatted once. Aware timestamps at the same instant are
-        equal and give the same UTC text; a naive one is never remembered (it is refused)."""
+        events, the usage) and columns; each is formatted once, whichever column binds it
+        first (every column of this type gives the same text on one dialect). Aware
+        timestamps at the same instant are equal and give the same UTC text; a naive one is
+        never remembered (it is refused)."""
         process = super().bind_processor(dialect)
         if process is None or dialect.name != "sqlite":
             return process
-        return _remembered(process)
+        memo = _memos.get(dialect)
+        if memo is None:
+            memo = _memos[dialect] = {}
+        return _remembered(process, memo)
 
 
 _BindProcessor = Callable[[Any], Any]
 _REMEMBERED = 32
+#: per dialect, the text of the last instants bound, shared by every column of the type
+_memos: weakref.WeakKeyDictionary[Dialect, dict[datetime, Any]] = weakref.WeakKeyDictionary()
 
 
-def _remembered(process: _BindProcessor) -> _BindProcessor:
-    memo: dict[datetime, Any] = {}
+def _remembered(process: _BindProcessor, memo: dict[datetime, Any]) -> _BindProcessor:
 
     def bind(value: Any) -> Any:
         if value is None:

@@ -68,3 +68,22 @@ def test_postgresql_binds_are_not_remembered(monkeypatch: Any) -> None:
 def _bind(dialect: Any) -> Any:
     """The processor SQLAlchemy uses: that of the type as adapted to the dialect."""
     return UTCDateTime().dialect_impl(dialect).bind_processor(dialect)
+
+
+def test_an_instant_is_processed_once_whichever_column_binds_it(monkeypatch: Any) -> None:
+    calls: list[datetime] = []
+    original = UTCDateTime.process_bind_param
+
+    def counted(self: UTCDateTime, value: Any, dialect: Any) -> Any:
+        calls.append(value)
+        return original(self, value, dialect)
+
+    monkeypatch.setattr(UTCDateTime, "process_bind_param", counted)
+    dialect = OneHopSQLiteDialect()
+    created, finished = _bind(dialect), _bind(dialect)  # two columns of the type
+    now = datetime(2026, 12, 7, 3, 4, 5, 678901, tzinfo=UTC)
+    assert created(now) == finished(now) == "2026-12-07 03:04:05.678901"
+    assert calls == [now]
+    other = _bind(OneHopSQLiteDialect())  # another engine's dialect: its own
+    assert other(now) == "2026-12-07 03:04:05.678901"
+    assert calls == [now, now]
