@@ -280,6 +280,21 @@ async def test_a_pending_delta_is_sealed_once_its_window_passed_and_batches_are_
     assert [r.event for r in await recorder.close()] == ["run.finished"]
 
 
+def background_recorder(sink: Sink, clock: ManualClock, flush_seconds: float) -> EventRecorder:
+    """A recorder started with its writer of batches, which looks at every turn of the loop."""
+    recorder = EventRecorder(
+        sink,  # type: ignore[arg-type]
+        clock,
+        "t",
+        "c",
+        "r",
+        coalesce_seconds=0.0,
+        flush_seconds=flush_seconds,
+    )
+    recorder.start({}, background=True)
+    return recorder
+
+
 class GatedSink(Sink):
     """A sink whose writes wait for ``gate``."""
 
@@ -299,16 +314,7 @@ async def test_the_background_writer_seals_and_writes_while_the_run_goes_and_sto
 ):
     clock = ManualClock()
     sink = Sink()
-    recorder = EventRecorder(
-        sink,  # type: ignore[arg-type]
-        clock,
-        "t",
-        "c",
-        "r",
-        coalesce_seconds=0.0,  # it looks at every turn of the loop
-        flush_seconds=1.0,  # of the manual clock
-    )
-    recorder.start({}, background=True)
+    recorder = background_recorder(sink, clock, flush_seconds=1.0)  # of the manual clock
     recorder.add(text(0, "a"))
     for _ in range(20):  # turns of the loop, the clock still: sealed, nothing due yet
         await asyncio.sleep(0)
@@ -332,16 +338,7 @@ async def test_the_background_writer_seals_and_writes_while_the_run_goes_and_sto
 async def test_closing_waits_for_a_batch_being_written_and_writes_none_twice() -> None:
     clock = ManualClock()
     sink = GatedSink()
-    recorder = EventRecorder(
-        sink,  # type: ignore[arg-type]
-        clock,
-        "t",
-        "c",
-        "r",
-        coalesce_seconds=0.0,
-        flush_seconds=0.0,  # a batch at the first look
-    )
-    recorder.start({}, background=True)
+    recorder = background_recorder(sink, clock, flush_seconds=0.0)  # a batch at the first look
     await asyncio.wait_for(sink.writing.wait(), 30)  # the batch of run.started is being written
     recorder.add(text(0, "x"))
     closing = asyncio.create_task(recorder.close())

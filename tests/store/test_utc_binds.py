@@ -15,14 +15,7 @@ from app.store.sqlite_driver import OneHopSQLiteDialect
 
 
 def test_an_instant_is_processed_once_and_bound_the_same(monkeypatch: Any) -> None:
-    calls: list[datetime] = []
-    original = UTCDateTime.process_bind_param
-
-    def counted(self: UTCDateTime, value: Any, dialect: Any) -> Any:
-        calls.append(value)
-        return original(self, value, dialect)
-
-    monkeypatch.setattr(UTCDateTime, "process_bind_param", counted)
+    calls = _counted(monkeypatch)
     bind = _bind(OneHopSQLiteDialect())
     assert bind is not None
     now = datetime(2026, 12, 6, 3, 4, 5, 678901, tzinfo=UTC)
@@ -48,14 +41,7 @@ def test_a_naive_timestamp_is_still_refused_every_time() -> None:
 
 
 def test_postgresql_binds_are_not_remembered(monkeypatch: Any) -> None:
-    calls: list[datetime] = []
-    original = UTCDateTime.process_bind_param
-
-    def counted(self: UTCDateTime, value: Any, dialect: Any) -> Any:
-        calls.append(value)
-        return original(self, value, dialect)
-
-    monkeypatch.setattr(UTCDateTime, "process_bind_param", counted)
+    calls = _counted(monkeypatch)
     bind = _bind(postgresql.dialect())
     now = datetime(2026, 12, 6, 3, 4, 5, tzinfo=UTC)
     if bind is None:  # asyncpg takes the datetime as it is: processed per call by SQLAlchemy
@@ -71,14 +57,7 @@ def _bind(dialect: Any) -> Any:
 
 
 def test_an_instant_is_processed_once_whichever_column_binds_it(monkeypatch: Any) -> None:
-    calls: list[datetime] = []
-    original = UTCDateTime.process_bind_param
-
-    def counted(self: UTCDateTime, value: Any, dialect: Any) -> Any:
-        calls.append(value)
-        return original(self, value, dialect)
-
-    monkeypatch.setattr(UTCDateTime, "process_bind_param", counted)
+    calls = _counted(monkeypatch)
     dialect = OneHopSQLiteDialect()
     created, finished = _bind(dialect), _bind(dialect)  # two columns of the type
     now = datetime(2026, 12, 7, 3, 4, 5, 678901, tzinfo=UTC)
@@ -87,3 +66,16 @@ def test_an_instant_is_processed_once_whichever_column_binds_it(monkeypatch: Any
     other = _bind(OneHopSQLiteDialect())  # another engine's dialect: its own
     assert other(now) == "2026-12-07 03:04:05.678901"
     assert calls == [now, now]
+
+
+def _counted(monkeypatch: Any) -> list[datetime]:
+    """The values SQLAlchemy's processing of the type is called with, from now on."""
+    calls: list[datetime] = []
+    original = UTCDateTime.process_bind_param
+
+    def counted(self: UTCDateTime, value: Any, dialect: Any) -> Any:
+        calls.append(value)
+        return original(self, value, dialect)
+
+    monkeypatch.setattr(UTCDateTime, "process_bind_param", counted)
+    return calls
