@@ -5,12 +5,12 @@ streamed run. Used by :mod:`app.api.routes.runs`; it declares no route."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from app.agent.codec import compact_json
 from app.service.live import ReaderBehind
 from app.service.runs import ActiveRun, Replayed, RunManager
 from app.store.records import IN_FLIGHT, RunRecord
@@ -19,6 +19,7 @@ from app.store.tables import Dumped
 from .deps import prefers_minimal
 from .handlers import stream_problem
 from .problems import BAD_HEADER, STREAM_READER_BEHIND, Problem
+from .sse import event_data
 from .views import record_view, run_view
 
 SSE_DESCRIPTION = (
@@ -146,8 +147,9 @@ def _sse(event: str, data: Any, seq: int | None = None) -> bytes:
     """One server-sent event; ``id`` is the run's event seq (resume after it at
     ``GET …/runs/{id}/events`` with ``Last-Event-ID``)."""
     tail = f"id: {seq}\n" if seq is not None else ""
-    # a payload already JSON text (a compaction's, app.service.events) is sent as it is
-    body = data if isinstance(data, Dumped) else json.dumps(data, separators=(",", ":"))
+    # a payload already JSON text (a message's or a compaction's, app.service.events) is sent
+    # as it is; the others are written the same way (compact, UTF-8 as it is)
+    body = event_data(data if isinstance(data, Dumped) else compact_json(data))
     return f"event: {event}\ndata: {body}\n{tail}\n".encode()
 
 

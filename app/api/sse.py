@@ -21,6 +21,19 @@ from typing import Any
 #: the comment sent when a stream has been quiet for an interval
 KEEPALIVE = b": keep-alive\n\n"
 
+#: characters JSON leaves as they are inside a string, where line readers that follow Python's
+#: ``str.splitlines`` (httpx's ``aiter_lines`` among them) end a line: escaped in an event's
+#: data, which stays the same JSON value on one line
+_LINE_ENDS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def event_data(text: str) -> str:
+    """A JSON text as an event's ``data`` line: :data:`_LINE_ENDS` escaped (WHATWG HTML
+    §9.2.6 ends a line only at CR and LF; some clients end one at these too)."""
+    if "\u2028" in text or "\u2029" in text or "\x85" in text:
+        return text.translate(_LINE_ENDS)
+    return text
+
 
 async def keepalive(
     source: AsyncIterator[bytes],

@@ -221,6 +221,39 @@ async def test_a_run_writes_its_events_in_a_constant_number_of_statements(
         assert counts == [1, 1]
 
 
+async def test_the_live_stream_and_the_stored_feed_write_each_event_in_the_same_bytes(
+    client: AppClient,
+) -> None:
+    """Compact JSON, UTF-8 as it is, on both: a message event is its message's stored text."""
+    await create(client)
+    prompt = 'naïve café ✓ \u2028 "quoted"'
+    async with client.stream(
+        "POST", "/conversations/conv/runs", json={"prompts": [prompt], "stream": True}
+    ) as answer:
+        assert answer.status_code == 201
+        live = (await answer.aread()).decode()
+    run_id = parse_sse(live)[0][2]["run_id"]
+    stored = await client.get(f"/conversations/conv/runs/{run_id}/events")
+
+    def raw(text: str) -> dict[str, str]:  # each event's data line as sent, by event and seq
+        out = {}
+        for chunk in text.strip().split("\n\n"):
+            fields = dict(line.split(": ", 1) for line in chunk.splitlines())
+            if fields["event"] != "run.finished":  # the run's record: its own view on each
+                out[f"{fields['id']} {fields['event']}"] = fields["data"]
+        return out
+
+    sent, kept = raw(live), raw(stored.text)
+    assert sent == kept
+    messages = [data for key, data in sent.items() if key.endswith(" message")]
+    assert len(messages) == 2 and all("naïve café ✓" in data for data in messages)
+    assert all("\\u00e" not in data for data in sent.values())  # UTF-8, not escaped to ASCII
+    # a line separator stays in the JSON value, escaped: a reader splitting lines as Python's
+    # str.splitlines does (httpx's aiter_lines) still reads one data line per event
+    assert all("\u2028" not in data and "\\u2028" in data for data in messages)
+    assert json.loads(messages[0])["content"][0]["text"] == prompt
+
+
 # --- the recorder, alone -------------------------------------------------------------------
 
 

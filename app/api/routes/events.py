@@ -6,7 +6,6 @@ The run's stored events as server-sent events, each with ``id: <seq>``, from the
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import AsyncIterator
@@ -15,12 +14,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import Response, StreamingResponse
 
+from app.agent.codec import compact_json
 from app.service.events import EventFeed
 from app.service.live import StreamedEvent
 
 from ..deps import ConversationPath, RunIdPath, ServicesDep, TenantDep
 from ..problems import BAD_HEADER, EVENTS_EXPIRED, Problem, problem_responses
-from ..sse import keepalive
+from ..sse import event_data, keepalive
 from ..views import record_view
 from .runs import SSE_EVENT
 
@@ -70,7 +70,7 @@ def _after(last_event_id: str | None, after: int | None) -> int:
 
 
 def _sse(event: StreamedEvent, data: Any) -> bytes:
-    body = json.dumps(data, separators=(",", ":"))
+    body = event_data(compact_json(data))  # as the live stream writes it
     return f"event: {event.event}\ndata: {body}\nid: {event.seq}\n\n".encode()
 
 
