@@ -237,12 +237,15 @@ async def count_start(conn: AsyncConnection, tenant: str, now: datetime) -> None
     await _add_usage(conn, tenant, day_of(now), runs=1)
 
 
-async def admit(conn: AsyncConnection, tenant: str, now: datetime) -> None:
+async def admit(conn: AsyncConnection, tenant: str, now: datetime, *, quota: bool = True) -> None:
     """Admit a run of ``tenant`` (inside the lease's transaction) or raise QuotaExceeded;
-    an admitted run counts in the tenant's day."""
-    refused = await refusal(conn, tenant, now)
-    if refused is not None:
-        raise refused
+    an admitted run counts in the tenant's day. ``quota`` False: the transaction has read
+    already that the tenant has no quota row (a run's start reads it with the conversation's
+    row), so there is nothing to read or to lock."""
+    if quota:
+        refused = await refusal(conn, tenant, now)
+        if refused is not None:
+            raise refused
     await count_start(conn, tenant, now)
 
 

@@ -38,7 +38,7 @@ from .events import EventRow
 from .idempotency import IdempotencyClaim, IdempotentReplay, claimed, insert_claim
 from .outcomes import FinishingStore, NotRunning, RunOutcome, RunStatus, no_longer_running
 from .quotas import QuotaExceeded, admit
-from .tables import Conversation, Run, conversations, runs
+from .tables import Conversation, Run, conversations, runs, tenant_quotas
 from .texts import run_of, select_runs
 
 OnFailure = Literal["keep", "discard"]
@@ -55,10 +55,19 @@ CachedContext = Callable[[str, str, str, int], Loaded | None]
 
 
 def _conversation_with_queue_head() -> Select[Any]:
-    """The conversation's row and its queue's head (``queue_head``), by bound parameters
+    """The conversation's row, its queue's head (``queue_head``) and whether its tenant has a
+    quota row (``has_quota``: without one the start reads no quota), by bound parameters
     ``tenant``, ``conv_id`` and ``now``: built once, so a run's start pays no statement
     construction (docs/performance.md)."""
-    return select(conversations, queue_head_by_parameters()).where(*bound_conversation_key())
+    has_quota = (
+        select(tenant_quotas.c.tenant)
+        .where(tenant_quotas.c.tenant == conversations.c.tenant)
+        .exists()
+        .label("has_quota")
+    )
+    return select(conversations, queue_head_by_parameters(), has_quota).where(
+        *bound_conversation_key()
+    )
 
 
 _SELECT_FOR_START = prepared(_conversation_with_queue_head())
@@ -205,6 +214,7 @@ class RunStore(FinishingStore):
                 raise conversation_not_found(conv_id)
             values_found = dict(found)
             ahead = values_found.pop("queue_head")
+            has_quota = bool(values_found.pop("has_quota"))
             conv = Conversation.model_construct(**values_found)
 
             if idempotency is not None:
@@ -228,7 +238,7 @@ class RunStore(FinishingStore):
             defer_inserts(conn)
             # the tenant's quota, under the same locks (app/store/quotas.py): refused, nothing
             # of this transaction is written
-            await admit(conn, tenant, now)
+            await admit(conn, tenant, now, quota=has_quota)
             values = run_values(
                 tenant,
                 conv_id,

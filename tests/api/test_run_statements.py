@@ -15,6 +15,7 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.db import sqlite_checkpoints
+from app.store.quotas import QuotaStore
 
 from ..helpers import server_calls
 from .conftest import AppClient
@@ -25,8 +26,7 @@ API_KEY = "statements-key-0123456789"
 #: a run's statements, by their first words: the start (quota, run row, lease), then the outcome
 #: (the conditional save, its rows, the run's records, the transcript, events and the outbox)
 START = [
-    "SELECT conversations",  # the row and its queue head, under the write lock
-    "SELECT tenant_quotas",
+    "SELECT conversations",  # the row, its queue head and whether the tenant has a quota
     "INSERT INTO tenant_usage",  # the run counts in the tenant's day
     "INSERT INTO runs",
     "UPDATE conversations",  # the lease (the inserts before it ride with it)
@@ -123,6 +123,27 @@ async def _count_statements(client: AppClient) -> None:
     # each write transaction opens with its own BEGIN on SQLite (app/store/db.py)
     begin = ["BEGIN IMMEDIATE"] if engine.dialect.name == "sqlite" else []
     assert seen[10] == [*begin, *START, *begin, *OUTCOME]
+
+
+async def test_a_tenant_with_a_quota_has_its_quota_row_read_when_a_run_starts(
+    app_factory: Callable[..., Any],
+) -> None:
+    # the first statement says whether the tenant has a quota row; only then is it read (on
+    # PostgreSQL locked, serialising the tenant's starts), right after
+    async with app_factory(api_keys=f"acme:{API_KEY}") as client:
+        client.headers["Authorization"] = f"Bearer {API_KEY}"
+        svc: Any = client.app.state.services
+        await QuotaStore(svc.engine, svc.runs.clock).set("acme", runs_per_minute=1_000)
+        await put(client, "quota", 10)
+        warm = await client.post("/conversations/quota/runs", json={"prompts": ["warm"]})
+        assert warm.status_code == 201
+        with statements(svc.engine) as run:
+            answer = await client.post(
+                "/conversations/quota/runs", json={"prompts": ["hi"]}, headers=MINIMAL
+            )
+        assert answer.status_code == 201 and answer.json()["status"] == "completed"
+    first = run.index("SELECT conversations")
+    assert run[first + 1] == "SELECT tenant_quotas" and run.count("SELECT tenant_quotas") == 1
 
 
 async def test_the_engine_has_no_event_listener_of_its_own(client: AppClient) -> None:
@@ -257,17 +278,18 @@ async def _one_warm_run_counted(app_factory: Callable[..., Any], conv: str, on: 
         assert answer.status_code == 201 and answer.json()["status"] == "completed"
 
 
-async def test_a_run_on_postgresql_makes_ten_round_trips(
+async def test_a_run_on_postgresql_makes_nine_round_trips(
     app_factory: Callable[..., Any], monkeypatch: Any
 ) -> None:
     # Each statement is a round trip to the server. The inserts nobody reads in the
     # transaction ride with its next statement as WITH clauses (app/store/pg_driver.py), and
-    # a connection in use is not pinged when taken from the pool (app/store/db.py): a run is
-    # two transactions of five round trips, whatever the conversation's length.
+    # a connection in use is not pinged when taken from the pool (app/store/db.py), and a
+    # tenant without a quota reads no quota row (the first statement says so): a run is two
+    # transactions of four and five round trips, whatever the conversation's length.
     with server_calls(monkeypatch, counted=_COUNTED.get) as calls:
         await _one_warm_run_counted(app_factory, "trips", "postgresql")
     trips = [c.split()[0] for c in calls if not c.startswith("prepare ")]
-    start = ["BEGIN", "SELECT", "SELECT", "WITH", "COMMIT"]
+    start = ["BEGIN", "SELECT", "WITH", "COMMIT"]
     outcome = ["BEGIN", "UPDATE", "WITH", "WITH", "COMMIT"]
     assert trips == [*start, *outcome], calls
 

@@ -239,11 +239,10 @@ async def test_a_cached_run_reads_the_same_rows_at_10_and_5000_messages(
         seen[size] = [s.replace(conv, "?") for s in statements]
     assert seen[10] == seen[5_000]
     reads = [s for s in seen[10] if s.upper().startswith("SELECT")]
-    # the conversation row under the lock, and the tenant's quota row (app/store/quotas.py,
-    # a primary-key read); no message row at all
+    # the conversation row under the lock, which says whether the tenant has a quota (none
+    # here: no quota row is read, app/store/quotas.py); no message row at all
     assert not any("context_messages" in s for s in reads)
-    assert len(reads) == 2 and "FROM conversations" in reads[0]
-    assert "FROM tenant_quotas" in reads[1]
+    assert len(reads) == 1 and "FROM conversations" in reads[0]
 
 
 async def test_a_forks_tally_equals_a_recount_whole_or_a_prefix_and_after_a_run(
