@@ -10,7 +10,6 @@ from typing import Any
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from app.agent.codec import compact_json
 from app.service.live import ReaderBehind
 from app.service.runs import ActiveRun, Replayed, RunManager
 from app.store.records import IN_FLIGHT, RunRecord
@@ -19,7 +18,7 @@ from app.store.tables import Dumped
 from .deps import prefers_minimal
 from .handlers import stream_problem
 from .problems import BAD_HEADER, STREAM_READER_BEHIND, Problem
-from .sse import event_data
+from .sse import sse_event
 from .views import record_view, run_view
 
 SSE_DESCRIPTION = (
@@ -133,7 +132,7 @@ def ended_stream(record: RunRecord, conversation_id: str) -> Response:
     """A streamed request whose queued run ended without running: only ``run.finished``."""
 
     async def events() -> AsyncIterator[bytes]:
-        yield _sse("run.finished", record_view(record).body())
+        yield sse_event("run.finished", record_view(record).body())
 
     return StreamingResponse(
         events(),
@@ -141,16 +140,6 @@ def ended_stream(record: RunRecord, conversation_id: str) -> Response:
         media_type="text/event-stream",
         headers={"Location": run_location(conversation_id, record.run.run_id)},
     )
-
-
-def _sse(event: str, data: Any, seq: int | None = None) -> bytes:
-    """One server-sent event; ``id`` is the run's event seq (resume after it at
-    ``GET …/runs/{id}/events`` with ``Last-Event-ID``)."""
-    tail = f"id: {seq}\n" if seq is not None else ""
-    # a payload already JSON text (a message's or a compaction's, app.service.events) is sent
-    # as it is; the others are written the same way (compact, UTF-8 as it is)
-    body = event_data(data if isinstance(data, Dumped) else compact_json(data))
-    return f"event: {event}\ndata: {body}\n{tail}\n".encode()
 
 
 def _behind(active: ActiveRun, behind: ReaderBehind, last: int) -> dict[str, Any]:
@@ -180,23 +169,23 @@ async def sse_events(
             try:
                 event = await active.events.get()
             except ReaderBehind as behind:  # cut (app/service/live.py): the run goes on
-                yield _sse("error", _behind(active, behind, last))
+                yield sse_event("error", _behind(active, behind, last))
                 return
             if event is None:
                 break
-            yield _sse(event.event, event.data, event.seq)
+            yield sse_event(event.event, event.data, event.seq)
             last = event.seq
         try:
             finished = await asyncio.shield(active.done)
             # a long compaction's folded messages encoded in pieces (RunView.render)
             body = Dumped((await run_view(finished).render(minimal=minimal)).decode())
         except Exception as exc:  # the outcome could not be stored (or a bug): say so, end
-            yield _sse(
+            yield sse_event(
                 "error",
                 stream_problem(exc, instance=run_location(active.conversation_id, active.run_id)),
             )
             return
-        yield _sse("run.finished", body, active.recorder.finished_seq)
+        yield sse_event("run.finished", body, active.recorder.finished_seq)
     except asyncio.CancelledError:
         if on_disconnect == "cancel":
             manager.stop(active)

@@ -18,6 +18,9 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from app.agent.codec import compact_json
+from app.store.tables import Dumped
+
 #: the comment sent when a stream has been quiet for an interval
 KEEPALIVE = b": keep-alive\n\n"
 
@@ -27,12 +30,21 @@ KEEPALIVE = b": keep-alive\n\n"
 _LINE_ENDS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
 
-def event_data(text: str) -> str:
+def _event_data(text: str) -> str:
     """A JSON text as an event's ``data`` line: :data:`_LINE_ENDS` escaped (WHATWG HTML
     §9.2.6 ends a line only at CR and LF; some clients end one at these too)."""
     if "\u2028" in text or "\u2029" in text or "\x85" in text:
         return text.translate(_LINE_ENDS)
     return text
+
+
+def sse_event(name: str, data: Any, seq: int | None = None) -> bytes:
+    """One server-sent event of a run's stream, live or stored: ``data`` as compact JSON,
+    UTF-8 as it is (a :class:`~app.store.tables.Dumped` text, a message's or a compaction's,
+    as it is), and ``id`` the run's event seq (resume after it with ``Last-Event-ID``)."""
+    body = _event_data(data if isinstance(data, Dumped) else compact_json(data))
+    tail = f"id: {seq}\n" if seq is not None else ""
+    return f"event: {name}\ndata: {body}\n{tail}\n".encode()
 
 
 async def keepalive(

@@ -9,18 +9,16 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import Response, StreamingResponse
 
-from app.agent.codec import compact_json
 from app.service.events import EventFeed
-from app.service.live import StreamedEvent
 
 from ..deps import ConversationPath, RunIdPath, ServicesDep, TenantDep
 from ..problems import BAD_HEADER, EVENTS_EXPIRED, Problem, problem_responses
-from ..sse import event_data, keepalive
+from ..sse import keepalive, sse_event
 from ..views import record_view
 from .runs import SSE_EVENT
 
@@ -69,11 +67,6 @@ def _after(last_event_id: str | None, after: int | None) -> int:
     return int(last_event_id.strip(" \t"))
 
 
-def _sse(event: StreamedEvent, data: Any) -> bytes:
-    body = event_data(compact_json(data))  # as the live stream writes it
-    return f"event: {event.event}\ndata: {body}\nid: {event.seq}\n\n".encode()
-
-
 @router.get(
     "/conversations/{conversation_id}/runs/{run_id}/events",
     response_class=StreamingResponse,
@@ -111,7 +104,7 @@ async def run_events(
                 if event.event == "run.finished":
                     record = await feed.record(tenant, conversation_id, run_id)
                     data = record_view(record).body()
-                yield _sse(event, data)
+                yield sse_event(event.event, data, event.seq)
         except Exception:  # the database went away: end the stream; the client resumes
             log.exception("streaming the events of run %s failed", run_id)
 
