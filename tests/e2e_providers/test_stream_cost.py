@@ -73,18 +73,8 @@ async def test_streamed_anthropic_runs_reuse_one_connection(
     serve: Serve, anthropic_fake: A.AnthropicFake, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # After message_stop the rest of the body (its end) is read, so the connection goes back
-    # to the SDK client's pool: the next run does not open one again. Counted at the
-    # transport's connect, never timed.
-    import httpcore2._async.connection as connection
-
-    opened: list[str] = []
-    original = connection.AsyncHTTPConnection._connect
-
-    async def counting(self: Any, request: Any) -> Any:
-        opened.append(str(request.url))
-        return await original(self, request)
-
-    monkeypatch.setattr(connection.AsyncHTTPConnection, "_connect", counting)
+    # to the client's pool: the next run does not open one again. Counted where the fake
+    # accepts connections, never timed.
     profile = AgentProfile(
         provider="anthropic", model=CLAUDE, base_url=anthropic_fake.base_url, api_key_env="FAKE_KEY"
     )
@@ -97,4 +87,5 @@ async def test_streamed_anthropic_runs_reuse_one_connection(
             run = await client.post("/conversations/c/runs", json={"prompts": [f"p{i}"]})
             assert run.status_code == 201, run.text
             assert run.json()["status"] == "completed", run.json()["error"]
-    assert len(opened) == 1, opened
+    assert len(anthropic_fake.message_requests) == 3
+    assert anthropic_fake.connections == 1

@@ -112,6 +112,9 @@ class FakeServer:
 
     def __init__(self) -> None:
         self.requests: list[RecordedRequest] = []
+        #: TCP connections accepted so far (a client reusing its kept-alive connection opens
+        #: no new one)
+        self.connections = 0
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -126,6 +129,11 @@ class FakeServer:
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
+
+            def setup(self) -> None:  # once per accepted connection
+                with fake._lock:
+                    fake.connections += 1
+                super().setup()
 
             def do_GET(self) -> None:
                 fake._serve(self)

@@ -39,6 +39,7 @@ from .._http import (
     status_error,
 )
 from .._sdk import TIMEOUT_ERRORS, drain, events, send, timeout_error
+from .._transport import ProviderHttpClient
 from ..base import (
     BlockStop,
     MessageStart,
@@ -110,7 +111,12 @@ class AnthropicProvider:
             base_url=base_url,
             timeout=anthropic.Timeout(self.timeouts.idle, connect=self.timeouts.connect),
             max_retries=0,
-            http_client=anthropic.DefaultAsyncHttpxClient(verify=client_context()),
+            http_client=ProviderHttpClient(
+                verify=client_context(),
+                timeout=anthropic.DEFAULT_TIMEOUT,
+                limits=anthropic.DEFAULT_CONNECTION_LIMITS,
+                follow_redirects=True,
+            ),
         )
 
     async def aclose(self) -> None:

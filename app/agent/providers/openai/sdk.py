@@ -22,6 +22,7 @@ from app.tls import client_context
 from .._http import TRANSPORT_ERRORS, connection_error, error_fields, is_overflow_text, scrub
 from .._http import status_error as _status_error
 from .._sdk import TIMEOUT_ERRORS, send, timeout_error
+from .._transport import ProviderHttpClient
 from ..base import ProviderError, Timeouts
 
 
@@ -37,7 +38,12 @@ class OpenAISdk:
             base_url=base_url,
             timeout=openai.Timeout(timeouts.idle, connect=timeouts.connect),
             max_retries=0,
-            http_client=openai.DefaultAsyncHttpxClient(verify=client_context()),
+            http_client=ProviderHttpClient(
+                verify=client_context(),
+                timeout=openai.DEFAULT_TIMEOUT,
+                limits=openai.DEFAULT_CONNECTION_LIMITS,
+                follow_redirects=True,
+            ),
         )
 
     async def aclose(self) -> None:

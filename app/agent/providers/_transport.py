@@ -1,0 +1,189 @@
+"""The HTTP transport both SDK providers send through: aiohttp under the SDKs' own client.
+
+The ``openai`` and ``anthropic`` SDKs send with an ``httpx2.AsyncClient``; what moves the bytes
+is that client's transport. Its default (httpcore over anyio, with h11 parsing in pure Python)
+was the largest part of what a request cost a run: about 1.4 M instructions of a 12.3 M run
+with the ``openai`` provider (docs/performance.md, "With a real provider").
+:class:`AiohttpTransport` moves the bytes with aiohttp instead (its C HTTP parser, its
+connection pool), as the SDKs' own ``DefaultAioHttpClient`` does. Everything above the
+transport stays the SDK's: the request it builds, its headers and auth, its error types, its
+stream decoding, and so the providers' classification of every failure.
+
+What is Carryover's here is the mapping of aiohttp's failures onto httpx's, which the SDKs and
+:mod:`._http` classify: a connect timeout is ``ConnectTimeout``, a read that waited past the
+idle timeout ``ReadTimeout``, a refused or unresolvable address ``ConnectError``, a server that
+closed the connection (before its answer, or half-way through its body) ``RemoteProtocolError``,
+a reset ``ReadError`` (so a dropped connection is never reported as a timeout).
+
+:class:`ProviderHttpClient` is the SDKs' default client (their timeouts, limits and redirects)
+with this transport for direct connections. A proxy from the environment (``HTTPS_PROXY``...)
+is still honoured: its connections go through httpx's own proxy transport, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import httpx2
+from yarl import URL
+
+#: TCP keep-alive on every connection, as the ``anthropic`` SDK's own client sets it: an answer
+#: that takes minutes (long thinking) keeps its connection alive through NATs and load
+#: balancers that drop idle flows
+_KEEPALIVE = [
+    (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+    *(
+        (socket.IPPROTO_TCP, option, value)
+        for name, value in (("TCP_KEEPIDLE", 60), ("TCP_KEEPINTVL", 60), ("TCP_KEEPCNT", 5))
+        if (option := getattr(socket, name, None)) is not None
+    ),
+]
+
+
+def _socket(addr_info: Any) -> socket.socket:
+    family, type_, proto, _, _ = addr_info
+    sock = socket.socket(family=family, type=type_, proto=proto)
+    for level, option, value in _KEEPALIVE:
+        sock.setsockopt(level, option, value)
+    return sock
+
+
+#: aiohttp's failures as httpx's, most specific first (the first match wins)
+_ERRORS: tuple[tuple[type[BaseException], type[httpx2.TransportError]], ...] = (
+    (aiohttp.ConnectionTimeoutError, httpx2.ConnectTimeout),
+    (aiohttp.SocketTimeoutError, httpx2.ReadTimeout),
+    (aiohttp.ServerTimeoutError, httpx2.ReadTimeout),
+    (aiohttp.ClientConnectorError, httpx2.ConnectError),
+    (aiohttp.ServerDisconnectedError, httpx2.RemoteProtocolError),
+    (aiohttp.ClientPayloadError, httpx2.RemoteProtocolError),
+    (aiohttp.ClientResponseError, httpx2.RemoteProtocolError),
+    (aiohttp.ClientOSError, httpx2.ReadError),
+    (aiohttp.InvalidURL, httpx2.UnsupportedProtocol),
+    (aiohttp.NonHttpUrlClientError, httpx2.UnsupportedProtocol),
+    (aiohttp.ClientError, httpx2.NetworkError),
+)
+
+
+def transport_error(exc: BaseException, request: httpx2.Request) -> httpx2.TransportError:
+    """``exc`` (an aiohttp failure) as the httpx error the SDKs expect."""
+    for source, target in _ERRORS:
+        if isinstance(exc, source):
+            return target(str(exc) or type(exc).__name__, request=request)
+    return httpx2.NetworkError(str(exc) or type(exc).__name__, request=request)
+
+
+class _Body(httpx2.AsyncByteStream):
+    """An answer's body as it arrives; closing it hands the connection back to the pool when
+    the body was read to its end (else the connection is closed)."""
+
+    def __init__(self, response: aiohttp.ClientResponse, request: httpx2.Request) -> None:
+        self._response = response
+        self._request = request
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        content = self._response.content
+        try:
+            while True:
+                chunk = await content.readany()
+                if not chunk:
+                    return
+                yield chunk
+        except aiohttp.ClientError as exc:
+            raise transport_error(exc, self._request) from exc
+
+    async def aclose(self) -> None:
+        self._response.release()
+
+
+class AiohttpTransport(httpx2.AsyncBaseTransport):
+    """HTTP/1.1 over aiohttp's connection pool (one pool per event loop that uses it)."""
+
+    def __init__(self, ssl_context: ssl.SSLContext, limits: httpx2.Limits) -> None:
+        self._ssl = ssl_context
+        self._limits = limits
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _session_here(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._loop is not loop or self._session.closed:
+            # a session belongs to the loop it was made in: a client used from another loop
+            # (a test, a CLI command) gets its own
+            connector = aiohttp.TCPConnector(
+                ssl=self._ssl,
+                limit=self._limits.max_connections or 0,
+                keepalive_timeout=self._limits.keepalive_expiry or 0,
+                socket_factory=_socket,
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector, auto_decompress=False, trust_env=False
+            )
+            self._loop = loop
+        return self._session
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        timeout: dict[str, Any] = request.extensions.get("timeout", {})
+        session = self._session_here()
+        try:
+            response = await session.request(
+                request.method,
+                URL(str(request.url), encoded=True),  # as httpx encoded it
+                headers=request.headers.multi_items(),
+                data=request.content or None,
+                allow_redirects=False,
+                timeout=aiohttp.ClientTimeout(
+                    total=None,
+                    connect=timeout.get("pool"),
+                    sock_connect=timeout.get("connect"),
+                    sock_read=timeout.get("read"),
+                ),
+                server_hostname=request.extensions.get("sni_hostname"),
+            )
+        except aiohttp.ClientError as exc:
+            raise transport_error(exc, request) from exc
+        extensions: dict[str, Any] = {"http_version": b"HTTP/1.1"}
+        if response.reason:
+            extensions["reason_phrase"] = response.reason.encode()
+        return httpx2.Response(
+            status_code=response.status,
+            headers=response.raw_headers,
+            stream=_Body(response, request),
+            request=request,
+            extensions=extensions,
+        )
+
+    async def aclose(self) -> None:
+        session, self._session = self._session, None
+        if session is not None and self._loop is asyncio.get_running_loop():
+            await session.close()
+
+
+_LIMITS = httpx2.Limits(max_connections=100, max_keepalive_connections=20)  # httpx's default
+
+
+class ProviderHttpClient(httpx2.AsyncClient):
+    """An SDK's default client (``DefaultAsyncHttpxClient``'s timeouts, limits, redirects, as
+    the SDK passes them) whose direct connections go through :class:`AiohttpTransport`."""
+
+    def _init_transport(
+        self,
+        verify: ssl.SSLContext | str | bool = True,
+        cert: Any = None,
+        trust_env: bool = True,
+        http1: bool = True,
+        http2: bool = False,
+        limits: httpx2.Limits = _LIMITS,
+        transport: httpx2.AsyncBaseTransport | None = None,
+    ) -> httpx2.AsyncBaseTransport:
+        if transport is not None:
+            return transport
+        context = httpx2.create_ssl_context(verify=verify, cert=cert, trust_env=trust_env)
+        return AiohttpTransport(context, limits)
+
+
+__all__ = ["AiohttpTransport", "ProviderHttpClient", "transport_error"]

@@ -1,0 +1,177 @@
+"""The transport under both SDKs (aiohttp): each way a connection fails is reported as what it
+is, through the providers' classification, never as another (a dropped connection is not a
+timeout); and a proxy from the environment is still used."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from collections.abc import AsyncIterator, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import aiohttp
+import httpx2
+import pytest
+
+from app.agent.messages import UserMessage
+from app.agent.providers._sdk import timeout_error
+from app.agent.providers._transport import transport_error
+from app.agent.providers.anthropic import AnthropicProvider
+from app.agent.providers.base import Provider, ProviderError, ProviderRequest, Timeouts
+from app.agent.providers.openai import OpenAIProvider
+from tests.helpers import HANG_GUARD_SECONDS
+
+SHORT = Timeouts(connect=5.0, idle=5.0)
+
+
+def _providers(base: str) -> list[Provider]:
+    return [
+        OpenAIProvider(api_key="sk-x", base_url=base + "/v1", timeouts=SHORT),
+        OpenAIProvider(api_key="sk-x", base_url=base + "/v1", timeouts=SHORT, stream=False),
+        AnthropicProvider(api_key="sk-ant-x", base_url=base, timeouts=SHORT),
+        AnthropicProvider(api_key="sk-ant-x", base_url=base, timeouts=SHORT, stream=False),
+    ]
+
+
+async def _text(provider: Provider) -> str:
+    parts: list[str] = []
+
+    async def consume() -> None:
+        request = ProviderRequest(system_prompt="", messages=(UserMessage.text("x"),), model="m")
+        async for event in provider.stream(request):
+            text = getattr(event, "text", None)
+            if isinstance(text, str):
+                parts.append(text)
+
+    await asyncio.wait_for(consume(), HANG_GUARD_SECONDS)
+    return "".join(parts)
+
+
+async def _fail(provider: Provider) -> ProviderError:
+    with pytest.raises(ProviderError) as caught:
+        await _text(provider)
+    return caught.value
+
+
+@pytest.fixture
+async def hanging_up() -> AsyncIterator[str]:
+    """A server that reads a request and closes the connection without a word."""
+
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)
+        writer.close()
+
+    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+
+
+async def test_a_server_that_hangs_up_is_a_dropped_connection_not_a_timeout(
+    hanging_up: str,
+) -> None:
+    for provider in _providers(hanging_up):
+        try:
+            error = await _fail(provider)
+        finally:
+            await provider.aclose()
+        assert error.kind == "retryable", error
+        assert error.code != "timeout", error
+        assert "connection failed" in error.message, error.message
+
+
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]  # bound, never listening: connections are refused
+
+
+async def test_a_refused_connection_names_the_address(closed_port: int) -> None:
+    for provider in _providers(f"http://127.0.0.1:{closed_port}"):
+        try:
+            error = await _fail(provider)
+        finally:
+            await provider.aclose()
+        assert error.kind == "retryable", error
+        assert error.code != "timeout", error
+        assert "connection failed" in error.message, error.message
+        assert f"127.0.0.1:{closed_port}" in error.message, error.message
+
+
+def test_aiohttp_failures_map_onto_the_httpx_errors_the_sdks_classify() -> None:
+    request = httpx2.Request("POST", "http://127.0.0.1:1/v1/chat/completions")
+    connect = transport_error(aiohttp.ConnectionTimeoutError("connect timed out"), request)
+    assert type(connect) is httpx2.ConnectTimeout and connect.request is request
+    assert timeout_error("openai", connect, SHORT).message == (
+        "openai: the provider could not connect within 5 s (connect_timeout)"
+    )
+    idle = transport_error(aiohttp.SocketTimeoutError("read timed out"), request)
+    assert type(idle) is httpx2.ReadTimeout
+    assert "(idle_timeout)" in timeout_error("openai", idle, SHORT).message
+    assert type(transport_error(aiohttp.ServerDisconnectedError(), request)) is (
+        httpx2.RemoteProtocolError
+    )
+    assert type(transport_error(aiohttp.ClientPayloadError("cut"), request)) is (
+        httpx2.RemoteProtocolError
+    )
+    reset = aiohttp.ClientOSError(104, "Connection reset by peer")
+    assert type(transport_error(reset, request)) is httpx2.ReadError
+
+
+class _Proxy(BaseHTTPRequestHandler):
+    """A forward proxy that answers every request itself, as the provider would, and keeps
+    the request line it received (a proxied request names the whole URL)."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list[str] = []
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["content-length"]))
+        type(self).seen.append(self.requestline)
+        body = json.dumps(
+            {
+                "id": "chatcmpl-1",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "m",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "through the proxy"},
+                        "finish_reason": "stop",
+                    }
+                ],
+            }
+        ).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+async def test_a_proxy_from_the_environment_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    proxy = ThreadingHTTPServer(("127.0.0.1", 0), _Proxy)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    _Proxy.seen = []
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.server_address[1]}")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    provider = OpenAIProvider(
+        api_key="sk-x", base_url="http://api.example.invalid/v1", timeouts=SHORT, stream=False
+    )
+    try:
+        assert await _text(provider) == "through the proxy"
+    finally:
+        await provider.aclose()
+        proxy.shutdown()
+        proxy.server_close()
+    assert _Proxy.seen == ["POST http://api.example.invalid/v1/chat/completions HTTP/1.1"]
