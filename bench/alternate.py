@@ -17,6 +17,13 @@ rather than once before them (the median of the rounds' ratios, and their spread
     .venv/bin/python bench/alternate.py --app-root /tmp/before --app-root .
     .venv/bin/python bench/alternate.py --provider openai --app-root /tmp/before --app-root .
     .venv/bin/python bench/alternate.py --floor                 # this checkout ÷ the floor app
+
+``--provider`` may name several (``echo,openai,anthropic``): each checkout then gets a server
+per provider, all taking turns in each round, and each provider's figure is also given as its
+difference over echo of the same checkout in the same round (the contract's "a provider run at
+10 messages ≤ an echo run + 2 ms", measured where a drifting machine moves both alike).
+
+    .venv/bin/python bench/alternate.py --floor --provider echo,openai,anthropic
 """
 
 from __future__ import annotations
@@ -37,7 +44,9 @@ FLOOR_BODY = {"prompts": [{"type": "user", "content": [{"type": "text", "text": 
 def main() -> None:
     c.on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--provider", default="echo", choices=["echo", "openai", "anthropic"])
+    parser.add_argument(
+        "--provider", default="echo", help="echo, openai or anthropic, or several: echo,openai"
+    )
     parser.add_argument("--engine", default="sqlite", choices=["sqlite", "postgresql"])
     parser.add_argument("--messages", type=int, default=10)
     parser.add_argument("--warm", type=int, default=50)
@@ -48,16 +57,28 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     roots = [root.resolve() for root in args.app_root or [c.ROOT]]
+    providers = args.provider.split(",")
+    if not set(providers) <= {"echo", "openai", "anthropic"} or len(set(providers)) < len(
+        providers
+    ):
+        parser.error(f"--provider: echo, openai or anthropic, each once (not {args.provider})")
     print(f"alternate: {c.machine_note()}", flush=True)
     # a checkout named twice (to see the noise of the method itself) is measured twice
-    labels = [
+    checkouts = [
         str(root) if roots.count(root) == 1 else f"{root} (#{i + 1})"
         for i, root in enumerate(roots)
     ]
+    # (label, checkout, its root, provider): one server each
+    cases = [
+        (checkout if len(providers) == 1 else f"{checkout}, {provider}", checkout, root, provider)
+        for checkout, root in zip(checkouts, roots, strict=True)
+        for provider in providers
+    ]
+    labels = [case[0] for case in cases]
     per_block: dict[str, list[float]] = {label: [] for label in labels}
     floor_blocks: list[float] = []
     with c.Procs() as procs, ExitStack() as stack:
-        fake = c.start_fake(procs, args.provider).url if args.provider != "echo" else ""
+        fakes = {p: c.start_fake(procs, p).url for p in providers if p != "echo"}
         floor = floor_http = None
         if args.floor:
             floor = c.start_floor(procs)
@@ -66,9 +87,9 @@ def main() -> None:
             for _ in range(args.warm):
                 floor_http.post("/c/floor/runs", json=FLOOR_BODY).raise_for_status()
         servers: list[tuple[str, c.Proc, httpx.Client]] = []
-        for i, (root, label) in enumerate(zip(roots, labels, strict=True)):
+        for i, (label, _, root, provider) in enumerate(cases):
             url = c.database(args.engine, stack, procs.workdir, f"alternate{i}")
-            env = c.server_env(url, args.provider, fake, max(args.messages, 1_000))
+            env = c.server_env(url, provider, fakes.get(provider, ""), max(args.messages, 1_000))
             server = c.start_server(procs, env, app_root=root)
             http = stack.enter_context(httpx.Client(base_url=server.url, timeout=600))
             c.put_context_sync(http, "alternate", args.messages)
@@ -101,8 +122,19 @@ def main() -> None:
     ]
     print(
         f"\n{args.provider}, {args.engine}, {args.messages} messages: server CPU per run, "
-        f"{args.blocks} blocks of {args.block} runs per checkout, alternating:\n"
+        f"{args.blocks} blocks of {args.block} runs per server, alternating:\n"
     )
+    if "echo" in providers and len(providers) > 1:
+        header_echo = "minus echo, ms (rounds: median, min, max)"
+        for row, (label, checkout, _, provider) in zip(rows, cases, strict=True):
+            echo = per_block[next(case[0] for case in cases if case[1:4:2] == (checkout, "echo"))]
+            diffs = [run - base for run, base in zip(per_block[label], echo, strict=True)]
+            row.append(
+                "—"
+                if provider == "echo"
+                else f"{statistics.median(diffs):+.2f} ({min(diffs):+.2f} to {max(diffs):+.2f})"
+            )
+        header.append(header_echo)
     if floor_blocks:
         floor_median = statistics.median(floor_blocks)
         header += ["÷ floor (rounds: median, min, max)"]
@@ -116,6 +148,7 @@ def main() -> None:
                 f"{statistics.mean(floor_blocks):.2f}",
                 f"{min(floor_blocks):.2f}",
                 f"{max(floor_blocks):.2f}",
+                *(["—"] if "echo" in providers and len(providers) > 1 else []),
                 "1",
             ]
         )

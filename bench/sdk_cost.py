@@ -6,7 +6,8 @@ docs/performance.md, "Not done, and why the floor is not reached". In one proces
 fake, each read to its end, counted in this process's CPU time (the fake runs in its own
 process):
 
-- ``transport``: the HTTP client both SDKs send through (``httpx2``) posting a body built
+- ``transport``: the HTTP client both SDKs send through in Carryover (``httpx2`` over the
+  aiohttp transport of ``app/agent/providers/_transport.py``) posting a body built
   once, its answer read line by line: sending and receiving alone;
 - ``sdk``: the SDK's own call (``chat.completions.create`` / ``messages.create`` with the
   messages as dicts, ``stream=True``), its chunks iterated: what an application that calls
@@ -36,11 +37,11 @@ from typing import Any
 
 import _common as c  # bench/_common.py: a script's folder is on sys.path
 import anthropic
-import httpx2
 import openai
 from provider_cost import floor_cpu
 
 from app.agent.messages import AnyMessage, AssistantMessage, TextBlock, UserMessage
+from app.agent.providers._transport import ProviderHttpClient
 from app.agent.providers.anthropic.client import AnthropicProvider
 from app.agent.providers.base import ProviderRequest
 from app.agent.providers.openai.client import OpenAIProvider
@@ -72,7 +73,7 @@ class Steps:
     def __init__(self, kind: str, base_url: str, length: int) -> None:
         messages = conversation(length)
         history = typed(messages)
-        self.http = httpx2.AsyncClient()
+        self.http = ProviderHttpClient()
         if kind == "openai":
             self.url = f"{base_url}/chat/completions"
             self.headers = {"Authorization": f"Bearer {KEY}"}

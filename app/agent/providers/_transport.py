@@ -120,8 +120,13 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
                 keepalive_timeout=self._limits.keepalive_expiry or 0,
                 socket_factory=_socket,
             )
+            # httpx above keeps the cookies, decodes the body and picks the proxy: aiohttp
+            # does none of it again
             self._session = aiohttp.ClientSession(
-                connector=connector, auto_decompress=False, trust_env=False
+                connector=connector,
+                auto_decompress=False,
+                trust_env=False,
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
             self._loop = loop
         return self._session
