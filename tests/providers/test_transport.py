@@ -18,7 +18,7 @@ import pytest
 
 from app.agent.messages import UserMessage
 from app.agent.providers._sdk import timeout_error
-from app.agent.providers._transport import transport_error
+from app.agent.providers._transport import ProviderHttpClient, transport_error
 from app.agent.providers.anthropic import AnthropicProvider
 from app.agent.providers.base import Provider, ProviderError, ProviderRequest, Timeouts
 from app.agent.providers.openai import OpenAIProvider
@@ -175,3 +175,56 @@ async def test_a_proxy_from_the_environment_is_used(monkeypatch: pytest.MonkeyPa
         proxy.shutdown()
         proxy.server_close()
     assert _Proxy.seen == ["POST http://api.example.invalid/v1/chat/completions HTTP/1.1"]
+
+
+class _Echo(BaseHTTPRequestHandler):
+    """Answers each POST with what it received: its body and two of its headers."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        if self.headers.get("transfer-encoding") == "chunked":
+            body = b""
+            while size := int(self.rfile.readline().strip(), 16):
+                body += self.rfile.read(size)
+                self.rfile.readline()
+            self.rfile.readline()
+        else:
+            body = self.rfile.read(int(self.headers["content-length"]))
+        answer = json.dumps(
+            {"body": body.decode(), "x-test": self.headers.get("x-test"), "path": self.path}
+        ).encode()
+        self.send_response(201)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+
+@pytest.fixture
+def echo_server() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+async def test_the_client_sends_bytes_and_streamed_bodies_as_they_are(echo_server: str) -> None:
+    async def pieces() -> AsyncIterator[bytes]:
+        for piece in (b'{"a": ', b'"caf\xc3\xa9"', b"}"):
+            yield piece
+
+    async with ProviderHttpClient() as client:
+        sent = await client.post(
+            f"{echo_server}/v1/x?q=a%2Fb", content=b"built once", headers={"x-test": "1"}
+        )
+        streamed = await client.post(f"{echo_server}/v1/y", content=pieces())
+    assert sent.status_code == 201
+    assert sent.json() == {"body": "built once", "x-test": "1", "path": "/v1/x?q=a%2Fb"}
+    assert streamed.json()["body"] == '{"a": "café"}'

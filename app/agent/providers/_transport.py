@@ -133,13 +133,21 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         timeout: dict[str, Any] = request.extensions.get("timeout", {})
+        headers = request.headers
+        try:
+            body = request.content  # the providers' bodies: bytes, built once
+        except httpx2.RequestNotRead:  # a streamed body (an upload): read it first, and send
+            body = await request.aread()  # it with its length rather than in chunks
+            headers = headers.copy()
+            headers.pop("transfer-encoding", None)
+            headers["content-length"] = str(len(body))
         session = self._session_here()
         try:
             response = await session.request(
                 request.method,
                 URL(str(request.url), encoded=True),  # as httpx encoded it
-                headers=request.headers.multi_items(),
-                data=request.content or None,
+                headers=headers.multi_items(),
+                data=body or None,
                 allow_redirects=False,
                 timeout=aiohttp.ClientTimeout(
                     total=None,
