@@ -117,7 +117,8 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
             connector = aiohttp.TCPConnector(
                 ssl=self._ssl,
                 limit=self._limits.max_connections or 0,
-                keepalive_timeout=self._limits.keepalive_expiry or 0,
+                # None is "never expires from idling" in both libraries
+                keepalive_timeout=self._limits.keepalive_expiry,
                 socket_factory=_socket,
             )
             # httpx above keeps the cookies, decodes the body and picks the proxy: aiohttp
