@@ -71,10 +71,11 @@ async def hanging_up() -> AsyncIterator[str]:
         server.close()
 
 
-async def test_a_server_that_hangs_up_is_a_dropped_connection_not_a_timeout(
-    hanging_up: str,
-) -> None:
-    for provider in _providers(hanging_up):
+async def _connection_failures(base: str) -> list[ProviderError]:
+    """Each provider's failure against ``base``: a failed connection, retryable, never
+    called a timeout."""
+    errors = []
+    for provider in _providers(base):
         try:
             error = await _fail(provider)
         finally:
@@ -82,6 +83,14 @@ async def test_a_server_that_hangs_up_is_a_dropped_connection_not_a_timeout(
         assert error.kind == "retryable", error
         assert error.code != "timeout", error
         assert "connection failed" in error.message, error.message
+        errors.append(error)
+    return errors
+
+
+async def test_a_server_that_hangs_up_is_a_dropped_connection_not_a_timeout(
+    hanging_up: str,
+) -> None:
+    assert len(await _connection_failures(hanging_up)) == 4
 
 
 @pytest.fixture
@@ -92,14 +101,7 @@ def closed_port() -> Iterator[int]:
 
 
 async def test_a_refused_connection_names_the_address(closed_port: int) -> None:
-    for provider in _providers(f"http://127.0.0.1:{closed_port}"):
-        try:
-            error = await _fail(provider)
-        finally:
-            await provider.aclose()
-        assert error.kind == "retryable", error
-        assert error.code != "timeout", error
-        assert "connection failed" in error.message, error.message
+    for error in await _connection_failures(f"http://127.0.0.1:{closed_port}"):
         assert f"127.0.0.1:{closed_port}" in error.message, error.message
 
 

@@ -32,6 +32,8 @@ import aiohttp
 import httpx2
 from yarl import URL
 
+from app.tls import client_context
+
 #: TCP keep-alive on every connection, as the ``anthropic`` SDK's own client sets it: an answer
 #: that takes minutes (long thinking) keeps its connection alive through NATs and load
 #: balancers that drop idle flows
@@ -65,12 +67,12 @@ _ERRORS: tuple[tuple[type[BaseException], type[httpx2.TransportError]], ...] = (
     (aiohttp.ClientOSError, httpx2.ReadError),
     (aiohttp.InvalidURL, httpx2.UnsupportedProtocol),
     (aiohttp.NonHttpUrlClientError, httpx2.UnsupportedProtocol),
-    (aiohttp.ClientError, httpx2.NetworkError),
 )
 
 
 def transport_error(exc: BaseException, request: httpx2.Request) -> httpx2.TransportError:
-    """``exc`` (an aiohttp failure) as the httpx error the SDKs expect."""
+    """``exc`` (an aiohttp failure) as the httpx error the SDKs expect (any other: a network
+    error)."""
     for source, target in _ERRORS:
         if isinstance(exc, source):
             return target(str(exc) or type(exc).__name__, request=request)
@@ -200,4 +202,12 @@ class ProviderHttpClient(httpx2.AsyncClient):
         return AiohttpTransport(context, limits)
 
 
-__all__ = ["AiohttpTransport", "ProviderHttpClient", "transport_error"]
+def sdk_http_client(timeout: httpx2.Timeout, limits: httpx2.Limits) -> ProviderHttpClient:
+    """The client an SDK sends through: its own default ``timeout`` and ``limits`` (as its
+    ``DefaultAsyncHttpxClient`` has them), redirects followed, Carryover's TLS context."""
+    return ProviderHttpClient(
+        verify=client_context(), timeout=timeout, limits=limits, follow_redirects=True
+    )
+
+
+__all__ = ["AiohttpTransport", "ProviderHttpClient", "sdk_http_client", "transport_error"]

@@ -24,8 +24,6 @@ from typing import Any
 import anthropic
 from anthropic.types import Message
 
-from app.tls import client_context
-
 from ...codec import compact_json
 from .._http import (
     DECODE_ERRORS,
@@ -39,7 +37,7 @@ from .._http import (
     status_error,
 )
 from .._sdk import TIMEOUT_ERRORS, drain, events, send, timeout_error
-from .._transport import ProviderHttpClient
+from .._transport import sdk_http_client
 from ..base import (
     BlockStop,
     MessageStart,
@@ -111,11 +109,8 @@ class AnthropicProvider:
             base_url=base_url,
             timeout=anthropic.Timeout(self.timeouts.idle, connect=self.timeouts.connect),
             max_retries=0,
-            http_client=ProviderHttpClient(
-                verify=client_context(),
-                timeout=anthropic.DEFAULT_TIMEOUT,
-                limits=anthropic.DEFAULT_CONNECTION_LIMITS,
-                follow_redirects=True,
+            http_client=sdk_http_client(
+                anthropic.DEFAULT_TIMEOUT, anthropic.DEFAULT_CONNECTION_LIMITS
             ),
         )
 

@@ -17,12 +17,10 @@ from typing import Any, ClassVar
 
 import openai
 
-from app.tls import client_context
-
 from .._http import TRANSPORT_ERRORS, connection_error, error_fields, is_overflow_text, scrub
 from .._http import status_error as _status_error
 from .._sdk import TIMEOUT_ERRORS, send, timeout_error
-from .._transport import ProviderHttpClient
+from .._transport import sdk_http_client
 from ..base import ProviderError, Timeouts
 
 
@@ -38,12 +36,7 @@ class OpenAISdk:
             base_url=base_url,
             timeout=openai.Timeout(timeouts.idle, connect=timeouts.connect),
             max_retries=0,
-            http_client=ProviderHttpClient(
-                verify=client_context(),
-                timeout=openai.DEFAULT_TIMEOUT,
-                limits=openai.DEFAULT_CONNECTION_LIMITS,
-                follow_redirects=True,
-            ),
+            http_client=sdk_http_client(openai.DEFAULT_TIMEOUT, openai.DEFAULT_CONNECTION_LIMITS),
         )
 
     async def aclose(self) -> None:
