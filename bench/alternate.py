@@ -127,7 +127,7 @@ def main() -> None:
     if "echo" in providers and len(providers) > 1:
         header_echo = "minus echo, ms (rounds: median, min, max)"
         for row, (label, checkout, _, provider) in zip(rows, cases, strict=True):
-            echo = per_block[next(case[0] for case in cases if case[1:4:2] == (checkout, "echo"))]
+            echo = per_block[next(c[0] for c in cases if c[1] == checkout and c[3] == "echo")]
             diffs = [run - base for run, base in zip(per_block[label], echo, strict=True)]
             row.append(
                 "—"
