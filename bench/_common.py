@@ -368,6 +368,41 @@ def put_context_sync(http: httpx.Client, conv: str, n: int) -> None:
         raise RuntimeError(f"PUT context ({n} messages): {answer.status_code} {answer.text[:300]}")
 
 
+class Conversations:
+    """Conversations of ``n`` messages that a measurement's runs take turns on, so that its
+    figure stays the figure at ``n``: each run appends two messages, and a thousand runs on one
+    conversation of 10 would measure runs at up to 2,010 (with a provider, a request body 200
+    times as long). ``runs`` runs are spread over as many conversations as keep each within
+    ``slack`` messages of ``n`` (by default the larger of 20 and a tenth of ``n``); each is PUT
+    and run ``warm`` times first (the process has run it before, as in the service's normal
+    case), which the caller leaves out of what it measures."""
+
+    def __init__(
+        self,
+        http: httpx.Client,
+        prefix: str,
+        n: int,
+        runs: int,
+        *,
+        warm: int = 1,
+        slack: int | None = None,
+    ) -> None:
+        slack = slack or max(20, n // 10)
+        count = max(1, -(-2 * runs // slack))
+        self.ids = [f"{prefix}-{i}" for i in range(count)]
+        self._next = 0
+        for conv in self.ids:
+            put_context_sync(http, conv, n)
+            for w in range(warm):
+                run_minimal(http, conv, f"warm {w}")
+
+    def next(self) -> str:
+        """The conversation the next run goes to (in turn)."""
+        conv = self.ids[self._next % len(self.ids)]
+        self._next += 1
+        return conv
+
+
 async def put_context(http: httpx.AsyncClient, conv: str, n: int) -> None:
     answer = await http.put(
         f"/conversations/{conv}/context",

@@ -5,9 +5,13 @@ One ``carryover serve`` per checkout (``--app-root``, repeated; each on a databa
 all started first, each with a conversation of ``--messages`` messages and ``--warm`` runs. Then
 ``--blocks`` rounds: in each, every server in turn gets ``--block`` sequential runs (echo, or
 ``--provider`` against one fast fake they share, ``Prefer: return=minimal``) while its CPU
-(utime + stime, bench/_common.py) is read before and after. A load that comes and goes lands on
-all of them within a round; the median of the blocks is the figure to compare. The server CPU
-is read from ``/proc`` in clock ticks (10 ms): a block of 100 runs reads to about 2 %.
+(utime + stime, bench/_common.py) is read before and after. A block's runs take turns on
+conversations of ``--messages`` messages PUT for it before its CPU is read, so that no run is on
+a conversation more than 20 messages longer (``_common.Conversations``): on one conversation,
+which grows by two messages a run, a long sitting would measure ever longer provider requests. A
+load that comes and goes lands on all of them within a round; the median of the blocks is the
+figure to compare. The server CPU is read from ``/proc`` in clock ticks (10 ms): a block of 100
+runs reads to about 2 %.
 
 ``--floor``: the floor app (shared/bench/floor_app.py) takes its turn in each round too, with
 ``--block`` requests, and each checkout's figure is also given over it: the ``10 ÷ floor``
@@ -103,9 +107,11 @@ def main() -> None:
                     floor_http.post("/c/floor/runs", json=FLOOR_BODY).raise_for_status()
                 floor_blocks.append((c.cpu_seconds(floor.popen.pid) - before) / args.block * 1e3)
             for label, server, http in servers:
+                # each block's runs on conversations of --messages (c.Conversations)
+                convs = c.Conversations(http, f"block{block}", args.messages, args.block)
                 before = c.cpu_seconds(server.popen.pid)
                 for n in range(args.block):
-                    c.run_minimal(http, "alternate", c.prompt(n))
+                    c.run_minimal(http, convs.next(), c.prompt(n))
                 cpu = (c.cpu_seconds(server.popen.pid) - before) / args.block * 1e3
                 per_block[label].append(cpu)
             print(f"  block {block + 1}/{args.blocks} done", flush=True)

@@ -78,9 +78,11 @@ def count(args: argparse.Namespace, root: Path) -> float:
             c.put_context_sync(http, "counted", args.messages)
             for i in range(args.warm):
                 c.run_minimal(http, "counted", f"warm {i}")
+            # the counted runs on conversations of --messages messages (c.Conversations)
+            convs = c.Conversations(http, "counted", args.messages, args.runs)
             control(server.pid, "-i", "on")
             for i in range(args.runs):
-                c.run_minimal(http, "counted", c.prompt(i))
+                c.run_minimal(http, convs.next(), c.prompt(i))
             control(server.pid, "-i", "off")
             control(server.pid, "-d")
         return totals(procs.workdir, args.runs)

@@ -4,7 +4,9 @@ The provider path's cost targets (docs/performance.md). For each provider mode i
 fresh ``carryover serve`` (SQLite in a temporary directory unless ``--engine postgresql``) in
 front of a fast fake (shared/bench/fake_openai.py, fake_anthropic.py, and
 bench/fake_responses.py for the Responses API: they answer at once), PUTs a context of each
-size (200-character texts), runs it a few times with ``Prefer: return=minimal`` and prints:
+size (200-character texts), runs it a few times with ``Prefer: return=minimal`` and prints
+(the runs of a size take turns on as many conversations of that size as keep each within 20
+messages, or a tenth of the size, of it: ``_common.Conversations``):
 
 - the server's CPU per run (utime + stime of the server process and its children, from
   /proc/PID/stat; the fake's and the client's time are not counted), less what the /healthz
@@ -88,24 +90,19 @@ def measure_mode(
     rows = []
     per_probe = healthz_cpu(http, server)
     for n, k in zip(sizes, runs, strict=True):
-        conv = f"cost-{n}"
-        c.put_context_sync(http, conv, n)
-        # warm: caches, connections, first-run costs (more for the first, cheap, size)
-        for w in range(max(2, min(10, k // 4))):
-            c.check_run(
-                http.post(
-                    f"/conversations/{conv}/runs",
-                    json={"prompts": [f"warm {w}"]},
-                    headers=c.MINIMAL,
-                )
-            )
+        # warm: caches, connections, first-run costs (more for the first, cheap, size); the
+        # runs on conversations of n messages, none grown past n + max(20, n / 10)
+        warm = max(2, min(10, k // 4))
+        convs = c.Conversations(http, f"cost-{n}", n, k, warm=1)
+        for w in range(max(0, warm - len(convs.ids))):
+            c.run_minimal(http, convs.next(), f"warm {w}")
         times = []
         with c.HealthProbe(server.url) as probe:
             before = c.cpu_seconds(server.pid)
             for i in range(k):
                 began = time.perf_counter()
                 answer = http.post(
-                    f"/conversations/{conv}/runs",
+                    f"/conversations/{convs.next()}/runs",
                     json={"prompts": [c.prompt(i)]},
                     headers=c.MINIMAL,
                 )

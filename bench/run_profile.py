@@ -113,19 +113,15 @@ def main() -> None:
                         headers=c.MINIMAL,
                     )
                 )
+            # the sampled runs on conversations of --messages messages (c.Conversations)
+            convs = c.Conversations(http, "sampled", args.messages, args.runs)
             argv = [str(spy), "record", "-p", str(server.pid), "-r", str(args.rate)]
             argv += ["-f", "raw", "-o", str(raw), "--gil"]
             sampler = procs.start("py-spy", argv)
             time.sleep(1.5)  # attached
             before = c.cpu_seconds(server.pid)
             for i in range(args.runs):
-                c.check_run(
-                    http.post(
-                        "/conversations/profiled/runs",
-                        json={"prompts": [c.prompt(i)]},
-                        headers=c.MINIMAL,
-                    )
-                )
+                c.run_minimal(http, convs.next(), c.prompt(i))
             cpu_ms = (c.cpu_seconds(server.pid) - before) / args.runs * 1000
             sampler.popen.send_signal(2)  # py-spy writes its file on SIGINT
             sampler.popen.wait(60)
