@@ -1,6 +1,6 @@
 """The transport under both SDKs (aiohttp): each way a connection fails is reported as what it
 is, through the providers' classification, never as another (a dropped connection is not a
-timeout); and a proxy from the environment is still used."""
+timeout); a proxy from the environment is still used; a body arrives as it was sent."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 
 from app.agent.messages import UserMessage
 from app.agent.providers._sdk import timeout_error
-from app.agent.providers._transport import ProviderHttpClient, transport_error
+from app.agent.providers._transport import LONG_BODY, ProviderHttpClient, transport_error
 from app.agent.providers.anthropic import AnthropicProvider
 from app.agent.providers.base import Provider, ProviderError, ProviderRequest, Timeouts
 from app.agent.providers.openai import OpenAIProvider
@@ -230,3 +230,29 @@ async def test_the_client_sends_bytes_and_streamed_bodies_as_they_are(echo_serve
     assert sent.status_code == 201
     assert sent.json() == {"body": "built once", "x-test": "1", "path": "/v1/x?q=a%2Fb"}
     assert streamed.json()["body"] == '{"a": "café"}'
+
+
+async def test_a_long_body_is_sent_whole_and_not_copied_to_join_the_headers(
+    echo_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a long conversation's request: ~1 MB. aiohttp joins the headers to the first write into
+    # one new bytes; what it joined is counted (before: the whole body, copied per request)
+    joined: list[int] = []
+    original = aiohttp.http_writer.StreamWriter._send_headers_with_payload
+
+    def counting(self: Any, chunk: Any, is_eof: bool) -> None:
+        joined.append(len(chunk))
+        original(self, chunk, is_eof)
+
+    monkeypatch.setattr(aiohttp.http_writer.StreamWriter, "_send_headers_with_payload", counting)
+    body = json.dumps([f"message {i}: " + "é" * (i % 97) for i in range(12_000)]).encode()
+    assert len(body) > 1_000_000
+    async with ProviderHttpClient() as client:
+        for _ in range(2):  # and the connection is reused after it
+            sent = await client.post(f"{echo_server}/v1/long", content=body)
+            assert sent.status_code == 201
+            assert sent.json()["body"].encode() == body
+        short = await client.post(f"{echo_server}/v1/short", content=b"short")
+        assert short.json()["body"] == "short"
+    assert joined[:2] == [LONG_BODY, LONG_BODY]
+    assert joined[2] == len(b"short")  # a short body still goes in one write with the headers
