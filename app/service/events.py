@@ -1,13 +1,15 @@
 """A run's events, durable and resumable.
 
 :class:`EventRecorder` takes the events of one run of this process as the agent reports them,
-numbers them (``seq`` from 1), coalesces text, thinking and tool-argument deltas (the parts of
-one block arriving within :data:`COALESCE_SECONDS` of its first become one event), hands each
-numbered event to the run's live stream (the POST's SSE), and writes them in batches: every
-:data:`FLUSH_SECONDS` while the run goes, and the rest with the ``run.finished`` marker in the
-transaction that records the run's outcome. So a run costs one event statement per
-:data:`FLUSH_SECONDS` of its duration plus none at its end (the last batch rides along), never
-one per token; a run shorter than the flush interval writes its events in its finish.
+numbers them (``seq`` from 1), coalesces text, thinking and tool-argument deltas (a block's
+first parts, those that arrive in one turn of the event loop, are one event sent at the end of
+that turn; after them, the parts arriving within :data:`COALESCE_SECONDS` of the first of them
+become one event), hands each numbered event to the run's live stream (the POST's SSE), and
+writes them in batches: every :data:`FLUSH_SECONDS` while the run goes, and the rest with the
+``run.finished`` marker in the transaction that records the run's outcome. So a run costs one
+event statement per :data:`FLUSH_SECONDS` of its duration plus none at its end (the last batch
+rides along), never one per token; a run shorter than the flush interval writes its events in
+its finish.
 
 :class:`EventFeed` reads them back for ``GET …/runs/{id}/events`` from any replica: from the
 database, after a ``seq``, polling every ``event_poll_seconds`` while the run is in flight (short
@@ -47,6 +49,7 @@ from .live import LiveStream, StreamedEvent
 log = logging.getLogger(__name__)
 
 #: delta parts of one block arriving within this many seconds of its first are one event
+#: (a block's first parts excepted: they are sent at the end of the loop's turn they came in)
 COALESCE_SECONDS = 0.05
 #: how often a running run's events are written (the rest are written with its outcome)
 FLUSH_SECONDS = 0.25
@@ -128,6 +131,8 @@ class EventRecorder:
         self.seq = 0
         self.finished_seq: int | None = None
         self._pending: _Pending | None = None
+        #: the block (kind, index) of the last delta event, while no other event followed it
+        self._block: tuple[str, int] | None = None
         self._unwritten: list[EventRow] = []
         self._lock = asyncio.Lock()
         #: the next look at the pending delta and the batch (a timer, not a task: most runs
@@ -162,7 +167,10 @@ class EventRecorder:
 
     def _part(self, kind: str, index: int, text: str) -> None:
         """A part of block ``index``: joins the pending delta of that block while its window
-        is open, else seals it and starts one."""
+        is open, else seals it and starts one. A block's first delta is sealed at the end of
+        the event loop's turn it began in, not when its window closes: what a client waits
+        for first is sent as soon as it arrived, and the parts that came with it (a provider's
+        chunks read at once, the echo provider's words) still make one event."""
         now = self.clock.monotonic()
         pending = self._pending
         if (
@@ -174,7 +182,15 @@ class EventRecorder:
             pending.parts.append(text)
             return
         self._seal()
-        self._pending = _Pending(kind, index, now, [text])
+        self._pending = pending = _Pending(kind, index, now, [text])
+        if (kind, index) != self._block:
+            with contextlib.suppress(RuntimeError):  # no loop: its window seals it
+                asyncio.get_running_loop().call_soon(self._lead, pending)
+
+    def _lead(self, pending: _Pending) -> None:
+        """The end of the turn a block's first delta began in: sealed, unless it already was."""
+        if self._pending is pending:
+            self._seal()
 
     def record(self, event: RunEvent) -> Awaitable[None] | None:
         """:meth:`add` (an :data:`~app.agent.events.EventSink`): at once, but a compaction,
@@ -210,8 +226,10 @@ class EventRecorder:
         if pending is not None:
             text = "".join(pending.parts)
             self._emit("delta", {"kind": pending.kind, "index": pending.index, "text": text})
+            self._block = (pending.kind, pending.index)
 
     def _emit(self, name: str, data: Any, *, live: bool = True) -> int:
+        self._block = None  # a delta event sets it again (_seal)
         self.seq += 1
         tenant, conversation_id, run_id = self.key
         self._unwritten.append(

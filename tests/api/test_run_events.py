@@ -297,6 +297,51 @@ async def test_deltas_of_one_block_within_the_window_become_one_event() -> None:
     assert [(e.seq, e.event, e.data) for e in streamed] == got[:-1]  # the marker is the route's
 
 
+async def test_a_blocks_first_parts_are_sent_when_their_turn_of_the_loop_ends() -> None:
+    """What a client waits for first does not wait for the window: a block's first parts are one
+    event at the end of the loop's turn they arrived in; later parts are coalesced as before."""
+    clock = ManualClock()  # the window never passes on its own
+    live: asyncio.Queue[StreamedEvent | None] = asyncio.Queue()
+    recorder = EventRecorder(Sink(), clock, "t", "c", "r", live)  # type: ignore[arg-type]
+    recorder.start({}, background=False)
+
+    def sent() -> list[tuple[str, Any]]:
+        events = [live.get_nowait() for _ in range(live.qsize())]
+        return [(e.event, e.data) for e in events if e is not None]
+
+    assert sent() == [("run.started", {})]
+    recorder.add(text(0, "a"))
+    recorder.add(text(0, "b"))  # in the same turn: the same event
+    assert sent() == []
+    await asyncio.sleep(0)
+    assert sent() == [("delta", {"kind": "text", "index": 0, "text": "ab"})]
+    recorder.add(text(0, "c"))
+    await asyncio.sleep(0)
+    recorder.add(text(0, "d"))
+    await asyncio.sleep(0)
+    assert sent() == []  # the block's later parts wait for their window
+    clock.advance(COALESCE_SECONDS * 1.5)
+    recorder.seal_if_due()
+    assert sent() == [("delta", {"kind": "text", "index": 0, "text": "cd"})]
+    recorder.add(Delta(ThinkingDelta(index=1, thinking="e")))  # another block: at once too
+    await asyncio.sleep(0)
+    assert sent() == [("delta", {"kind": "thinking", "index": 1, "text": "e"})]
+    recorder.add(MessageCompleted(load_message(user("x"))))
+    recorder.add(Delta(ThinkingDelta(index=1, thinking="f")))  # after another event: first again
+    await asyncio.sleep(0)
+    assert sent()[-1] == ("delta", {"kind": "thinking", "index": 1, "text": "f"})
+    rows = await recorder.close()  # the same events are stored
+    assert [r.event for r in rows] == [
+        "run.started",
+        "delta",
+        "delta",
+        "delta",
+        "message",
+        "delta",
+        "run.finished",
+    ]
+
+
 async def test_a_pending_delta_is_sealed_once_its_window_passed_and_batches_are_written() -> None:
     clock = ManualClock()
     sink = Sink()
