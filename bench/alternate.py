@@ -49,7 +49,9 @@ def main() -> None:
     c.on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--provider", default="echo", help="echo, openai or anthropic, or several: echo,openai"
+        "--provider",
+        default="echo",
+        help="echo, openai, openai-responses or anthropic, or several: echo,openai",
     )
     parser.add_argument("--engine", default="sqlite", choices=["sqlite", "postgresql"])
     parser.add_argument("--messages", type=int, default=10)
@@ -62,10 +64,9 @@ def main() -> None:
     args = parser.parse_args()
     roots = [root.resolve() for root in args.app_root or [c.ROOT]]
     providers = args.provider.split(",")
-    if not set(providers) <= {"echo", "openai", "anthropic"} or len(set(providers)) < len(
-        providers
-    ):
-        parser.error(f"--provider: echo, openai or anthropic, each once (not {args.provider})")
+    known = {"echo", "openai", "openai-responses", "anthropic"}
+    if not set(providers) <= known or len(set(providers)) < len(providers):
+        parser.error(f"--provider: {', '.join(sorted(known))}, each once (not {args.provider})")
     print(f"alternate: {c.machine_note()}", flush=True)
     # a checkout named twice (to see the noise of the method itself) is measured twice
     checkouts = [

@@ -22,6 +22,7 @@ from app.agent.providers._transport import LONG_BODY, ProviderHttpClient, transp
 from app.agent.providers.anthropic import AnthropicProvider
 from app.agent.providers.base import Provider, ProviderError, ProviderRequest, Timeouts
 from app.agent.providers.openai import OpenAIProvider
+from app.agent.providers.wire import Body
 from tests.helpers import HANG_GUARD_SECONDS
 
 SHORT = Timeouts(connect=5.0, idle=5.0)
@@ -256,3 +257,35 @@ async def test_a_long_body_is_sent_whole_and_not_copied_to_join_the_headers(
         assert short.json()["body"] == "short"
     assert joined[:2] == [LONG_BODY, LONG_BODY]
     assert joined[2] == len(b"short")  # a short body still goes in one write with the headers
+
+
+async def test_a_body_of_parts_is_sent_whole_with_its_length_and_each_part_as_it_is(
+    echo_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a long conversation's body as the providers hand it over: its parts (the pieces' chunks,
+    # app/agent/providers/wire.py), posted with their length declared; what aiohttp is given
+    # to write is recorded: the parts themselves, none joined or copied
+    written: list[Any] = []
+    original = aiohttp.http_writer.StreamWriter.write
+
+    async def recording(self: Any, chunk: Any, **kwargs: Any) -> None:
+        written.append(chunk)
+        await original(self, chunk, **kwargs)
+
+    monkeypatch.setattr(aiohttp.http_writer.StreamWriter, "write", recording)
+    parts = [b'{"messages":[', *(json.dumps(["é" * 1000] * 200).encode() for _ in range(4)), b"]}"]
+    body = Body(parts)
+    async with ProviderHttpClient() as client:
+        for _ in range(2):  # and the connection is reused after it
+            written.clear()
+            sent = await client.post(
+                f"{echo_server}/v1/parts",
+                content=body,
+                headers={"Content-Length": str(len(body))},
+            )
+            assert sent.status_code == 201
+            assert sent.json()["body"].encode() == b"".join(parts)
+            assert [memoryview(chunk).obj for chunk in written] == parts
+        # a streamed body whose length is not declared is sent with its length too
+        unknown = await client.post(f"{echo_server}/v1/unknown", content=Body(parts))
+        assert unknown.json()["body"].encode() == b"".join(parts)

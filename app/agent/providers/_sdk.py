@@ -1,12 +1,12 @@
 """What the SDK providers share around one request: sending it, and reading its event stream.
 
 Both providers send a body they built from encoded pieces (:mod:`.wire`) through their SDK's
-``post`` (so the SDK neither walks nor encodes the history again, while its HTTP client, auth,
-headers, error types and stream decoding stay the SDK's), and both read an SDK stream the same
-way: an HTML page behind a 200 is fatal, an event the SDK cannot decode is malformed, a body
-from which no event arrived is judged by its type, and every other failure is classified by the
-provider's own ``classify`` (its SDK's error types), or raised as it is when it is not a
-provider failure. The classification itself lives in :mod:`._http`.
+``post`` (:func:`posted`: so the SDK neither walks, encodes nor copies the history again,
+while its HTTP client, auth, headers, error types and stream decoding stay the SDK's), and both
+read an SDK stream the same way: an HTML page behind a 200 is fatal, an event the SDK cannot
+decode is malformed, a body from which no event arrived is judged by its type, and every other
+failure is classified by the provider's own ``classify`` (its SDK's error types), or raised as
+it is when it is not a provider failure. The classification itself lives in :mod:`._http`.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from ._http import (
     transport_classes,
 )
 from .base import ProviderError, Timeouts
+from .wire import Body
 
 _T = TypeVar("_T")
 
@@ -42,6 +43,14 @@ class SdkStream(Protocol):
     async def __aenter__(self) -> Any: ...
 
     async def __aexit__(self, *exc: object) -> Any: ...
+
+
+def posted(body: bytes | Body) -> dict[str, Any]:
+    """An SDK ``post``'s ``content`` and ``options`` that send ``body`` as it is, with its length
+    declared: httpx then sends a long body's parts (an async iterable, :class:`~.wire.Body`)
+    with a ``Content-Length`` rather than in chunks, and without reading them into one bytes;
+    the transport writes them as they are (:mod:`._transport`)."""
+    return {"content": body, "options": {"headers": {"Content-Length": str(len(body))}}}
 
 
 def _classified(classify: Classify, exc: Exception) -> Exception:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import aiohttp
@@ -102,24 +102,70 @@ class _Body(httpx2.AsyncByteStream):
         self._response.release()
 
 
-#: a body longer than this is written apart from the headers (:class:`_LongBody`)
+#: a body longer than this is written as its parts (:class:`_Parts`), not joined to the headers
 LONG_BODY = 64 * 1024
 
 
-class _LongBody(aiohttp.BytesPayload):
-    """A long request body (a long conversation's: about 1 MB at 4,000 messages) written as a
-    view of itself, after the headers and the body's first bytes. aiohttp joins the headers
-    to the first write into one new bytes (one segment on the wire): given the whole body,
-    that is a copy of all of it, a megabyte of fresh memory written and freed per request."""
+class _Parts(aiohttp.Payload):
+    """A long request body written as the parts it was handed over in, each as it is (a long
+    conversation's body is megabytes: its pieces' chunks, :mod:`.wire`). aiohttp joins the
+    headers to the first write into one new bytes (one segment on the wire): given the whole
+    body, that would be a copy of all of it, megabytes of fresh memory written and freed per
+    request. A body that came as one bytes is written as its first :data:`LONG_BODY` bytes
+    (with the headers), then a view of the rest."""
+
+    def __init__(self, parts: Sequence[bytes | memoryview], length: int) -> None:
+        super().__init__(parts)
+        self._parts = parts
+        self._length = length
+        self._size = length
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return b"".join(self._parts).decode(encoding, errors)
+
+    async def write(self, writer: aiohttp.abc.AbstractStreamWriter) -> None:
+        await self.write_with_length(writer, None)
 
     async def write_with_length(
         self, writer: aiohttp.abc.AbstractStreamWriter, content_length: int | None
     ) -> None:
-        view = memoryview(self._value)
-        if content_length is not None:
-            view = view[:content_length]
-        await writer.write(view[:LONG_BODY])  # with the headers
-        await writer.write(view[LONG_BODY:])
+        left = self._length if content_length is None else min(content_length, self._length)
+        for part in self._parts:
+            view = memoryview(part)[:left]
+            left -= len(view)
+            await writer.write(view)
+            if not left:
+                return
+
+
+async def _body(request: httpx2.Request) -> tuple[list[bytes | memoryview], int, bool]:
+    """The parts of ``request``'s body, its length, and whether that length is already declared
+    (``Content-Length``). A body handed over as bytes (the providers' short ones) is one part;
+    a streamed one (a provider's long body, :class:`~.wire.Body`; an upload) is read as it
+    comes, part by part, none of them copied."""
+    try:
+        content = request.content
+        return [content], len(content), True
+    except httpx2.RequestNotRead:
+        pass
+    stream = request.stream
+    if not isinstance(stream, httpx2.AsyncByteStream):  # an async client's request never has one
+        raise TypeError("a request of an async client with a sync body")
+    parts: list[bytes | memoryview] = [part async for part in stream]
+    length = sum(memoryview(part).nbytes for part in parts)
+    declared = request.headers.get("content-length")
+    return parts, length, declared is not None and declared.strip() == str(length)
+
+
+def _payload(parts: list[bytes | memoryview], length: int) -> bytes | _Parts | None:
+    """What aiohttp is given to send: a short body as bytes (written with the headers in one
+    segment), a long one as its parts."""
+    if length <= LONG_BODY:
+        return b"".join(parts) or None
+    if len(parts) == 1:  # one bytes: the headers go with its start, the rest as a view
+        whole = memoryview(parts[0])
+        parts = [whole[:LONG_BODY], whole[LONG_BODY:]]
+    return _Parts(parts, length)
 
 
 class AiohttpTransport(httpx2.AsyncBaseTransport):
@@ -157,20 +203,18 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         timeout: dict[str, Any] = request.extensions.get("timeout", {})
         headers = request.headers
-        try:
-            body = request.content  # the providers' bodies: bytes, built once
-        except httpx2.RequestNotRead:  # a streamed body (an upload): read it first, and send
-            body = await request.aread()  # it with its length rather than in chunks
-            headers = headers.copy()
+        parts, length, declared = await _body(request)
+        if not declared:  # a streamed body of unknown length (an upload): sent with its length
+            headers = headers.copy()  # rather than in chunks
             headers.pop("transfer-encoding", None)
-            headers["content-length"] = str(len(body))
+            headers["content-length"] = str(length)
         session = self._session_here()
         try:
             response = await session.request(
                 request.method,
                 URL(str(request.url), encoded=True),  # as httpx encoded it
                 headers=headers.multi_items(),
-                data=_LongBody(body) if len(body) > LONG_BODY else body or None,
+                data=_payload(parts, length),
                 allow_redirects=False,
                 timeout=aiohttp.ClientTimeout(
                     total=None,

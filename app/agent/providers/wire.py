@@ -1,18 +1,20 @@
 """A provider request built from encoded pieces, so a run costs O(what changed), not O(history).
 
-The body a stateless provider is sent is as long as the context, so copying its bytes is
-inherent; encoding every message again on every request is not. Each wire format (Chat
-Completions, Messages) therefore encodes a message once, into the JSON bytes it has in the
+The body a stateless provider is sent is as long as the context, so the kernel's copy of its
+bytes onto the connection is inherent; encoding every message again on every request is not,
+and neither is a copy of the whole body per request. Each wire format (Chat Completions,
+Messages, Responses) therefore encodes a message once, into the JSON bytes it has in the
 request, and keeps those bytes in an :class:`Encoded` value: the encoding of one sequence of
 messages (the provider view of a context, :mod:`app.agent.opaque`). ``extend`` gives the
 encoding of that sequence with messages appended, in O(appended); a request's body is the
-pieces with the request's other fields around them (:func:`splice`), written in one copy and
-sent as bytes, so the SDK does not walk the history again.
+pieces with the request's other fields around them (:func:`splice`): joined into bytes when it
+is short, else a :class:`Body` whose parts are the pieces' own closed chunks, so neither the
+SDK nor Carryover walks or copies the history again.
 
 :class:`Pieces` is the shared, append-only list under an encoding: every encoding derived from
 it by appending shares it (it holds the first ``n`` pieces), so a run's appends never copy the
 history; an encoding extended from an older point (a run that failed and is retried from the
-stored context) copies its prefix once and goes on from there.
+stored context) shares the closed chunks of its prefix and copies at most one.
 
 The JSON is written as the SDKs write it (``ensure_ascii=False``, compact separators,
 ``allow_nan=False``), UTF-8.
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import json
 from array import array
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -37,51 +39,112 @@ def dumps(value: Any) -> bytes:
     return _SDK_JSON.encode(value).encode()
 
 
+#: a body at least this long is sent as its parts (:class:`Body`), not joined into one bytes
+LONG_BODY = 64 * 1024
+
+#: the size at which the pieces' growing chunk is closed (:class:`Pieces`)
+CHUNK = 256 * 1024
+
+
 class Pieces:
     """An append-only run of encoded pieces, shared by the encodings that hold a prefix of it.
 
-    The pieces are kept already joined (comma-separated, in one buffer, with the offset where
-    each ends), so a request's body is one copy of the buffer: not a join of thousands of
-    objects, and no second copy of every piece in memory."""
+    The pieces are kept already joined (comma-separated, with the offset where each ends): in
+    closed chunks of about :data:`CHUNK` bytes, immutable ``bytes``, then the growing chunk
+    still appended to. A request's body is sent as the closed chunks themselves and one copy
+    of the rest (:meth:`parts`): not a join of thousands of objects, and not a copy of the
+    history per request (at 20,000 messages the body is megabytes, and a fresh copy of it was
+    most of what a request cost a run)."""
 
-    __slots__ = ("_buf", "_ends")
+    __slots__ = ("_base", "_chunks", "_ends", "_tail")
 
-    def __init__(self, buf: bytearray | None = None, ends: array[int] | None = None) -> None:
-        self._buf = buf if buf is not None else bytearray()
-        self._ends = ends if ends is not None else array("q")
+    def __init__(self) -> None:
+        self._chunks: list[bytes] = []  # closed, never changed
+        self._base = 0  # their bytes: where the growing chunk starts
+        self._tail = bytearray()  # the growing chunk
+        self._ends = array("q")  # where each piece ends, from the start of the first chunk
 
     def __len__(self) -> int:
         return len(self._ends)
 
     @property
     def nbytes(self) -> int:
-        return len(self._buf) + self._ends.itemsize * len(self._ends)
+        return self._base + len(self._tail) + self._ends.itemsize * len(self._ends)
 
     def at(self, n: int) -> Pieces:
-        """These pieces if ``n`` is their end (appending is then safe), else a copy of the
-        first ``n``: an encoding never sees pieces appended after its own end."""
+        """These pieces if ``n`` is their end (appending is then safe), else the first ``n``
+        (sharing the closed chunks they fill, copying at most one chunk): an encoding never
+        sees pieces appended after its own end."""
         if n == len(self._ends):
             return self
-        return Pieces(bytearray(self._buf[: self._end(n)]), self._ends[:n])
+        end = self._end(n)
+        copy = Pieces()
+        closed, rest = self._split(end)
+        copy._chunks = closed
+        copy._base = sum(len(chunk) for chunk in closed)
+        copy._tail = bytearray(rest)
+        rest.release()
+        copy._ends = self._ends[:n]
+        return copy
 
     def append(self, piece: bytes) -> None:
         if self._ends:
-            self._buf += b","
-        self._buf += piece
-        self._ends.append(len(self._buf))
+            self._tail += b","
+        self._tail += piece
+        self._ends.append(self._base + len(self._tail))
+        if len(self._tail) >= CHUNK:  # closed after a piece: a chunk never splits one
+            self._chunks.append(bytes(self._tail))
+            self._base += len(self._tail)
+            self._tail = bytearray()
 
     def _end(self, n: int) -> int:
         return self._ends[n - 1] if n else 0
 
+    def _split(self, end: int) -> tuple[list[bytes], memoryview]:
+        """The bytes before ``end``: the closed chunks they fill, and a view of the rest (of a
+        closed chunk, or of the growing one: valid until the next append)."""
+        closed: list[bytes] = []
+        offset = 0
+        for chunk in self._chunks:
+            if offset + len(chunk) > end:
+                return closed, memoryview(chunk)[: end - offset]
+            closed.append(chunk)
+            offset += len(chunk)
+        return closed, memoryview(self._tail)[: end - offset]
+
+    def parts(self, n: int) -> tuple[list[bytes], memoryview]:
+        """The first ``n`` pieces, comma-joined: the closed chunks they fill (which never
+        change) and a view of the rest, at most one chunk (valid until the next append: copy
+        it, and release it, before then)."""
+        return self._split(self._end(n))
+
     def array(self, n: int, before: Sequence[bytes] = (), after: Sequence[bytes] = ()) -> bytes:
         """The JSON array of ``before``, the first ``n`` pieces and ``after``."""
-        return splice_array(self, n, before, after, b"", b"")
+        return splice_array(self, n, before, after, b"", b"").join()
 
-    def write(self, n: int, out: list[bytes | memoryview]) -> None:
-        """Add the first ``n`` pieces (comma-joined) to ``out``, as a view of the buffer (valid
-        until the next append: join ``out`` first)."""
-        if n:
-            out.append(memoryview(self._buf)[: self._end(n)])
+
+class Body:
+    """A request body as the parts it is made of, in order: bytes that never change (the
+    pieces' closed chunks are sent as they are, not joined into a copy of the whole). ``len``
+    is its length in bytes; iterating it (``async for``) gives the parts, which is how it is
+    handed to an SDK (``content=``, with its ``Content-Length``) and from the SDK to the
+    transport (:mod:`._transport`)."""
+
+    __slots__ = ("_length", "parts")
+
+    def __init__(self, parts: Sequence[bytes]) -> None:
+        self.parts = tuple(part for part in parts if part)
+        self._length = sum(len(part) for part in self.parts)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def join(self) -> bytes:
+        return b"".join(self.parts)
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for part in self.parts:
+            yield part
 
 
 def splice_array(
@@ -91,26 +154,26 @@ def splice_array(
     after: Sequence[bytes],
     head: bytes,
     tail: bytes,
-) -> bytes:
+) -> Body:
     """``head``, the JSON array of ``before``, ``pieces``' first ``n`` and ``after``, then
-    ``tail``, in one copy."""
-    out: list[bytes | memoryview] = [head, b"["]
+    ``tail``: the pieces' closed chunks as they are, what comes before them joined into one
+    part, and what comes after them (a copy of at most one chunk, and the end) into another."""
+    lead: list[bytes] = [head, b"["]
     if before:
-        out.append(b",".join(before))
+        lead.append(b",".join(before))
         if n or after:
-            out.append(b",")
-    pieces.write(n, out)
+            lead.append(b",")
+    closed, rest = pieces.parts(n)
+    trail: list[bytes | memoryview] = [rest]
     if after:
         if n:
-            out.append(b",")
-        out.append(b",".join(after))
-    out += (b"]", tail)
+            trail.append(b",")
+        trail.append(b",".join(after))
+    trail += (b"]", tail)
     try:
-        return b"".join(out)
+        return Body([b"".join(lead), *closed, b"".join(trail)])
     finally:
-        for part in out:
-            if isinstance(part, memoryview):
-                part.release()  # the buffer may grow again
+        rest.release()  # the growing chunk may grow again
 
 
 class Encoded(Protocol):
@@ -137,13 +200,14 @@ class WireFormat(Protocol):
         ...
 
 
-def splice(params: dict[str, Any], key: str, encoded: Array) -> bytes:
-    """The JSON object of ``params`` with ``key`` set to the JSON array ``encoded`` describes,
-    built in one copy of its bytes."""
+def splice(params: dict[str, Any], key: str, encoded: Array) -> bytes | Body:
+    """The JSON object of ``params`` with ``key`` set to the JSON array ``encoded`` describes:
+    bytes when it is short, else a :class:`Body` of parts (no copy of the history)."""
     head = dumps({k: v for k, v in params.items() if k != key})
     name = dumps(key)
     opening = b"{" + name + b":" if head == b"{}" else head[:-1] + b"," + name + b":"
-    return splice_array(encoded.pieces, encoded.n, encoded.before, encoded.after, opening, b"}")
+    body = splice_array(encoded.pieces, encoded.n, encoded.before, encoded.after, opening, b"}")
+    return body if len(body) >= LONG_BODY else body.join()
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ from .._http import (
     scrub,
     status_error,
 )
-from .._sdk import TIMEOUT_ERRORS, drain, events, send, timeout_error
+from .._sdk import TIMEOUT_ERRORS, drain, events, posted, send, timeout_error
 from .._transport import sdk_http_client
 from ..base import (
     BlockStop,
@@ -54,7 +54,7 @@ from ..base import (
     ToolCallStart,
     UsageUpdate,
 )
-from ..wire import splice
+from ..wire import Body, splice
 from .request import MESSAGES, MessagesEncoded, build_tools
 from .stream import _get, _merge_usage, _Translator, _usage
 
@@ -79,7 +79,8 @@ class AnthropicProvider:
     """Anthropic Messages over the official ``anthropic`` SDK (``max_retries=0``).
 
     The body is built from the messages' carried-over encoding (``wire``, :mod:`..wire`) and
-    posted as bytes: the SDK sends it and decodes the answer, it does not re-encode it."""
+    posted as it is (bytes, or a long body's parts): the SDK sends it and decodes the answer, it
+    does not re-encode it."""
 
     wire = MESSAGES
 
@@ -117,7 +118,7 @@ class AnthropicProvider:
     async def aclose(self) -> None:
         await self._client.close()
 
-    def _body(self, request: ProviderRequest, *, stream: bool) -> bytes:
+    def _body(self, request: ProviderRequest, *, stream: bool) -> bytes | Body:
         """The request body: the messages' encoded pieces joined, the other fields around."""
         encoded = request.encoded
         if not isinstance(encoded, MessagesEncoded):
@@ -142,7 +143,7 @@ class AnthropicProvider:
             params["stream"] = True
         return splice(params, "messages", encoded.messages())
 
-    async def _call(self, body: bytes, *, stream: bool) -> Any:
+    async def _call(self, body: bytes | Body, *, stream: bool) -> Any:
         return await send(
             self.name,
             self._api_key,
@@ -150,7 +151,7 @@ class AnthropicProvider:
             self._client.post(
                 "/v1/messages",
                 cast_to=Message,
-                content=body,
+                **posted(body),
                 stream=stream,
                 # each event as the SDK decoded it (a dict), as the OpenAI provider does: no
                 # model built per event (docs/performance.md)
@@ -224,7 +225,7 @@ class AnthropicProvider:
             "overflow", f"{self.name}: the model stopped: {OVERFLOW_STOP}", code=OVERFLOW_STOP
         )
 
-    async def _complete(self, body: bytes) -> AsyncIterator[StreamEvent]:
+    async def _complete(self, body: bytes | Body) -> AsyncIterator[StreamEvent]:
         response = await self._call(body, stream=False)
         if isinstance(response, str):  # the SDK hands over a body that is not JSON as text
             raise not_a_response(self.name, response, self._api_key)

@@ -21,7 +21,7 @@ from openai.types.chat import ChatCompletion
 from .._http import DECODE_ERRORS, malformed_error, not_a_response
 from .._sdk import events
 from ..base import ProviderError, ProviderRequest, StreamEvent, UsageUpdate
-from ..wire import splice
+from ..wire import Body, splice
 from .request import CHAT, ChatEncoded, build_tools
 from .sdk import OpenAISdkProvider
 from .stream import _get, _Translator, _usage
@@ -31,7 +31,8 @@ class OpenAIProvider(OpenAISdkProvider):
     """Chat Completions over the official ``openai`` SDK (``max_retries=0``: the agent retries).
 
     The body is built from the messages' carried-over encoding (``wire``, :mod:`..wire`) and
-    posted as bytes: the SDK sends it and decodes the answer, it does not re-encode it."""
+    posted as it is (bytes, or a long body's parts): the SDK sends it and decodes the answer, it
+    does not re-encode it."""
 
     default_name = "openai"
     wire = CHAT
@@ -42,7 +43,7 @@ class OpenAIProvider(OpenAISdkProvider):
         # ``max_tokens``); compatible servers mostly know only ``max_tokens``.
         return "max_completion_tokens" if self.base_url is None else "max_tokens"
 
-    def _body(self, request: ProviderRequest, *, stream: bool) -> bytes:
+    def _body(self, request: ProviderRequest, *, stream: bool) -> bytes | Body:
         """The request body: the messages' encoded pieces joined, the other fields around."""
         params: dict[str, Any] = {"model": request.model or self.model}
         if request.tools:
@@ -64,7 +65,7 @@ class OpenAIProvider(OpenAISdkProvider):
             encoded = CHAT.encode(request.messages)
         return splice(params, "messages", encoded.messages(request.system_prompt))
 
-    async def _call(self, body: bytes, *, stream: bool) -> Any:
+    async def _call(self, body: bytes | Body, *, stream: bool) -> Any:
         # each chunk as the SDK decoded it (a dict): the translator reads dicts and SDK objects
         # alike (stream._get)
         return await self._sdk.post(
@@ -113,7 +114,7 @@ class OpenAIProvider(OpenAISdkProvider):
         for event in translator.stop():
             yield event
 
-    async def _complete(self, body: bytes) -> AsyncIterator[StreamEvent]:
+    async def _complete(self, body: bytes | Body) -> AsyncIterator[StreamEvent]:
         response = await self._call(body, stream=False)
         if isinstance(response, str):  # the SDK hands over a body that is not JSON as text
             raise not_a_response(self.name, response, self._api_key)

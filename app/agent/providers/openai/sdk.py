@@ -19,9 +19,10 @@ import openai
 
 from .._http import TRANSPORT_ERRORS, connection_error, error_fields, is_overflow_text, scrub
 from .._http import status_error as _status_error
-from .._sdk import TIMEOUT_ERRORS, send, timeout_error
+from .._sdk import TIMEOUT_ERRORS, posted, send, timeout_error
 from .._transport import sdk_http_client
 from ..base import ProviderError, Timeouts
+from ..wire import Body
 
 
 class OpenAISdk:
@@ -68,7 +69,7 @@ class OpenAISdk:
             return stream_error(self.name, self.api_key, code or error_type, message or exc.message)
         return None
 
-    async def post(self, path: str, body: bytes, *, stream: bool, cast_to: Any) -> Any:
+    async def post(self, path: str, body: bytes | Body, *, stream: bool, cast_to: Any) -> Any:
         """The SDK's answer to ``POST path`` with ``body``; its failures as
         :class:`ProviderError`. Streamed: an ``AsyncStream`` of dicts."""
         return await send(
@@ -78,7 +79,7 @@ class OpenAISdk:
             self.client.post(
                 path,
                 cast_to=cast_to,
-                content=body,
+                **posted(body),
                 stream=stream,
                 stream_cls=openai.AsyncStream[object],
             ),

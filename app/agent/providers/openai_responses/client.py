@@ -26,7 +26,7 @@ from .._http import DECODE_ERRORS, malformed_error, not_a_response
 from .._sdk import events
 from ..base import ProviderError, ProviderRequest, StreamEvent
 from ..openai.sdk import OpenAISdkProvider
-from ..wire import splice
+from ..wire import Body, splice
 from .request import RESPONSES, ResponsesEncoded, build_tools
 from .stream import _Translator
 
@@ -39,12 +39,13 @@ class OpenAIResponsesProvider(OpenAISdkProvider):
     retries).
 
     The body is built from the messages' carried-over encoding (``wire``, :mod:`..wire`) and
-    posted as bytes: the SDK sends it and decodes the answer, it does not re-encode it."""
+    posted as it is (bytes, or a long body's parts): the SDK sends it and decodes the answer, it
+    does not re-encode it."""
 
     default_name = "openai-responses"
     wire = RESPONSES
 
-    def _body(self, request: ProviderRequest, *, stream: bool) -> bytes:
+    def _body(self, request: ProviderRequest, *, stream: bool) -> bytes | Body:
         """The request body: the messages' encoded items joined, the other fields around."""
         params: dict[str, Any] = {
             "model": request.model or self.model,
@@ -68,7 +69,7 @@ class OpenAIResponsesProvider(OpenAISdkProvider):
             encoded = RESPONSES.encode(request.messages)
         return splice(params, "input", encoded.input())
 
-    async def _call(self, body: bytes, *, stream: bool) -> Any:
+    async def _call(self, body: bytes | Body, *, stream: bool) -> Any:
         # ``object``: the answer (or each event) as the SDK decoded it, a dict; no SDK model
         return await self._sdk.post("/responses", body, stream=stream, cast_to=object)
 
