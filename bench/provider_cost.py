@@ -6,7 +6,8 @@ front of a fast fake (shared/bench/fake_openai.py, fake_anthropic.py, and
 bench/fake_responses.py for the Responses API: they answer at once), PUTs a context of each
 size (200-character texts), runs it a few times with ``Prefer: return=minimal`` and prints
 (the runs of a size take turns on as many conversations of that size as keep each within 20
-messages, or a tenth of the size, of it: ``_common.Conversations``):
+messages, or a tenth of the size, of it: ``_common.Conversations``; and the sizes take turns,
+in ``--rounds`` rounds, so that a drift in the machine's load moves them alike):
 
 - the server's CPU per run (utime + stime of the server process and its children, from
   /proc/PID/stat; the fake's and the client's time are not counted), less what the /healthz
@@ -40,7 +41,7 @@ import argparse
 import statistics
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -84,42 +85,76 @@ def healthz_cpu(http: httpx.Client, server: c.Proc, times: int = 200) -> float:
     return (c.cpu_seconds(server.pid) - before) / times
 
 
+@dataclass
+class _Tally:
+    """What the runs at one size added up to, over the rounds."""
+
+    cpu: float = 0.0
+    probes: int = 0
+    worst: float = 0.0
+    times: list[float] = field(default_factory=list)
+
+
+def _share(k: int, rounds: int, i: int) -> int:
+    """Round ``i``'s share of ``k`` runs (spread as evenly as they go)."""
+    return k // rounds + (1 if i < k % rounds else 0)
+
+
 def measure_mode(
-    http: httpx.Client, server: c.Proc, mode: str, sizes: list[int], runs: list[int]
+    http: httpx.Client,
+    server: c.Proc,
+    mode: str,
+    sizes: list[int],
+    runs: list[int],
+    rounds: int = 1,
 ) -> list[Row]:
-    rows = []
+    """The runs at each size, in ``rounds`` rounds that take the sizes in turn (forward, then
+    backward): a machine whose load drifts during a sitting moves every size's figure alike,
+    not one size's alone, so the ratios between sizes hold still."""
     per_probe = healthz_cpu(http, server)
+    convs: dict[int, c.Conversations] = {}
     for n, k in zip(sizes, runs, strict=True):
         # warm: caches, connections, first-run costs (more for the first, cheap, size); the
         # runs on conversations of n messages, none grown past n + max(20, n / 10)
         warm = max(2, min(10, k // 4))
-        convs = c.Conversations(http, f"cost-{n}", n, k, warm=1)
-        for w in range(max(0, warm - len(convs.ids))):
-            c.run_minimal(http, convs.next(), f"warm {w}")
-        times = []
-        with c.HealthProbe(server.url) as probe:
-            before = c.cpu_seconds(server.pid)
-            for i in range(k):
-                began = time.perf_counter()
-                answer = http.post(
-                    f"/conversations/{convs.next()}/runs",
-                    json={"prompts": [c.prompt(i)]},
-                    headers=c.MINIMAL,
-                )
-                times.append(time.perf_counter() - began)
-                c.check_run(answer)
-            cpu = c.cpu_seconds(server.pid) - before
+        convs[n] = c.Conversations(http, f"cost-{n}", n, k, warm=1)
+        for w in range(max(0, warm - len(convs[n].ids))):
+            c.run_minimal(http, convs[n].next(), f"warm {w}")
+    tallies = {n: _Tally() for n in sizes}
+    done = dict.fromkeys(sizes, 0)
+    for i in range(rounds):
+        order = list(zip(sizes, runs, strict=True))
+        for n, k in order if i % 2 == 0 else reversed(order):
+            tally = tallies[n]
+            with c.HealthProbe(server.url) as probe:
+                before = c.cpu_seconds(server.pid)
+                for _ in range(_share(k, rounds, i)):
+                    began = time.perf_counter()
+                    answer = http.post(
+                        f"/conversations/{convs[n].next()}/runs",
+                        json={"prompts": [c.prompt(done[n])]},
+                        headers=c.MINIMAL,
+                    )
+                    tally.times.append(time.perf_counter() - began)
+                    c.check_run(answer)
+                    done[n] += 1
+                tally.cpu += c.cpu_seconds(server.pid) - before
+            tally.probes += probe.count
+            tally.worst = max(tally.worst, probe.worst)
+    rows = []
+    for n, k in zip(sizes, runs, strict=True):
+        t = tallies[n]
         rows.append(
             Row(
                 mode=mode,
                 messages=n,
                 runs=k,
-                cpu_ms_per_run=max(0.0, cpu - probe.count * per_probe) / k * 1000,
-                raw_cpu_ms_per_run=cpu / k * 1000,
-                p50_ms=statistics.median(times) * 1000,
-                p90_ms=c.percentile(times, 0.9) * 1000,
-                healthz_worst_ms=probe.worst * 1000,
-                healthz_probes=probe.count,
+                cpu_ms_per_run=max(0.0, t.cpu - t.probes * per_probe) / k * 1000,
+                raw_cpu_ms_per_run=t.cpu / k * 1000,
+                p50_ms=statistics.median(t.times) * 1000,
+                p90_ms=c.percentile(t.times, 0.9) * 1000,
+                healthz_worst_ms=t.worst * 1000,
+                healthz_probes=t.probes,
                 rss_mib=c.rss_mib(server.pid),
             )
         )
@@ -267,6 +302,9 @@ def main() -> None:
     parser.add_argument(
         "--runs", default="40,12,6", help="measured runs per size (one number: the same for all)"
     )
+    parser.add_argument(
+        "--rounds", type=int, default=4, help="rounds that take the sizes in turn (1: one by one)"
+    )
     parser.add_argument("--floor-requests", type=int, default=300, help="0: no floor app")
     parser.add_argument("--engine", default="sqlite", choices=["sqlite", "postgresql"])
     parser.add_argument("--app-root", type=Path, default=c.ROOT, help="the checkout served")
@@ -319,7 +357,7 @@ def main() -> None:
                 continue
             try:
                 with httpx.Client(base_url=server.url, timeout=httpx.Timeout(600)) as http:
-                    rows += measure_mode(http, server, mode, sizes, runs)
+                    rows += measure_mode(http, server, mode, sizes, runs, max(1, args.rounds))
             finally:
                 procs.stop(server)
 
@@ -334,6 +372,7 @@ def main() -> None:
         args.json,
         {
             "engine": args.engine,
+            "rounds": max(1, args.rounds),
             "rows": [asdict(r) for r in rows],
             "floor_cpu_ms_per_request": floor_ms,
             "ratios": found,
