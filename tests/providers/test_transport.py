@@ -132,12 +132,13 @@ class _Proxy(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     seen: list[str] = []
+    bodies: list[Any] = []
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["content-length"]))
+        type(self).bodies.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
         type(self).seen.append(self.requestline)
         body = json.dumps(
             {
@@ -164,20 +165,29 @@ class _Proxy(BaseHTTPRequestHandler):
 async def test_a_proxy_from_the_environment_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
     proxy = ThreadingHTTPServer(("127.0.0.1", 0), _Proxy)
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
-    _Proxy.seen = []
+    _Proxy.seen, _Proxy.bodies = [], []
     monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.server_address[1]}")
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
     provider = OpenAIProvider(
         api_key="sk-x", base_url="http://api.example.invalid/v1", timeouts=SHORT, stream=False
     )
+    # and a long conversation's request, whose body goes as its parts (wire.Body) through
+    # httpx's own proxy transport
+    texts = [f"message {i} " + "x" * 300 for i in range(1_500)]
+    history = tuple(UserMessage.text(text) for text in texts)
+    long = ProviderRequest(system_prompt="", messages=history, model="m")
     try:
         assert await _text(provider) == "through the proxy"
+        async for _ in provider.stream(long):
+            pass
     finally:
         await provider.aclose()
         proxy.shutdown()
         proxy.server_close()
-    assert _Proxy.seen == ["POST http://api.example.invalid/v1/chat/completions HTTP/1.1"]
+    assert _Proxy.seen == ["POST http://api.example.invalid/v1/chat/completions HTTP/1.1"] * 2
+    sent = _Proxy.bodies[1]["messages"]
+    assert [m["content"] for m in sent] == texts
 
 
 class _Echo(BaseHTTPRequestHandler):
