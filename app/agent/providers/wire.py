@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..messages import AnyMessage
+from ._transport import LONG_BODY
 
 _SDK_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
@@ -38,9 +39,6 @@ def dumps(value: Any) -> bytes:
     built once)."""
     return _SDK_JSON.encode(value).encode()
 
-
-#: a body at least this long is sent as its parts (:class:`Body`), not joined into one bytes
-LONG_BODY = 64 * 1024
 
 #: the size at which the pieces' growing chunk is closed (:class:`Pieces`)
 CHUNK = 256 * 1024
@@ -207,7 +205,7 @@ def splice(params: dict[str, Any], key: str, encoded: Array) -> bytes | Body:
     name = dumps(key)
     opening = b"{" + name + b":" if head == b"{}" else head[:-1] + b"," + name + b":"
     body = splice_array(encoded.pieces, encoded.n, encoded.before, encoded.after, opening, b"}")
-    return body if len(body) >= LONG_BODY else body.join()
+    return body if len(body) > LONG_BODY else body.join()  # the transport writes it as parts
 
 
 @dataclass(frozen=True, slots=True)
