@@ -50,6 +50,8 @@ def posted(body: bytes | Body) -> dict[str, Any]:
     declared: httpx then sends a long body's parts (an async iterable, :class:`~.wire.Body`)
     with a ``Content-Length`` rather than in chunks, and without reading them into one bytes;
     the transport writes them as they are (:mod:`._transport`)."""
+    if isinstance(body, bytes):  # httpx declares a bytes body's length itself
+        return {"content": body}
     return {"content": body, "options": {"headers": {"Content-Length": str(len(body))}}}
 
 
