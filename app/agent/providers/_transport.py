@@ -117,8 +117,7 @@ class _Parts(aiohttp.Payload):
     def __init__(self, parts: Sequence[bytes | memoryview], length: int) -> None:
         super().__init__(parts)
         self._parts = parts
-        self._length = length
-        self._size = length
+        self._size = length  # aiohttp's ``size``
 
     def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
         return b"".join(self._parts).decode(encoding, errors)
@@ -129,7 +128,8 @@ class _Parts(aiohttp.Payload):
     async def write_with_length(
         self, writer: aiohttp.abc.AbstractStreamWriter, content_length: int | None
     ) -> None:
-        left = self._length if content_length is None else min(content_length, self._length)
+        length = self._size or 0
+        left = length if content_length is None else min(content_length, length)
         for part in self._parts:
             view = memoryview(part)[:left]
             left -= len(view)

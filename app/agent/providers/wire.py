@@ -79,7 +79,7 @@ class Pieces:
         copy = Pieces()
         closed, rest = self._split(end)
         copy._chunks = closed
-        copy._base = sum(len(chunk) for chunk in closed)
+        copy._base = end - len(rest)
         copy._tail = bytearray(rest)
         rest.release()
         copy._ends = self._ends[:n]
