@@ -268,13 +268,13 @@ class FinishingStore(StoreBase):
             if not finished.rowcount:
                 raise NotRunning  # rolls the transaction back
 
-            await insert_audit(conn, tenant, conv_id, run_id, result, folded, texts)
+            recorded = await insert_audit(conn, tenant, conv_id, run_id, result, folded, texts)
             await settle(conn, tenant, now, result.usage)
             first_seq = row.transcript_seq - len(entries) + 1
             await insert_transcript(conn, tenant, conv_id, run_id, first_seq, entries, now, texts)
             if status == "requires_action" and paused_events is not None:
                 events = paused_events  # the pause is stored: it is announced
-            await insert_events(conn, events, texts)
+            await insert_events(conn, events, texts, referenced=recorded)
             await texts.flush(conn)
             await enqueue_deliveries(conn, tenant, conv_id, run_id, status, now)
         saved = None

@@ -370,19 +370,18 @@ async def insert_audit(
     result: Result,
     folded: Sequence[Dumped] | None = None,
     texts: TextBatch | None = None,
-) -> None:
+) -> frozenset[str]:
     """A finished run's audit records: its new messages, final and compactions (``folded``:
     :func:`dumped_folded` of ``result``, when the caller has it). The messages' texts go into
-    ``texts`` when given (the caller flushes it), else are written here."""
+    ``texts`` when given (the caller flushes it), else are written here. The keys of the texts
+    its new messages reference (they live as long as the run record)."""
     key = {"tenant": tenant, "conversation_id": conv_id, "run_id": run_id}
     batch = texts if texts is not None else TextBatch(tenant)
-    if result.new_messages:
+    keys = [batch.add(Dumped(dumps_message(m))) for m in result.new_messages]
+    if keys:
         await conn.execute(
             _INSERT_NEW_MESSAGES,
-            [
-                {**key, "seq": i, "body": None, "body_sha256": batch.add(Dumped(dumps_message(m)))}
-                for i, m in enumerate(result.new_messages)
-            ],
+            [{**key, "seq": i, "body": None, "body_sha256": k} for i, k in enumerate(keys)],
         )
     if result.final is not None:
         final = Dumped(dumps_message(result.final))
@@ -408,6 +407,7 @@ async def insert_audit(
                 for i, c in enumerate(result.compactions)
             ],
         )
+    return frozenset(keys)
 
 
 __all__ = ["RecordStore", "RunRecord", "dumped_folded", "insert_audit"]

@@ -410,12 +410,16 @@ class ApiKey(SQLModel, table=True):
 
 
 class RunEventRow(SQLModel, table=True):
-    """One event of a run, in order (``seq`` from 1 per run), as its SSE stream carries it.
+    """One event of a run, in order (``seq`` from 1 per run), as its SSE stream carries it;
+    or, with ``first_seq``, the run's events ``first_seq`` … ``seq`` in one row.
 
     ``data`` is the event's JSON payload (``null`` for ``run.finished``: readers render the
     run record). A ``message`` event, whose payload is a whole message, references its text
     instead (``data_sha256`` into ``message_texts``, ``data`` null), the text its run record
-    and transcript entry reference too; deltas keep their pieces. Rows older than the
+    and transcript entry reference too; deltas keep their pieces. A row of several events
+    (``first_seq`` set, ``data`` a JSON array of ``[seq, event, data]``, a message event as
+    ``[seq, "message", null, key]``) is what a run writes with its outcome when its records
+    reference every message text among them (app/store/events.py). Rows older than the
     retention are purged; the run record stays.
     """
 
@@ -434,6 +438,7 @@ class RunEventRow(SQLModel, table=True):
     data: Any = Field(default=None, sa_type=JSONText, nullable=True)
     created_at: datetime = Field(sa_type=UTCDateTime)
     data_sha256: str | None = Field(default=None, max_length=64)
+    first_seq: int | None = Field(default=None)
 
 
 class Webhook(SQLModel, table=True):

@@ -45,16 +45,19 @@ async def test_reading_an_ended_run_and_its_events(
             finally:
                 _COUNTED.reset(token)
             assert through_sqlalchemy == [], through_sqlalchemy
-            assert direct[:4] == RECORD and direct[4:8] == RECORD and len(direct) == 10, direct
+            assert direct[:4] == RECORD and direct[4:8] == RECORD and len(direct) == 11, direct
 
         # the events of a run that had ended when they were asked for: the run's record is
-        # read once (its run.finished event carries it), then the events' bounds and rows
+        # read once (its run.finished event carries it), then the events' bounds and rows,
+        # and the texts of the run's new messages (its events, written with its outcome, are
+        # one row naming the texts of its message events)
         with statements(engine) as seen:
             events = await client.get(f"{run}/events")
         assert events.status_code == 200 and events.text.count("event: ") == 5
         assert "event: run.finished" in events.text and '"status":"completed"' in events.text
         read = [s for s in seen if s not in ("BEGIN", "COMMIT")]
-        assert read[:4] == RECORD and len(read) == 6, read
+        assert read[:4] == RECORD and len(read) == 7, read
+        assert read[-1].startswith("SELECT message_texts"), read
         assert read.count("SELECT runs") == 1
 
         # a /v1 response, found by its id alone: its row is read once too
