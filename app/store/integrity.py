@@ -57,11 +57,29 @@ SCAN_BATCH = 1000
 _SHA256 = hashlib.sha256()
 
 
+#: the checksums of the last short texts checksummed, by text: a run's transaction names each
+#: of its texts in several records (context row, run record, transcript entry, event, the
+#: version's unchanged system prompt and summary), each then checksummed once
+_RECENT: dict[str | bytes, str] = {}
+RECENT_DIGESTS = 256
+RECENT_DIGEST_CHARS = 4096
+
+
 def body_sha256(text: str | bytes | memoryview) -> str:
     """The checksum of a stored message text: SHA-256 of its UTF-8 bytes, in hex."""
+    short = not isinstance(text, memoryview) and len(text) <= RECENT_DIGEST_CHARS
+    if short:
+        found = _RECENT.get(text)  # type: ignore[arg-type]
+        if found is not None:
+            return found
     digest = _SHA256.copy()
     digest.update(text.encode() if isinstance(text, str) else text)
-    return digest.hexdigest()
+    value = digest.hexdigest()
+    if short:
+        if len(_RECENT) >= RECENT_DIGESTS:
+            _RECENT.clear()
+        _RECENT[text] = value  # type: ignore[index]
+    return value
 
 
 #: why a message whose text is not in ``message_texts`` any more is damaged

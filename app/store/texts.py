@@ -122,22 +122,16 @@ _INSERT_TEXTS_PG = prepared(
 class TextBatch:
     """The texts one write transaction references, written with :meth:`flush`."""
 
-    __slots__ = ("keys", "tenant", "texts")
+    __slots__ = ("tenant", "texts")
 
     def __init__(self, tenant: str) -> None:
         self.tenant = tenant
         self.texts: dict[str, str] = {}
-        #: the key of each text added, by text: a run's transaction names each of its texts
-        #: in several records (context row, run record, transcript entry, event), each
-        #: checksummed once
-        self.keys: dict[str, str] = {}
 
     def add(self, body: Any) -> str:
         """The key of ``body`` (a JSON value, or its text as :class:`Dumped`), kept to write."""
         text = dump_json(body)
-        digest = self.keys.get(text)
-        if digest is None:
-            digest = self.keys[text] = body_sha256(text)
+        digest = body_sha256(text)
         self.texts.setdefault(digest, text)
         return digest
 
