@@ -38,7 +38,7 @@ from .errors import NotFound, run_not_found
 from .events import EventRow, insert_events
 from .integrity import body_sha256
 from .quotas import settle
-from .records import dumped_folded, insert_audit
+from .records import dumped_folded, final_among_new, insert_audit
 from .tables import Dumped, conversations, runs
 from .texts import TextBatch, prompt_keys
 from .versions import insert_version, version_row
@@ -123,6 +123,7 @@ def _outcome_statements() -> tuple[Any, Any, Any]:
             required_action=bindparam("b_required_action"),
             finished_at=bindparam("b_finished_at"),
             lease_expires_at=None,
+            final_seq=bindparam("b_final_seq", type_=Integer()),
         )
     )
     return store, only_release, finish
@@ -170,6 +171,7 @@ class FinishingStore(StoreBase):
         }
 
         folded = await dumped_folded(result)  # before the transaction: not under its lock
+        final_seq = final_among_new(result)
         inserts = [(p, Dumped(dumps_message(m))) for p, m in plan.inserts] if store else []
         # Lock order, here as everywhere: the conversation row first, then the run row.
         stats = None
@@ -263,12 +265,15 @@ class FinishingStore(StoreBase):
                         else None
                     ),
                     "b_finished_at": now,
+                    "b_final_seq": final_seq,
                 },
             )
             if not finished.rowcount:
                 raise NotRunning  # rolls the transaction back
 
-            recorded = await insert_audit(conn, tenant, conv_id, run_id, result, folded, texts)
+            recorded = await insert_audit(
+                conn, tenant, conv_id, run_id, result, folded, texts, final_seq=final_seq
+            )
             await settle(conn, tenant, now, result.usage)
             first_seq = row.transcript_seq - len(entries) + 1
             await insert_transcript(conn, tenant, conv_id, run_id, first_seq, entries, now, texts)

@@ -23,6 +23,7 @@ from app.agent.records import Compaction, Result
 from ._sql import StoreBase, bound_child_key, child_key, require_conversation
 from .db import read_one, read_transaction, write_transaction
 from .direct import prepared
+from .errors import StoredRecordDamaged
 from .tables import (
     Dumped,
     Run,
@@ -321,6 +322,9 @@ async def _records(
         final = load_message(load(row.body_text, row.body_sha256))
         assert isinstance(final, AssistantMessage)
         finals[row.run_id] = final
+    for run in page:  # a final named among the run's new messages (runs.final_seq)
+        if run.final_seq is not None and run.run_id not in finals:
+            finals[run.run_id] = _final_at(new_messages[run.run_id], run.final_seq)
     compactions: dict[str, list[Compaction]] = {run.run_id: [] for run in page}
     for c in compaction_rows:
         compactions[c["run_id"]].append(
@@ -348,6 +352,14 @@ async def _records(
     ]
 
 
+def _final_at(messages: Sequence[AnyMessage], seq: int) -> AssistantMessage:
+    """The final a run row names among its new messages; damaged when it is not one."""
+    final = messages[seq] if 0 <= seq < len(messages) else None
+    if not isinstance(final, AssistantMessage):
+        raise StoredRecordDamaged(f"its final names new message {seq}, which is not an attempt")
+    return final
+
+
 async def dumped_folded(result: Result) -> list[Dumped]:
     """The JSON text of each compaction's folded messages, for :func:`insert_audit`: built
     before the write transaction, a few hundred messages per call with the event loop
@@ -362,6 +374,19 @@ _INSERT_FINAL = prepared(insert(run_finals))
 _INSERT_COMPACTIONS = prepared(insert(run_compactions))
 
 
+def final_among_new(result: Result) -> int | None:
+    """Where ``result.final`` is among ``result.new_messages`` (its index, the ``seq`` of its
+    row): the run's last attempt, so searched from the end; None when it has none, or it is
+    not there."""
+    final = result.final
+    if final is None:
+        return None
+    for i in range(len(result.new_messages) - 1, -1, -1):
+        if result.new_messages[i] is final:
+            return i
+    return None
+
+
 async def insert_audit(
     conn: AsyncConnection,
     tenant: str,
@@ -370,11 +395,16 @@ async def insert_audit(
     result: Result,
     folded: Sequence[Dumped] | None = None,
     texts: TextBatch | None = None,
+    *,
+    final_seq: int | None = None,
 ) -> frozenset[str]:
     """A finished run's audit records: its new messages, final and compactions (``folded``:
     :func:`dumped_folded` of ``result``, when the caller has it). The messages' texts go into
     ``texts`` when given (the caller flushes it), else are written here. The keys of the texts
-    its new messages reference (they live as long as the run record)."""
+    its new messages reference (they live as long as the run record).
+
+    ``final_seq``: where the final is among the new messages (:func:`final_among_new`), which
+    the run row says (``runs.final_seq``): then it has no row of its own."""
     key = {"tenant": tenant, "conversation_id": conv_id, "run_id": run_id}
     batch = texts if texts is not None else TextBatch(tenant)
     keys = [batch.add(Dumped(dumps_message(m))) for m in result.new_messages]
@@ -383,7 +413,7 @@ async def insert_audit(
             _INSERT_NEW_MESSAGES,
             [{**key, "seq": i, "body": None, "body_sha256": k} for i, k in enumerate(keys)],
         )
-    if result.final is not None:
+    if result.final is not None and final_seq is None:
         final = Dumped(dumps_message(result.final))
         await conn.execute(_INSERT_FINAL, {**key, "body": None, "body_sha256": batch.add(final)})
     if texts is None:

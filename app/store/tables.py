@@ -288,6 +288,10 @@ class Run(SQLModel, table=True):
     #: when ``DELETE /v1/responses/{id}`` deleted it as a response (migration 0018): ``/v1``
     #: no longer finds it; the run stays in its conversation's audit
     response_deleted_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    #: its final among its ``new_messages``: the ``seq`` of that row (migration 0021), so its
+    #: final needs no row of its own; null: its final, if it has one, is its ``run_finals``
+    #: row (a run finished before, or an imported one)
+    final_seq: int | None = Field(default=None)
 
 
 class RunNewMessage(SQLModel, table=True):
@@ -308,7 +312,8 @@ class RunNewMessage(SQLModel, table=True):
 
 class RunFinal(SQLModel, table=True):
     """``Result.final`` of a run (absent when the run made no attempt), a reference to its
-    text as in ``run_new_messages``."""
+    text as in ``run_new_messages``: of a run finished before migration 0021 or imported; a
+    run that finishes now names its final among its new messages (``runs.final_seq``)."""
 
     __tablename__ = "run_finals"
     __table_args__ = (_run_fk("fk_run_finals_run"), _text_index("run_finals"))

@@ -35,9 +35,8 @@ OUTCOME = [
     "UPDATE conversations",  # the conditional save
     "INSERT INTO context_messages",
     "INSERT INTO context_versions",  # the version's record (docs/decisions.md)
-    "UPDATE runs",
+    "UPDATE runs",  # its outcome, and which of its new messages is its final
     "INSERT INTO run_new_messages",
-    "INSERT INTO run_finals",
     "INSERT INTO tenant_usage",  # the run's tokens
     "INSERT INTO transcript",
     "INSERT INTO run_events",

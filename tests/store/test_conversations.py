@@ -6,8 +6,10 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.agent.codec import dumps_message
 from app.store.db import read_transaction, write_transaction
 from app.store.errors import AlreadyExists, PreconditionFailed
+from app.store.integrity import body_sha256
 from app.store.tables import (
     context_messages,
     conversations,
@@ -120,6 +122,17 @@ async def _populate(repo: Repository, engine: AsyncEngine, conv_id: str) -> None
                 response={"ok": True},
                 created_at=now,
                 expires_at=now,
+            )
+        )
+        # a final of its own, as a run finished before migration 0021 kept it
+        assert result.final is not None
+        await conn.execute(
+            run_finals.insert().values(
+                tenant="acme",
+                conversation_id=conv_id,
+                run_id=run.run_id,
+                body=None,
+                body_sha256=body_sha256(dumps_message(result.final)),
             )
         )
 

@@ -105,26 +105,25 @@ RUN_WRITE = [
     "UPDATE conversations SET",  # the conditional version bump; allocates transcript seqs
     "INSERT INTO context_messages",  # the appended messages only
     "INSERT INTO context_versions",  # the version's record (app/store/versions.py)
-    "UPDATE runs SET",
+    "UPDATE runs SET",  # its outcome, and which of its new messages is its final
     "INSERT INTO run_new_messages",
-    "INSERT INTO run_finals",
     "INSERT INTO transcript",
     "INSERT INTO message_texts",  # the texts of the rows, records and transcript, each once
     "INSERT INTO webhook_deliveries",  # the outbox, as INSERT … SELECT (issue 13)
 ]
 #: a run that used tokens also settles them on its tenant's day (app/store/quotas.py): one row
-SETTLED_RUN_WRITE = [*RUN_WRITE[:6], "INSERT INTO tenant_usage", *RUN_WRITE[6:]]
+SETTLED_RUN_WRITE = [*RUN_WRITE[:5], "INSERT INTO tenant_usage", *RUN_WRITE[5:]]
 #: a compaction deletes nothing: the folded rows stay, below the new first position, for the
 #: versions before it (the version sweep deletes them after the retention)
-WITH_COMPACTION = [*RUN_WRITE[:6], "INSERT INTO run_compactions", *RUN_WRITE[6:]]
+WITH_COMPACTION = [*RUN_WRITE[:5], "INSERT INTO run_compactions", *RUN_WRITE[5:]]
 
 
 @pytest.mark.parametrize(
     ("make", "expected", "rows"),
     [
-        (plain, SETTLED_RUN_WRITE, 13),
-        (with_tools, RUN_WRITE, 20),
-        (with_compaction, WITH_COMPACTION, 15),  # its new summary is a text too
+        (plain, SETTLED_RUN_WRITE, 12),
+        (with_tools, RUN_WRITE, 19),
+        (with_compaction, WITH_COMPACTION, 14),  # its new summary is a text too
     ],
     ids=["plain", "tools", "compaction"],
 )
