@@ -90,7 +90,9 @@ def count(args: argparse.Namespace, root: Path) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--provider", default="echo", choices=["echo", "openai", "anthropic"])
+    parser.add_argument(
+        "--provider", default="echo", choices=["echo", "openai", "openai-responses", "anthropic"]
+    )
     parser.add_argument("--engine", default="sqlite", choices=["sqlite", "postgresql"])
     parser.add_argument("--messages", type=int, default=10)
     parser.add_argument("--warm", type=int, default=20)

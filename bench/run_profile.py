@@ -83,7 +83,9 @@ def parts(raw: Path) -> collections.Counter[str]:
 def main() -> None:
     c.on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--provider", default="echo", choices=["echo", "openai", "anthropic"])
+    parser.add_argument(
+        "--provider", default="echo", choices=["echo", "openai", "openai-responses", "anthropic"]
+    )
     parser.add_argument("--messages", type=int, default=10)
     parser.add_argument("--runs", type=int, default=400)
     parser.add_argument("--engine", default="sqlite", choices=["sqlite", "postgresql"])
