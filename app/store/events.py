@@ -181,7 +181,7 @@ def _items(row: RowMapping) -> list[tuple[int, str, Any, str | None]]:
             or not isinstance(item[1], str)
             or (len(item) == 4 and (item[2] is not None or not isinstance(item[3], str)))
         ):
-            raise StoredRecordDamaged(f"a row of run events holds an event it cannot: {item!r}")
+            raise StoredRecordDamaged("a row of run events holds an event it cannot")
         items.append((item[0], item[1], item[2], item[3] if len(item) == 4 else None))
     return items
 
