@@ -39,8 +39,9 @@ from ._sql import (
 from .changes import last_batch_of_bodies, stored_pending
 from .columns import dump_json
 from .db import read_transaction, write_transaction
-from .errors import AlreadyExists, StoredRecordDamaged, StoreError, conversation_not_found
+from .errors import AlreadyExists, StoreError, conversation_not_found
 from .metadata import read_metadata, write_metadata
+from .records import named_final
 from .tables import (
     context_messages,
     conversations,
@@ -349,11 +350,11 @@ async def _run_record(conn: AsyncConnection, tenant: str, conv_id: str, row: Any
     record["final"] = None if final is None else load(final.body_text, final.body_sha256)
     seq = row["final_seq"]
     if final is None and seq is not None:  # its final named among its new messages
-        news = record["new_messages"]
-        final = news[seq] if 0 <= seq < len(news) else None
-        if not isinstance(final, dict) or final.get("type") != "assistant":
-            raise StoredRecordDamaged(f"its final names new message {seq}, which is not an attempt")
-        record["final"] = final
+        record["final"] = named_final(
+            record["new_messages"],
+            seq,
+            lambda m: isinstance(m, dict) and m.get("type") == "assistant",
+        )
     comps = (await conn.execute(of(run_compactions).order_by(run_compactions.c.seq))).mappings()
     record["compactions"] = [{f: r[f] for f in COMPACTION_FIELDS} for r in comps.all()]
     return record

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import ColumnElement, Integer, Table, and_, bindparam, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -58,6 +58,8 @@ class RunRecord:
 
 #: the statuses of a run that has no audit records yet: they are written in the transaction
 #: that ends it (app/store/outcomes.py), and an import brings finished runs only
+_M = TypeVar("_M")
+
 IN_FLIGHT = ("queued", "running")
 
 
@@ -352,11 +354,18 @@ async def _records(
     ]
 
 
-def _final_at(messages: Sequence[AnyMessage], seq: int) -> AssistantMessage:
-    """The final a run row names among its new messages; damaged when it is not one."""
+def named_final(messages: Sequence[_M], seq: int, is_attempt: Callable[[_M], bool]) -> _M:
+    """The final a run row names among its new messages (``runs.final_seq``), as decoded
+    messages or as their JSON values (the export); damaged when it is not an attempt."""
     final = messages[seq] if 0 <= seq < len(messages) else None
-    if not isinstance(final, AssistantMessage):
+    if final is None or not is_attempt(final):
         raise StoredRecordDamaged(f"its final names new message {seq}, which is not an attempt")
+    return final
+
+
+def _final_at(messages: Sequence[AnyMessage], seq: int) -> AssistantMessage:
+    final = named_final(messages, seq, lambda m: isinstance(m, AssistantMessage))
+    assert isinstance(final, AssistantMessage)
     return final
 
 
@@ -440,4 +449,11 @@ async def insert_audit(
     return frozenset(keys)
 
 
-__all__ = ["RecordStore", "RunRecord", "dumped_folded", "insert_audit"]
+__all__ = [
+    "RecordStore",
+    "RunRecord",
+    "dumped_folded",
+    "final_among_new",
+    "insert_audit",
+    "named_final",
+]
