@@ -2,7 +2,8 @@
 
 Both providers send a body they built from encoded pieces (:mod:`.wire`) through their SDK's
 ``post`` (:func:`posted`: so the SDK neither walks, encodes nor copies the history again,
-while its HTTP client, auth, headers, error types and stream decoding stay the SDK's), and both
+while its HTTP client, auth, headers, error types and stream decoding stay the SDK's; a path's
+later requests go with the request the SDK built the first time, :mod:`._prepared`), and both
 read an SDK stream the same way: an HTML page behind a 200 is fatal, an event the SDK cannot
 decode is malformed, a body from which no event arrived is judged by its type, and every other
 failure is classified by the provider's own ``classify`` (its SDK's error types), or raised as

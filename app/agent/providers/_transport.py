@@ -168,12 +168,48 @@ def _payload(parts: list[bytes | memoryview], length: int) -> bytes | _Parts | N
     return _Parts(parts, length)
 
 
+class Prepared:
+    """What aiohttp is given of a request, taken once from the ``httpx2.Request`` an SDK built:
+    its URL (as httpx encoded it), its headers (without a body's length, unless the request is
+    sent as it is), its timeouts and TLS server name. :meth:`AiohttpTransport.send_prepared`
+    sends it again and again with other bodies (:mod:`._prepared`)."""
+
+    __slots__ = ("headers", "request", "sni_hostname", "timeout", "url")
+
+    def __init__(
+        self, request: httpx2.Request, headers: Sequence[tuple[str, str]] | None = None
+    ) -> None:
+        timeout: dict[str, Any] = request.extensions.get("timeout", {})
+        self.request = request
+        self.url = URL(str(request.url), encoded=True)  # as httpx encoded it
+        self.headers = (
+            [
+                (name, value)
+                for name, value in request.headers.multi_items()
+                if name.lower() not in ("content-length", "transfer-encoding")
+            ]
+            if headers is None
+            else list(headers)
+        )
+        self.timeout = aiohttp.ClientTimeout(
+            total=None,
+            connect=timeout.get("pool"),
+            sock_connect=timeout.get("connect"),
+            sock_read=timeout.get("read"),
+        )
+        self.sni_hostname: str | None = request.extensions.get("sni_hostname")
+
+
 class AiohttpTransport(httpx2.AsyncBaseTransport):
-    """HTTP/1.1 over aiohttp's connection pool (one pool per event loop that uses it)."""
+    """HTTP/1.1 over aiohttp's connection pool (one pool per event loop that uses it).
+
+    ``last_post`` is the last POST the SDK above sent through it: the request a
+    :class:`~._prepared.PreparedPost` takes its URL and headers from."""
 
     def __init__(self, ssl_context: ssl.SSLContext, limits: httpx2.Limits) -> None:
         self._ssl = ssl_context
         self._limits = limits
+        self.last_post: httpx2.Request | None = None
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -201,28 +237,39 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
         return self._session
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        timeout: dict[str, Any] = request.extensions.get("timeout", {})
+        if request.method == "POST":
+            self.last_post = request
         headers = request.headers
         parts, length, declared = await _body(request)
         if not declared:  # a streamed body of unknown length (an upload): sent with its length
             headers = headers.copy()  # rather than in chunks
             headers.pop("transfer-encoding", None)
             headers["content-length"] = str(length)
+        prepared = Prepared(request, headers.multi_items())
+        return await self._send(prepared, _payload(parts, length), prepared.headers)
+
+    async def send_prepared(self, prepared: Prepared, body: Sequence[bytes]) -> httpx2.Response:
+        """``prepared``'s request with ``body`` (its parts, none of them copied), sent with its
+        ``Content-Length``: what :meth:`handle_async_request` does with a request httpx built,
+        without httpx building one (:mod:`._prepared`)."""
+        length = sum(len(part) for part in body)
+        headers = [*prepared.headers, ("content-length", str(length))]
+        return await self._send(prepared, _payload(list(body), length), headers)
+
+    async def _send(
+        self, prepared: Prepared, data: bytes | _Parts | None, headers: list[tuple[str, str]]
+    ) -> httpx2.Response:
+        request = prepared.request
         session = self._session_here()
         try:
             response = await session.request(
                 request.method,
-                URL(str(request.url), encoded=True),  # as httpx encoded it
-                headers=headers.multi_items(),
-                data=_payload(parts, length),
+                prepared.url,
+                headers=headers,
+                data=data,
                 allow_redirects=False,
-                timeout=aiohttp.ClientTimeout(
-                    total=None,
-                    connect=timeout.get("pool"),
-                    sock_connect=timeout.get("connect"),
-                    sock_read=timeout.get("read"),
-                ),
-                server_hostname=request.extensions.get("sni_hostname"),
+                timeout=prepared.timeout,
+                server_hostname=prepared.sni_hostname,
             )
         except aiohttp.ClientError as exc:
             raise transport_error(exc, request) from exc
@@ -274,4 +321,10 @@ def sdk_http_client(timeout: httpx2.Timeout, limits: httpx2.Limits) -> ProviderH
     )
 
 
-__all__ = ["AiohttpTransport", "ProviderHttpClient", "sdk_http_client", "transport_error"]
+__all__ = [
+    "AiohttpTransport",
+    "Prepared",
+    "ProviderHttpClient",
+    "sdk_http_client",
+    "transport_error",
+]

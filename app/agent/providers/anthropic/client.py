@@ -22,7 +22,9 @@ from contextlib import aclosing
 from typing import Any
 
 import anthropic
+from anthropic._models import FinalRequestOptions
 from anthropic.types import Message
+from opentelemetry import trace
 
 from ...codec import compact_json
 from .._http import (
@@ -36,7 +38,8 @@ from .._http import (
     scrub,
     status_error,
 )
-from .._sdk import TIMEOUT_ERRORS, drain, events, posted, send, timeout_error
+from .._prepared import PreparedPost, Sdk
+from .._sdk import TIMEOUT_ERRORS, drain, events, send, timeout_error
 from .._transport import sdk_http_client
 from ..base import (
     BlockStop,
@@ -75,12 +78,54 @@ _EVENT_ERRORS: dict[str, tuple[str, int]] = {
 }
 
 
+def _timeout_error(
+    client: anthropic.AsyncAnthropic, request: Any, exc: Exception
+) -> anthropic.APITimeoutError:
+    """The SDK's own timeout error (naming the limit passed, where the SDK knows how)."""
+    make = getattr(client, "_make_timeout_error", None)
+    return anthropic.APITimeoutError(request=request) if make is None else make(request, exc)
+
+
+def _connection_error(
+    client: anthropic.AsyncAnthropic, request: Any, exc: Exception
+) -> anthropic.APIConnectionError:
+    """The SDK's own connection error (naming the host and reason, where the SDK knows how)."""
+    make = getattr(client, "_make_connection_error", None)
+    return anthropic.APIConnectionError(request=request) if make is None else make(request, exc)
+
+
+def _direct(client: anthropic.AsyncAnthropic) -> bool:
+    """Whether nothing in ``client`` decides per request: no auth of its own (credentials,
+    tokens), no middleware, and no span of its calls that records anything or carries a trace
+    to the provider: the SDK has no tracer, or OpenTelemetry's global tracer provider is not
+    set (its spans are then non-recording, with no trace context to propagate). Asked per
+    request, as telemetry may be configured after a client's first request."""
+    return (
+        client.custom_auth is None
+        and not getattr(client, "_middleware", None)
+        and (
+            getattr(client, "_tracer", None) is None
+            or isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+        )
+    )
+
+
+def _anthropic(client: anthropic.AsyncAnthropic) -> Sdk:
+    """How the ``anthropic`` SDK wraps a transport failure of ``client``'s requests."""
+    return Sdk(
+        timeout_error=lambda request, exc: _timeout_error(client, request, exc),
+        connection_error=lambda request, exc: _connection_error(client, request, exc),
+        direct=_direct,
+        options=FinalRequestOptions,
+    )
+
+
 class AnthropicProvider:
     """Anthropic Messages over the official ``anthropic`` SDK (``max_retries=0``).
 
     The body is built from the messages' carried-over encoding (``wire``, :mod:`..wire`) and
-    posted as it is (bytes, or a long body's parts): the SDK sends it and decodes the answer, it
-    does not re-encode it."""
+    posted as it is (bytes, or a long body's parts), with the request the SDK built for the path
+    the first time (:mod:`.._prepared`); the SDK decodes the answer, it does not re-encode it."""
 
     wire = MESSAGES
 
@@ -114,6 +159,8 @@ class AnthropicProvider:
                 anthropic.DEFAULT_TIMEOUT, anthropic.DEFAULT_CONNECTION_LIMITS
             ),
         )
+        # sent with the request the SDK built the first time (.._prepared)
+        self._post = PreparedPost(self._client, "/v1/messages", _anthropic(self._client))
 
     async def aclose(self) -> None:
         await self._client.close()
@@ -148,10 +195,9 @@ class AnthropicProvider:
             self.name,
             self._api_key,
             self._error,
-            self._client.post(
-                "/v1/messages",
+            self._post(
+                body,
                 cast_to=Message,
-                **posted(body),
                 stream=stream,
                 # each event as the SDK decoded it (a dict), as the OpenAI provider does: no
                 # model built per event (docs/performance.md)

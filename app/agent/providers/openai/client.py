@@ -31,8 +31,8 @@ class OpenAIProvider(OpenAISdkProvider):
     """Chat Completions over the official ``openai`` SDK (``max_retries=0``: the agent retries).
 
     The body is built from the messages' carried-over encoding (``wire``, :mod:`..wire`) and
-    posted as it is (bytes, or a long body's parts): the SDK sends it and decodes the answer, it
-    does not re-encode it."""
+    posted as it is (bytes, or a long body's parts), with the request the SDK built for the path
+    the first time (:mod:`.._prepared`); the SDK decodes the answer, it does not re-encode it."""
 
     default_name = "openai"
     wire = CHAT

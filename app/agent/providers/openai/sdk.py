@@ -4,9 +4,10 @@ One client per provider instance, with the SDK's retries off (``max_retries=0``:
 one retry policy) and the profile's connect and idle timeouts. A request body is posted as the
 bytes the provider built from its encoded pieces (:mod:`..wire`), so the SDK neither walks nor
 encodes the history; its HTTP client, authentication, headers, error types and stream decoding
-stay the SDK's. A streamed answer is read as the SDK decodes each event, a dict (``stream_cls
-= AsyncStream[object]``): building an SDK model per chunk was most of the CPU a streamed request
-cost (docs/performance.md).
+stay the SDK's. A path's requests after its first are sent with the URL and headers the SDK
+built for it (:mod:`.._prepared`). A streamed answer is read as the SDK decodes each event, a
+dict (``stream_cls = AsyncStream[object]``): building an SDK model per chunk was most of the
+CPU a streamed request cost (docs/performance.md).
 
 :meth:`OpenAISdk.error` classifies what the SDK raises, the same way for both APIs.
 """
@@ -16,13 +17,36 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import openai
+from openai._models import FinalRequestOptions
 
 from .._http import TRANSPORT_ERRORS, connection_error, error_fields, is_overflow_text, scrub
 from .._http import status_error as _status_error
-from .._sdk import TIMEOUT_ERRORS, posted, send, timeout_error
+from .._prepared import PreparedPost, Sdk
+from .._sdk import TIMEOUT_ERRORS, send, timeout_error
 from .._transport import sdk_http_client
 from ..base import ProviderError, Timeouts
 from ..wire import Body
+
+
+def _direct(client: openai.AsyncOpenAI) -> bool:
+    """Whether nothing in ``client`` decides per request: no refreshed key, workload
+    identity, provider runtime or custom auth (Carryover passes a key as a string)."""
+    return (
+        all(
+            getattr(client, name, None) is None
+            for name in ("_api_key_provider", "_workload_identity_auth", "_provider_runtime")
+        )
+        and client.custom_auth is None
+    )
+
+
+#: how the ``openai`` SDK wraps a transport failure (``AsyncAPIClient.request``)
+OPENAI = Sdk(
+    timeout_error=lambda request, exc: openai.APITimeoutError(request=request),
+    connection_error=lambda request, exc: openai.APIConnectionError(request=request),
+    direct=_direct,
+    options=FinalRequestOptions,
+)
 
 
 class OpenAISdk:
@@ -39,6 +63,7 @@ class OpenAISdk:
             max_retries=0,
             http_client=sdk_http_client(openai.DEFAULT_TIMEOUT, openai.DEFAULT_CONNECTION_LIMITS),
         )
+        self._posts: dict[str, PreparedPost] = {}
 
     async def aclose(self) -> None:
         await self.client.close()
@@ -71,18 +96,16 @@ class OpenAISdk:
 
     async def post(self, path: str, body: bytes | Body, *, stream: bool, cast_to: Any) -> Any:
         """The SDK's answer to ``POST path`` with ``body``; its failures as
-        :class:`ProviderError`. Streamed: an ``AsyncStream`` of dicts."""
+        :class:`ProviderError`. Streamed: an ``AsyncStream`` of dicts. Sent with the request
+        the SDK built for ``path`` the first time (:mod:`.._prepared`)."""
+        post = self._posts.get(path)
+        if post is None:
+            post = self._posts[path] = PreparedPost(self.client, path, OPENAI)
         return await send(
             self.name,
             self.api_key,
             self.error,
-            self.client.post(
-                path,
-                cast_to=cast_to,
-                **posted(body),
-                stream=stream,
-                stream_cls=openai.AsyncStream[object],
-            ),
+            post(body, stream=stream, cast_to=cast_to, stream_cls=openai.AsyncStream[object]),
         )
 
 
