@@ -271,3 +271,22 @@ async def test_the_sdk_builds_no_request_for_a_prepared_one(
                 await answer(provider, _request())
     assert len(built) == 3  # each provider's first request
     assert len(sent) == 9  # and the other three of each
+
+
+async def test_an_anthropic_client_whose_spans_record_is_sent_by_the_sdk(
+    made: list[Provider], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    with A.AnthropicFake() as fake:
+        good = CASES["anthropic"][2]
+        provider = await _warm(fake, _anthropic(fake, True), good, made)
+        # telemetry configured after the first request: the SDK's spans now record
+        monkeypatch.setattr(trace, "get_tracer_provider", lambda: TracerProvider())
+        assert not _post_of(provider).prepared
+        sent: list[Any] = []
+        monkeypatch.setattr(AiohttpTransport, "send_prepared", lambda *a: sent.append(a))
+        fake.add(good())
+        assert text_of(await answer(provider, _request())) == "fine"
+        assert sent == []

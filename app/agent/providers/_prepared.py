@@ -16,11 +16,11 @@ error (``_make_status_error_from_response``), and a transport failure the SDK's 
 connection error, built as the SDK builds them (the ``Sdk`` given). So every error type,
 message and the providers' classification of them are as before.
 
-The SDK's own path is kept for a request when the client has anything that decides per
-request (the ``Sdk``'s ``direct`` says, before each: a token refreshed, a request signed, a
-span that records or propagates a trace, middleware), or while the SDK's requests do not go
-through the aiohttp transport (a proxy); and from the first redirect on (httpx follows
-redirects, the prepared request does not).
+The SDK's own path is kept when the client has anything that decides per request (the
+``Sdk``'s ``direct`` says, once: a token refreshed, a request signed, middleware; its ``now``,
+before each request: a span that records or propagates a trace), or while the SDK's requests
+do not go through the aiohttp transport (a proxy); and from the first redirect on (httpx
+follows redirects, the prepared request does not).
 """
 
 from __future__ import annotations
@@ -44,11 +44,14 @@ class Sdk:
     timeout_error: Callable[[httpx2.Request, httpx2.TimeoutException], Exception]
     #: the SDK's error for any other transport failure of ``request``
     connection_error: Callable[[httpx2.Request, Exception], Exception]
-    #: whether a client's request may be sent prepared: nothing in it decides per request
-    #: (asked before each; cheap)
+    #: whether a client's requests may be sent prepared: nothing in it decides per request
+    #: (asked once, after its first request)
     direct: Callable[[Any], bool]
     #: the SDK's ``FinalRequestOptions`` class (``_process_response`` reads the options)
     options: Any
+    #: whether the client's next request is one the SDK must send itself, when that can
+    #: change after its first (asked before each request; ``None``: it cannot)
+    now: Callable[[Any], bool] | None = None
 
 
 class PreparedPost:
@@ -67,13 +70,17 @@ class PreparedPost:
     @property
     def prepared(self) -> bool:
         """Whether the next request is sent prepared."""
-        return self._prepared is not None and not self._sdk_only and self._sdk.direct(self._client)
+        return self._prepared is not None and not self._sdk_only and not self._sdk_now()
+
+    def _sdk_now(self) -> bool:
+        now = self._sdk.now
+        return now is not None and now(self._client)
 
     async def __call__(
         self, body: bytes | Body, *, stream: bool, cast_to: Any, stream_cls: Any
     ) -> Any:
         """The SDK's answer to ``POST path`` with ``body`` (an SDK stream when ``stream``)."""
-        if self._prepared is None or self._sdk_only or not self._sdk.direct(self._client):
+        if self._prepared is None or self._sdk_only or self._sdk_now():
             return await self._sdk_post(body, stream=stream, cast_to=cast_to, stream_cls=stream_cls)
         assert self._transport is not None
         request = self._prepared.request
@@ -120,8 +127,10 @@ class PreparedPost:
         the aiohttp transport."""
         client = getattr(self._client, "_client", None)  # the SDK's httpx client
         transport = getattr(client, "_transport", None)
-        if not isinstance(transport, AiohttpTransport):
-            self._sdk_only = True  # an httpx client of the caller's, not Carryover's
+        if not isinstance(transport, AiohttpTransport) or not self._sdk.direct(self._client):
+            # an httpx client of the caller's, not Carryover's; or a client that decides
+            # something per request
+            self._sdk_only = True
             return
         sent, transport.last_post = transport.last_post, None
         if sent is None or not sent.url.path.endswith(self._path):

@@ -96,17 +96,17 @@ def _connection_error(
 
 def _direct(client: anthropic.AsyncAnthropic) -> bool:
     """Whether nothing in ``client`` decides per request: no auth of its own (credentials,
-    tokens), no middleware, and no span of its calls that records anything or carries a trace
-    to the provider: the SDK has no tracer, or OpenTelemetry's global tracer provider is not
-    set (its spans are then non-recording, with no trace context to propagate). Asked per
-    request, as telemetry may be configured after a client's first request."""
-    return (
-        client.custom_auth is None
-        and not getattr(client, "_middleware", None)
-        and (
-            getattr(client, "_tracer", None) is None
-            or isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
-        )
+    tokens), no middleware."""
+    return client.custom_auth is None and not getattr(client, "_middleware", None)
+
+
+def _traced(client: anthropic.AsyncAnthropic) -> bool:
+    """Whether ``client``'s next call has a span that records or carries a trace to the
+    provider: the SDK has a tracer and OpenTelemetry's global tracer provider is set (until
+    it is, its spans are non-recording, with no trace context to propagate). Asked per
+    request: telemetry may be configured after a client's first request."""
+    return getattr(client, "_tracer", None) is not None and not isinstance(
+        trace.get_tracer_provider(), trace.ProxyTracerProvider
     )
 
 
@@ -117,6 +117,7 @@ def _anthropic(client: anthropic.AsyncAnthropic) -> Sdk:
         connection_error=lambda request, exc: _connection_error(client, request, exc),
         direct=_direct,
         options=FinalRequestOptions,
+        now=_traced,
     )
 
 
