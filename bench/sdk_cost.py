@@ -1,7 +1,7 @@
 """What one provider request costs the process that sends it, on its own: the floor under a run
 with a real provider.
 
-docs/performance.md, "Not done, and why the floor is not reached". In one process (this one),
+docs/performance.md, "What a provider request costs the process that sends it". In one process,
 ``--requests`` streamed requests of a conversation of ``--messages`` (10) to a shared/bench
 fake, each read to its end, counted in this process's CPU time (the fake runs in its own
 process):
