@@ -145,7 +145,15 @@ async def _warm(fake: Any, make: Make, good: Any, made: list[Provider]) -> Provi
     fake.add(good())
     await answer(provider, _request())
     assert _post_of(provider).prepared
+    assert _transport_of(provider).last_post is None  # no request (nor its body) held on to
     return provider
+
+
+def _transport_of(provider: Provider) -> AiohttpTransport:
+    client = provider._client if isinstance(provider, AnthropicProvider) else provider._sdk.client  # type: ignore[attr-defined]
+    transport = client._client._transport
+    assert isinstance(transport, AiohttpTransport)
+    return transport
 
 
 def _post_of(provider: Provider) -> Any:
@@ -290,3 +298,4 @@ async def test_an_anthropic_client_whose_spans_record_is_sent_by_the_sdk(
         fake.add(good())
         assert text_of(await answer(provider, _request())) == "fine"
         assert sent == []
+        assert _transport_of(provider).last_post is None

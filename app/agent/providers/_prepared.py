@@ -114,25 +114,32 @@ class PreparedPost:
     async def _sdk_post(
         self, body: bytes | Body, *, stream: bool, cast_to: Any, stream_cls: Any
     ) -> Any:
+        transport = self._ours() if self._prepared is None and not self._sdk_only else None
+        if transport is not None:
+            transport.keep_post = True  # the next POST it sends: this one
         try:
             return await self._client.post(
                 self._path, cast_to=cast_to, **posted(body), stream=stream, stream_cls=stream_cls
             )
         finally:
-            if self._prepared is None and not self._sdk_only:
-                self._keep()
+            if transport is not None:
+                self._keep(transport)
 
-    def _keep(self) -> None:
-        """Keep the URL and headers of the request the SDK just sent, when it went through
-        the aiohttp transport."""
+    def _ours(self) -> AiohttpTransport | None:
+        """The aiohttp transport under the SDK's client, when its requests may be sent
+        prepared (else the SDK's path for good)."""
         client = getattr(self._client, "_client", None)  # the SDK's httpx client
         transport = getattr(client, "_transport", None)
         if not isinstance(transport, AiohttpTransport) or not self._sdk.direct(self._client):
             # an httpx client of the caller's, not Carryover's; or a client that decides
             # something per request
             self._sdk_only = True
-            return
-        sent, transport.last_post = transport.last_post, None
+            return None
+        return transport
+
+    def _keep(self, transport: AiohttpTransport) -> None:
+        """Keep the URL and headers of the request the SDK just sent through ``transport``."""
+        sent, transport.last_post, transport.keep_post = transport.last_post, None, False
         if sent is None or not sent.url.path.endswith(self._path):
             return  # went elsewhere (a proxy's transport): try again next time
         headers = [

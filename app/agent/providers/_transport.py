@@ -203,13 +203,15 @@ class Prepared:
 class AiohttpTransport(httpx2.AsyncBaseTransport):
     """HTTP/1.1 over aiohttp's connection pool (one pool per event loop that uses it).
 
-    ``last_post`` is the last POST the SDK above sent through it: the request a
-    :class:`~._prepared.PreparedPost` takes its URL and headers from."""
+    ``last_post`` is the first POST the SDK above sent through it after ``keep_post`` was
+    set: the request a :class:`~._prepared.PreparedPost` takes its URL and headers from (kept
+    only when asked for, so that no request's body is held on to)."""
 
     def __init__(self, ssl_context: ssl.SSLContext, limits: httpx2.Limits) -> None:
         self._ssl = ssl_context
         self._limits = limits
         self.last_post: httpx2.Request | None = None
+        self.keep_post = False
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -237,8 +239,8 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
         return self._session
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        if request.method == "POST":
-            self.last_post = request
+        if self.keep_post and request.method == "POST":
+            self.last_post, self.keep_post = request, False
         headers = request.headers
         parts, length, declared = await _body(request)
         if not declared:  # a streamed body of unknown length (an upload): sent with its length
