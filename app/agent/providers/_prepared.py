@@ -142,12 +142,5 @@ class PreparedPost:
         sent, transport.last_post, transport.keep_post = transport.last_post, None, False
         if sent is None or not sent.url.path.endswith(self._path):
             return  # went elsewhere (a proxy's transport): try again next time
-        headers = [
-            (name, value)
-            for name, value in sent.headers.multi_items()
-            if name.lower() not in ("content-length", "transfer-encoding")
-        ]
-        bodiless = httpx2.Request(sent.method, sent.url, headers=headers)
-        bodiless.extensions = dict(sent.extensions)
-        self._prepared = Prepared(bodiless)
+        self._prepared = Prepared.template(sent)
         self._transport = transport

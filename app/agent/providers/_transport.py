@@ -176,21 +176,11 @@ class Prepared:
 
     __slots__ = ("headers", "request", "sni_hostname", "timeout", "url")
 
-    def __init__(
-        self, request: httpx2.Request, headers: Sequence[tuple[str, str]] | None = None
-    ) -> None:
+    def __init__(self, request: httpx2.Request, headers: Sequence[tuple[str, str]]) -> None:
         timeout: dict[str, Any] = request.extensions.get("timeout", {})
         self.request = request
         self.url = URL(str(request.url), encoded=True)  # as httpx encoded it
-        self.headers = (
-            [
-                (name, value)
-                for name, value in request.headers.multi_items()
-                if name.lower() not in ("content-length", "transfer-encoding")
-            ]
-            if headers is None
-            else list(headers)
-        )
+        self.headers = list(headers)
         self.timeout = aiohttp.ClientTimeout(
             total=None,
             connect=timeout.get("pool"),
@@ -198,6 +188,19 @@ class Prepared:
             sock_read=timeout.get("read"),
         )
         self.sni_hostname: str | None = request.extensions.get("sni_hostname")
+
+    @classmethod
+    def template(cls, sent: httpx2.Request) -> Prepared:
+        """``sent`` (a request an SDK built) without its body: its headers but the body's
+        length, kept with a bodiless copy of it (what an error names)."""
+        headers = [
+            (name, value)
+            for name, value in sent.headers.multi_items()
+            if name.lower() not in ("content-length", "transfer-encoding")
+        ]
+        bodiless = httpx2.Request(sent.method, sent.url, headers=headers)
+        bodiless.extensions = dict(sent.extensions)
+        return cls(bodiless, headers)
 
 
 class AiohttpTransport(httpx2.AsyncBaseTransport):
