@@ -175,14 +175,16 @@ class DirectConnection(AsyncConnection):
         many = len(rows) > 1
         plan = None
         if driver is not None and cache is not None:
-            keys = sorted(rows[0]) if rows else []
             # the compiled form depends on the dialect (one SQLite library, one PostgreSQL
-            # adapter per process: one per driver) and the parameter names alone
-            cache_key = (type(driver), tuple(keys), many)
+            # adapter per process: one per driver) and the parameter names alone; they are
+            # taken in the order the caller gives them (one entry per order a caller uses), not
+            # sorted for every statement
+            keys = tuple(rows[0]) if rows else ()
+            cache_key = (type(driver), keys, many)
             try:
                 plan = cache[cache_key]
             except KeyError:
-                plan = cache[cache_key] = _plan(statement, self.dialect, keys, many)
+                plan = cache[cache_key] = _plan(statement, self.dialect, list(keys), many)
             if many and any(r.keys() != rows[0].keys() for r in rows):
                 plan = None  # SQLAlchemy's path decides what rows of other shapes mean
         if driver is None or plan is None:

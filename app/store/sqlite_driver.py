@@ -251,7 +251,10 @@ class OneHopConnection(AsyncAdapt_aiosqlite_connection):
         if insert and self.offer_insert(operation, parameters, many):
             return None, -1, None
         if self.inline and self._kept is not None and weigh(parameters, many, *self._kept):
-            async with self._execute_mutex:
+            if self._execute_mutex.locked():
+                async with self._execute_mutex:
+                    done = self._on_loop(operation, parameters, many)
+            else:  # nothing runs between this check and the statement: no one else can enter
                 done = self._on_loop(operation, parameters, many)
             if done is not None:
                 return done[3], done[1], None
