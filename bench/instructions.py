@@ -8,9 +8,13 @@ a temporary directory or on a fresh PostgreSQL database. After a context of ``--
 (``Prefer: return=minimal``), then the counts are dumped and divided by the runs. Every thread
 of the server is counted (the event loop's and aiosqlite's); the database server's own work on
 PostgreSQL is not. Each run is about 50 times slower under valgrind: a few hundred runs are
-enough, as the count per run barely varies. ``--floor`` counts the floor app's requests
-(shared/bench/floor_app.py, the same way) and prints each checkout's count over it: the
-``10 ÷ floor`` ratio of ``provider_cost.py`` without the machine's load in it.
+enough, as the count per run barely varies. For the same reason what the server does by the
+clock while idle (its lease, queue and webhook pollers, a few times a second) is about 50 times
+as large a share of the count as of a run's CPU: ``--idle`` seconds with no request are counted
+first, and the column "the run's own" takes that rate, times the runs' duration, off (both
+figures are printed). ``--floor`` counts the floor app's requests (shared/bench/floor_app.py,
+the same way) and prints each checkout's own count over the floor app's: the ``10 ÷ floor``
+ratio of ``provider_cost.py`` without the machine's load in it.
 
     .venv/bin/python bench/instructions.py                              # echo, SQLite
     .venv/bin/python bench/instructions.py --engine postgresql --app-root /tmp/before
@@ -23,8 +27,11 @@ import argparse
 import re
 import shutil
 import subprocess
+import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import _common as c  # bench/_common.py: a script's folder is on sys.path
 import httpx
@@ -49,7 +56,42 @@ def totals(workdir: Path, requests: int) -> float:
     return total / requests
 
 
-def count_floor(args: argparse.Namespace) -> float:
+@dataclass
+class Count:
+    """Instructions per request, and of them what the process does by the clock while idle."""
+
+    per_request: float
+    idle: float = 0.0
+
+    @property
+    def own(self) -> float:
+        return self.per_request - self.idle
+
+
+def counted(pid: int, workdir: Path, idle_seconds: float, requests: int, send: Any) -> Count:
+    """Count ``idle_seconds`` with no request (dumped), then ``requests`` requests sent by
+    ``send(i)``: instructions per request, and the idle rate times their duration, per request."""
+    rate = 0.0
+    if idle_seconds > 0:
+        control(pid, "-i", "on")
+        started = time.monotonic()
+        time.sleep(idle_seconds)
+        control(pid, "-i", "off")
+        elapsed = time.monotonic() - started
+        control(pid, "-d")
+        rate = totals(workdir, 1) / elapsed
+    before = totals(workdir, 1)
+    control(pid, "-i", "on")
+    started = time.monotonic()
+    for i in range(requests):
+        send(i)
+    control(pid, "-i", "off")
+    elapsed = time.monotonic() - started
+    control(pid, "-d")
+    return Count((totals(workdir, 1) - before) / requests, rate * elapsed / requests)
+
+
+def count_floor(args: argparse.Namespace) -> Count:
     """Instructions per ``POST /c/{id}/runs`` of the floor app."""
     body = {"prompts": [{"type": "user", "content": [{"type": "text", "text": "hi"}]}]}
     with c.Procs() as procs:
@@ -58,15 +100,16 @@ def count_floor(args: argparse.Namespace) -> float:
             http.put("/c/floor").raise_for_status()
             for _ in range(args.warm):
                 http.post("/c/floor/runs", json=body).raise_for_status()
-            control(floor.pid, "-i", "on")
-            for _ in range(args.runs):
-                http.post("/c/floor/runs", json=body).raise_for_status()
-            control(floor.pid, "-i", "off")
-            control(floor.pid, "-d")
-        return totals(procs.workdir, args.runs)
+            return counted(
+                floor.pid,
+                procs.workdir,
+                args.idle,
+                args.runs,
+                lambda _: http.post("/c/floor/runs", json=body).raise_for_status(),
+            )
 
 
-def count(args: argparse.Namespace, root: Path) -> float:
+def count(args: argparse.Namespace, root: Path) -> Count:
     """Instructions per run of the checkout at ``root``."""
     with c.Procs() as procs, ExitStack() as stack:
         fake_url = c.start_fake(procs, args.provider).url if args.provider != "echo" else ""
@@ -80,12 +123,13 @@ def count(args: argparse.Namespace, root: Path) -> float:
                 c.run_minimal(http, "counted", f"warm {i}")
             # the counted runs on conversations of --messages messages (c.Conversations)
             convs = c.Conversations(http, "counted", args.messages, args.runs)
-            control(server.pid, "-i", "on")
-            for i in range(args.runs):
-                c.run_minimal(http, convs.next(), c.prompt(i))
-            control(server.pid, "-i", "off")
-            control(server.pid, "-d")
-        return totals(procs.workdir, args.runs)
+            return counted(
+                server.pid,
+                procs.workdir,
+                args.idle,
+                args.runs,
+                lambda i: c.run_minimal(http, convs.next(), c.prompt(i)),
+            )
 
 
 def main() -> None:
@@ -101,6 +145,12 @@ def main() -> None:
         "--app-root", type=Path, action="append", help="a checkout to count (repeatable)"
     )
     parser.add_argument("--floor", action="store_true", help="count the floor app too")
+    parser.add_argument(
+        "--idle",
+        type=float,
+        default=5.0,
+        help="seconds counted with no request before the runs, to take the idle rate off (0: none)",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind not found (Debian: apt-get install valgrind)")
@@ -108,21 +158,32 @@ def main() -> None:
     print(f"instructions: {c.machine_note()}", flush=True)
     floor = count_floor(args) if args.floor else None
     if floor is not None:
-        print(f"  floor app: {floor / 1e6:.2f} M instructions per request", flush=True)
+        print(f"  floor app: {floor.own / 1e6:.2f} M instructions per request", flush=True)
     rows = []
     for root in roots:
-        per_run = count(args, root)
-        over = f"{per_run / floor:.2f}" if floor else "—"
-        rows.append([str(root), f"{per_run / 1e6:.2f} M", over])
-        print(f"  {root}: {per_run / 1e6:.2f} M instructions per run", flush=True)
+        found = count(args, root)
+        over = f"{found.own / floor.own:.2f}" if floor else "—"
+        rows.append(
+            [str(root), f"{found.per_request / 1e6:.2f} M", f"{found.own / 1e6:.2f} M", over]
+        )
+        print(f"  {root}: {found.own / 1e6:.2f} M instructions per run", flush=True)
     if floor is not None:
-        rows.append(["floor app (shared/bench/floor_app.py)", f"{floor / 1e6:.2f} M", "1"])
+        rows.append(
+            [
+                "floor app (shared/bench/floor_app.py)",
+                f"{floor.per_request / 1e6:.2f} M",
+                f"{floor.own / 1e6:.2f} M",
+                "1",
+            ]
+        )
     print()
     print(
         f"{args.provider}, {args.engine}, {args.messages} messages, {args.runs} runs counted"
-        f" after {args.warm}:\n"
+        f" after {args.warm}; the run's own: without the idle rate ({args.idle:g} s counted"
+        " idle) times the runs' duration:\n"
     )
-    print(c.table(["checkout", "instructions per run", "÷ floor"], rows))
+    headers = ["checkout", "instructions per run", "the run's own", "÷ floor (own)"]
+    print(c.table(headers, rows))
 
 
 if __name__ == "__main__":
