@@ -213,11 +213,15 @@ class DirectConnection(AsyncConnection):
             sync is None
             or sync._has_events
             or sync.engine._has_events
-            or sync.invalidated
             or not _AT_BEGIN.issuperset(sync._execution_options)
         ):
             return None
-        driver = sync.connection.dbapi_connection
+        # the pool's connection, read as ``sync.connection`` reads it (None: closed or
+        # invalidated, and SQLAlchemy's path revalidates it or raises)
+        proxied = sync._dbapi_connection
+        if proxied is None:
+            return None
+        driver = proxied.dbapi_connection
         if not isinstance(driver, _DRIVERS):
             return None
         if sync._transaction is None or not sync._transaction.is_active:
