@@ -68,27 +68,27 @@ class Count:
         return self.per_request - self.idle
 
 
-def counted(pid: int, workdir: Path, idle_seconds: float, requests: int, send: Any) -> Count:
-    """Count ``idle_seconds`` with no request (dumped), then ``requests`` requests sent by
-    ``send(i)``: instructions per request, and the idle rate times their duration, per request."""
-    rate = 0.0
-    if idle_seconds > 0:
-        control(pid, "-i", "on")
-        started = time.monotonic()
-        time.sleep(idle_seconds)
-        control(pid, "-i", "off")
-        elapsed = time.monotonic() - started
-        control(pid, "-d")
-        rate = totals(workdir, 1) / elapsed
+def window(pid: int, workdir: Path, action: Any) -> tuple[float, float]:
+    """The instructions counted while ``action()`` runs (dumped after it), and its seconds."""
     before = totals(workdir, 1)
     control(pid, "-i", "on")
     started = time.monotonic()
-    for i in range(requests):
-        send(i)
+    action()
     control(pid, "-i", "off")
     elapsed = time.monotonic() - started
     control(pid, "-d")
-    return Count((totals(workdir, 1) - before) / requests, rate * elapsed / requests)
+    return totals(workdir, 1) - before, elapsed
+
+
+def counted(pid: int, workdir: Path, idle_seconds: float, requests: int, send: Any) -> Count:
+    """Count ``idle_seconds`` with no request, then ``requests`` requests sent by ``send(i)``:
+    instructions per request, and the idle rate times their duration, per request."""
+    rate = 0.0
+    if idle_seconds > 0:
+        idle, elapsed = window(pid, workdir, lambda: time.sleep(idle_seconds))
+        rate = idle / elapsed
+    total, elapsed = window(pid, workdir, lambda: [send(i) for i in range(requests)])
+    return Count(total / requests, rate * elapsed / requests)
 
 
 def count_floor(args: argparse.Namespace) -> Count:
